@@ -1,0 +1,549 @@
+"""Credit assignment: GRPO group advantages and AgentOPSD turn-level reshaping.
+
+AgentOPSD (SPEC.md) redistributes a trajectory's GRPO advantage ``A_seq`` over its turns. The model, given
+privileged skill context, supplies per-turn evidence ``e_k`` (teacher minus student log-prob of the sampled
+turn). A recursive log-odds belief of success is anchored at the group success rate:
+
+    B_0 = clip(R̄, ε0, 1 − ε0),   c_k = γ c_(k−1) + e_k,   B_k = σ(logit(B_0) + c_k),   ΔB_k = B_k − B_(k−1)
+
+and each turn's share is a bounded re-weighting of ``A_seq``:
+
+    q_k = sign(A_seq) ΔB_k,   z_k = standardise(q) within the trajectory,
+    w_k = clip(1 + b z_k, 1 − b, 1 + b),   Ã_k = A_seq [(1 − λ) + λ w_k].
+
+Everything here is vectorised over turn rows in any order: rows are sorted by (trajectory, turn) once, laid
+out on a padded (trajectories, max_turns) grid, and the discounted sum is a blocked matrix scan (stable for
+any horizon: no ``γ^-k`` growth). ``reference_agentopsd_advantages`` is the slow, obvious loop the tests and
+the benchmark check the fast path against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ESTIMATORS",
+    "VARIANTS",
+    "CreditConfig",
+    "Estimator",
+    "agentopsd_advantages",
+    "agentopsd_token_advantages",
+    "grpo_advantages",
+    "reference_agentopsd_advantages",
+    "register_estimator",
+    "turn_advantages",
+]
+
+VARIANTS: tuple[str, ...] = ("paper", "raw_gap", "unsigned", "no_prior")
+"""AgentOPSD variants: the paper method and the three ablations it reports (SPEC.md, "Ablations")."""
+
+# Width of one block of the discounted scan. Inside a block the scan is a (L, L) lower-triangular matmul;
+# blocks are chained by a (recursive) scan over block ends, so cost is O(n·L) and every weight is γ^j ≤ 1.
+_SCAN_BLOCK = 64
+
+
+# --------------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreditConfig:
+    """Hyper-parameters of AgentOPSD credit assignment (defaults: the paper)."""
+
+    lam: float = field(default=0.5, metadata={"help": "λ: mix between GRPO (0) and fully reshaped (1)."})
+    band: float = field(default=0.2, metadata={"help": "b: per-turn weight is clipped to [1 − b, 1 + b]."})
+    gamma: float = field(default=0.95, metadata={"help": "γ: discount of older evidence in the belief."})
+    eps0: float = field(default=1e-3, metadata={"help": "ε0: the prior B_0 is clipped to [ε0, 1 − ε0]."})
+    eps: float = field(default=1e-6, metadata={"help": "ε: belief clamp and std guard for numerical safety."})
+    variant: str = field(default="paper", metadata={"help": f"one of {VARIANTS} (paper or an ablation)."})
+
+    PAPER: ClassVar[CreditConfig]
+    """The paper's defaults (λ=0.5, b=0.2, γ=0.95, ε0=1e-3, ε=1e-6)."""
+    RELEASE: ClassVar[CreditConfig]
+    """What the released code runs: a plain cumulative sum (γ=1) and ε0=1e-4."""
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("lam", 0.0 <= self.lam <= 1.0, "0 ≤ lam ≤ 1"),
+            ("band", 0.0 < self.band < 1.0, "0 < band < 1"),
+            ("gamma", 0.0 < self.gamma <= 1.0, "0 < gamma ≤ 1"),
+            ("eps0", 0.0 < self.eps0 < 0.5, "0 < eps0 < 0.5"),
+            ("eps", 0.0 < self.eps < 0.5, "0 < eps < 0.5"),
+        )
+        for name, ok, expected in checks:
+            if not ok:  # also catches NaN, for which every comparison is False
+                raise ValueError(f"CreditConfig.{name}: expected {expected}, got {getattr(self, name)!r}.")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"CreditConfig.variant: expected one of {VARIANTS}, got {self.variant!r}.")
+
+
+CreditConfig.PAPER = CreditConfig()
+CreditConfig.RELEASE = CreditConfig(gamma=1.0, eps0=1e-4)
+
+
+# --------------------------------------------------------------------------------------------------------
+# GRPO
+# --------------------------------------------------------------------------------------------------------
+
+
+def grpo_advantages(
+    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, normalize_std: bool = True
+) -> Tensor:
+    """Group-relative advantage of each trajectory: ``(r − mean_g) / (std_g + eps)``.
+
+    ``rewards`` (trajectories,) floating; ``group_ids`` (trajectories,) integer, any values and order.
+    ``std_g`` is the unbiased (n − 1) std of the group; a group of one has advantage 0.
+    With ``normalize_std=False`` the result is just ``r − mean_g``.
+    """
+    _check_1d_same_length(rewards=rewards, group_ids=group_ids)
+    _check_floating("rewards", rewards)
+    _check_integer("group_ids", group_ids)
+    _, group = torch.unique(group_ids, return_inverse=True)  # (trajectories,) dense 0..G-1
+    num_groups = int(group.max()) + 1 if group.numel() else 0
+    count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
+    count.index_add_(0, group, torch.ones_like(rewards))
+    total = torch.zeros_like(count).index_add_(0, group, rewards)
+    centred = rewards - (total / count)[group]
+    if not normalize_std:
+        return centred
+    sq = torch.zeros_like(count).index_add_(0, group, centred * centred)
+    std = torch.sqrt(sq / (count - 1).clamp_min(1.0))  # a group of one: centred is exactly 0, std 0
+    return centred / (std[group] + eps)
+
+
+# --------------------------------------------------------------------------------------------------------
+# AgentOPSD, turn level (the paper)
+# --------------------------------------------------------------------------------------------------------
+
+
+def agentopsd_advantages(
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    *,
+    lam: float = 0.5,
+    band: float = 0.2,
+    gamma: float = 0.95,
+    eps0: float = 1e-3,
+    eps: float = 1e-6,
+    variant: str = "paper",
+) -> Tensor:
+    """AgentOPSD advantage Ã_k of every turn row (SPEC.md), vectorised; rows may come in any order.
+
+    All arguments are 1-D with one entry per turn row:
+      ``seq_advantages`` A_seq of the row's trajectory (floating; sets the output dtype and device),
+      ``evidence`` e_k, the summed teacher − student log-prob of the turn's response tokens,
+      ``traj_ids`` any integer trajectory ids, ``turn_ids`` integer turn position within the trajectory
+      (only their order matters: the smallest turn id of a trajectory is its first turn k=1),
+      ``success_rate`` R̄, the row's group success rate in [0, 1] before clipping.
+    ``seq_advantages`` and ``success_rate`` must be constant within a trajectory, and each (traj, turn)
+    pair may occur once (a duplicated, e.g. padding, row would count a turn twice): otherwise ValueError.
+    ``variant``: "paper"; "raw_gap" (q_k = sign(A)·e_k); "unsigned" (q_k = |ΔB_k|); "no_prior" (B_0 = 0.5).
+    """
+    cfg = CreditConfig(lam=lam, band=band, gamma=gamma, eps0=eps0, eps=eps, variant=variant)
+    _check_turn_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate)
+    dtype = seq_advantages.dtype
+    num_rows = seq_advantages.numel()
+    if num_rows == 0:
+        return seq_advantages.clone()
+
+    order, seg, pos, num_traj = _sort_turn_rows(traj_ids, turn_ids)
+    max_turns = int(pos.max()) + 1
+    flat = seg * max_turns + pos  # (rows,) sorted row -> cell of the (trajectories, max_turns) grid
+    valid = torch.zeros(num_traj * max_turns, dtype=torch.bool, device=seq_advantages.device)
+    valid[flat] = True
+    e_grid = torch.zeros(num_traj * max_turns, dtype=dtype, device=seq_advantages.device)
+    e_grid[flat] = evidence.to(dtype)[order]
+
+    first = pos == 0  # first sorted row of each trajectory, in trajectory order
+    adv_sorted = seq_advantages[order]
+    rate_sorted = success_rate.to(dtype)[order]
+    adv = adv_sorted[first]  # (trajectories,)
+    rate = rate_sorted[first]
+    _check_constant_per_trajectory("seq_advantages", adv_sorted, adv[seg])
+    _check_constant_per_trajectory("success_rate", rate_sorted, rate[seg])
+
+    out_grid = _reshape_on_grid(
+        e_grid.view(num_traj, max_turns), valid.view(num_traj, max_turns), adv, rate, cfg
+    )
+    out = torch.empty_like(seq_advantages)
+    out[order] = out_grid.view(-1)[flat]
+    return out
+
+
+def reference_agentopsd_advantages(
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    *,
+    lam: float = 0.5,
+    band: float = 0.2,
+    gamma: float = 0.95,
+    eps0: float = 1e-3,
+    eps: float = 1e-6,
+    variant: str = "paper",
+) -> Tensor:
+    """SLOW reference: SPEC.md written out as a plain Python loop per trajectory, in float64 Python math.
+
+    Same contract as :func:`agentopsd_advantages`; it exists only so tests and the benchmark can check
+    the vectorised path against something obviously right. Do not use it for training.
+    """
+    cfg = CreditConfig(lam=lam, band=band, gamma=gamma, eps0=eps0, eps=eps, variant=variant)
+    _check_turn_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate)
+    adv_rows = seq_advantages.tolist()
+    e_rows = evidence.tolist()
+    rate_rows = success_rate.tolist()
+    rows_of_traj: dict[int, list[tuple[int, int]]] = {}
+    for row, (traj, turn) in enumerate(zip(traj_ids.tolist(), turn_ids.tolist())):
+        rows_of_traj.setdefault(traj, []).append((turn, row))
+
+    out = [0.0] * len(adv_rows)
+    for traj, turn_rows in rows_of_traj.items():
+        turn_rows.sort()
+        turns = [turn for turn, _ in turn_rows]
+        if len(set(turns)) != len(turns):
+            raise ValueError(f"duplicate (traj_id, turn_id) rows in trajectory {traj}.")
+        rows = [row for _, row in turn_rows]
+        a = adv_rows[rows[0]]
+        sign_a = (a > 0) - (a < 0)
+
+        b0 = 0.5 if cfg.variant == "no_prior" else min(max(rate_rows[rows[0]], cfg.eps0), 1.0 - cfg.eps0)
+        b0 = min(max(b0, cfg.eps), 1.0 - cfg.eps)
+        logit_b0 = math.log(b0) - math.log(1.0 - b0)
+        c, b_prev, q = 0.0, b0, []
+        for row in rows:
+            e = e_rows[row]
+            c = cfg.gamma * c + e
+            b = 1.0 / (1.0 + math.exp(-(logit_b0 + c)))
+            b = min(max(b, cfg.eps), 1.0 - cfg.eps)
+            delta_b = b - b_prev
+            b_prev = b
+            if cfg.variant == "raw_gap":
+                q.append(sign_a * e)
+            elif cfg.variant == "unsigned":
+                q.append(abs(delta_b))
+            else:
+                q.append(sign_a * delta_b)
+
+        mean_q = sum(q) / len(q)
+        std_q = math.sqrt(sum((x - mean_q) ** 2 for x in q) / len(q))  # population std
+        for row, q_k in zip(rows, q):
+            z = (q_k - mean_q) / (std_q + cfg.eps)
+            w = min(max(1.0 + cfg.band * z, 1.0 - cfg.band), 1.0 + cfg.band)
+            out[row] = a * ((1.0 - cfg.lam) + cfg.lam * w)
+    return torch.tensor(out, dtype=seq_advantages.dtype, device=seq_advantages.device)
+
+
+# --------------------------------------------------------------------------------------------------------
+# AgentOPSD, token level (the released code's WebShop / Search-QA variant)
+# --------------------------------------------------------------------------------------------------------
+
+
+def agentopsd_token_advantages(
+    seq_advantages: Tensor,
+    token_logprob_gaps: Tensor,
+    response_mask: Tensor,
+    success_rate: Tensor,
+    *,
+    lam: float = 0.5,
+    band: float = 0.2,
+    gamma: float = 0.95,
+    eps0: float = 1e-3,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Token-granularity AgentOPSD, as in the released code for WebShop and Search-QA.
+
+    Each row (a turn) is its own sequence: the belief restarts at B_0 and runs over the row's response
+    tokens, skipping masked-out positions (c_t = γ c_prev + gap_t over valid tokens only); z is taken over
+    the valid tokens of that row. Inputs: ``seq_advantages`` (rows,) floating, ``token_logprob_gaps``
+    (rows, tokens) teacher − student token log-probs, ``response_mask`` (rows, tokens) bool or 0/1,
+    ``success_rate`` (rows,). Returns (rows, tokens) in the dtype of ``seq_advantages``, zero where masked.
+    """
+    cfg = CreditConfig(lam=lam, band=band, gamma=gamma, eps0=eps0, eps=eps, variant="paper")
+    _check_1d_same_length(seq_advantages=seq_advantages, success_rate=success_rate)
+    _check_floating("seq_advantages", seq_advantages)
+    if token_logprob_gaps.dim() != 2 or response_mask.shape != token_logprob_gaps.shape:
+        raise ValueError(
+            "token_logprob_gaps and response_mask must both be (rows, tokens); got "
+            f"{tuple(token_logprob_gaps.shape)} and {tuple(response_mask.shape)}."
+        )
+    if token_logprob_gaps.shape[0] != seq_advantages.shape[0]:
+        raise ValueError(
+            f"token_logprob_gaps has {token_logprob_gaps.shape[0]} rows but seq_advantages has "
+            f"{seq_advantages.shape[0]}."
+        )
+    if response_mask.dtype != torch.bool:
+        if bool(((response_mask != 0) & (response_mask != 1)).any()):
+            raise ValueError("response_mask must be bool or contain only 0 and 1.")
+        response_mask = response_mask != 0
+    dtype = seq_advantages.dtype
+    num_rows, num_tokens = token_logprob_gaps.shape
+    if num_rows == 0 or num_tokens == 0:
+        return torch.zeros(token_logprob_gaps.shape, dtype=dtype, device=seq_advantages.device)
+
+    # Compact each row's valid tokens to the left, so masked positions neither add evidence nor decay c.
+    # Column num_tokens is a dump for masked positions and is dropped.
+    compact_col = torch.where(response_mask, response_mask.long().cumsum(1) - 1, num_tokens)  # (rows, tokens)
+    gaps = torch.where(response_mask, token_logprob_gaps.to(dtype), 0)
+    e_grid = torch.zeros(num_rows, num_tokens + 1, dtype=dtype, device=seq_advantages.device)
+    e_grid.scatter_(1, compact_col, gaps)
+    num_valid = response_mask.sum(1, keepdim=True)  # (rows, 1)
+    valid = torch.arange(num_tokens + 1, device=seq_advantages.device) < num_valid  # (rows, tokens + 1)
+
+    out_grid = _reshape_on_grid(e_grid, valid, seq_advantages, success_rate.to(dtype), cfg)
+    out = out_grid.gather(1, compact_col)
+    return torch.where(response_mask, out, 0)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Named estimators (the trainer picks one by name)
+# --------------------------------------------------------------------------------------------------------
+
+Estimator = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, CreditConfig], Tensor]
+"""(seq_advantages, evidence, traj_ids, turn_ids, success_rate, config) -> per-row advantages."""
+
+_ESTIMATORS: dict[str, Estimator] = {}
+ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_ESTIMATORS)
+"""Read-only view of the registered estimators, by name; add to it with :func:`register_estimator`."""
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator registering a turn-level advantage estimator under ``name`` (names are unique)."""
+
+    def decorate(fn: Estimator) -> Estimator:
+        if name in _ESTIMATORS:
+            raise ValueError(f"estimator {name!r} is already registered ({_ESTIMATORS[name]!r}).")
+        _ESTIMATORS[name] = fn
+        return fn
+
+    return decorate
+
+
+def turn_advantages(
+    name: str,
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    config: CreditConfig = CreditConfig.PAPER,
+) -> Tensor:
+    """Per-row advantages from the estimator registered as ``name`` (see ``ESTIMATORS``)."""
+    try:
+        estimator = _ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; known: {sorted(_ESTIMATORS)}.") from None
+    return estimator(seq_advantages, evidence, traj_ids, turn_ids, success_rate, config)
+
+
+@register_estimator("grpo")
+def _grpo_estimator(
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    config: CreditConfig,
+) -> Tensor:
+    """GRPO: every turn keeps its trajectory's advantage."""
+    _check_turn_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate)
+    return seq_advantages.clone()
+
+
+@register_estimator("agentopsd")
+def _agentopsd_estimator(
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    config: CreditConfig,
+) -> Tensor:
+    """AgentOPSD with ``config.variant`` (the paper form unless the config says otherwise)."""
+    return agentopsd_advantages(seq_advantages, evidence, traj_ids, turn_ids, success_rate, **asdict(config))
+
+
+def _make_ablation(variant: str) -> Estimator:
+    def estimator(
+        seq_advantages: Tensor,
+        evidence: Tensor,
+        traj_ids: Tensor,
+        turn_ids: Tensor,
+        success_rate: Tensor,
+        config: CreditConfig,
+    ) -> Tensor:
+        if config.variant not in ("paper", variant):
+            raise ValueError(
+                f"estimator 'agentopsd-{variant}' fixes variant={variant!r}, but the config asks for "
+                f"variant={config.variant!r}; use estimator 'agentopsd' with the config's variant, or "
+                f"leave config.variant at 'paper'."
+            )
+        kwargs = {**asdict(config), "variant": variant}
+        return agentopsd_advantages(seq_advantages, evidence, traj_ids, turn_ids, success_rate, **kwargs)
+
+    estimator.__name__ = f"_agentopsd_{variant}_estimator"
+    estimator.__doc__ = f"AgentOPSD ablation {variant!r} (SPEC.md, 'Ablations')."
+    return estimator
+
+
+for _variant in VARIANTS[1:]:
+    register_estimator(f"agentopsd-{_variant}")(_make_ablation(_variant))
+del _variant
+
+
+# --------------------------------------------------------------------------------------------------------
+# Shared vectorised core
+# --------------------------------------------------------------------------------------------------------
+
+
+def _reshape_on_grid(
+    e_grid: Tensor, valid: Tensor, adv: Tensor, rate: Tensor, cfg: CreditConfig
+) -> Tensor:
+    """Reshaped advantages on a padded grid of sequences (turns of a trajectory, or tokens of a turn).
+
+    ``e_grid`` (seqs, L) evidence with valid entries packed left and zeros after; ``valid`` (seqs, L) bool,
+    a prefix per row; ``adv`` and ``rate`` (seqs,). Returns (seqs, L); entries outside ``valid`` are junk.
+    """
+    dtype = e_grid.dtype
+    if cfg.variant == "no_prior":
+        b0 = torch.full_like(rate, 0.5)
+    else:
+        b0 = rate.clamp(cfg.eps0, 1.0 - cfg.eps0)
+    b0 = b0.clamp(cfg.eps, 1.0 - cfg.eps)  # the same clamp as B_k, so ΔB_1 compares like with like
+    logit_b0 = torch.log(b0) - torch.log1p(-b0)  # (seqs,)
+
+    c = _discounted_cumsum(e_grid, cfg.gamma)  # (seqs, L) c_k = Σ_{j≤k} γ^(k−j) e_j
+    belief = torch.sigmoid(logit_b0[:, None] + c).clamp(cfg.eps, 1.0 - cfg.eps)
+    belief_prev = torch.cat([b0[:, None], belief[:, :-1]], dim=1)
+    delta_b = belief - belief_prev
+
+    sign_a = torch.sign(adv)[:, None]
+    if cfg.variant == "raw_gap":
+        q = sign_a * e_grid
+    elif cfg.variant == "unsigned":
+        q = delta_b.abs()
+    else:
+        q = sign_a * delta_b
+
+    # z over the valid entries of each sequence: mean and population std.
+    mask = valid.to(dtype)
+    count = mask.sum(1, keepdim=True).clamp_min(1.0)
+    q = q * mask
+    mean_q = q.sum(1, keepdim=True) / count
+    centred = (q - mean_q) * mask  # exactly 0 for a one-entry sequence, so its weight is exactly 1
+    std_q = torch.sqrt((centred * centred).sum(1, keepdim=True) / count)
+    z = centred / (std_q + cfg.eps)
+    # w − 1 = clip(b z, −b, b); A (1 + λ (w − 1)) equals A [(1 − λ) + λ w] but is exactly A when λ or z is 0.
+    w_minus_1 = (cfg.band * z).clamp(-cfg.band, cfg.band)
+    return adv[:, None] * (1.0 + cfg.lam * w_minus_1)
+
+
+def _discounted_cumsum(x: Tensor, gamma: float) -> Tensor:
+    """``out[:, k] = Σ_{j≤k} γ^(k−j) x[:, j]`` along the last dim of (seqs, L), without γ^-k blow-up.
+
+    Blocks of ``_SCAN_BLOCK`` columns are scanned by a lower-triangular (B, B) matmul; the block ends are
+    then chained by the same scan with factor γ^B (recursively), so every weight used is in [0, 1].
+    """
+    num_seqs, length = x.shape
+    block = min(length, _SCAN_BLOCK)
+    num_blocks = -(-length // block)
+    padded = torch.nn.functional.pad(x, (0, num_blocks * block - length))
+    blocks = padded.view(num_seqs, num_blocks, block)
+    gamma_t = torch.tensor(gamma, dtype=x.dtype, device=x.device)  # powers in x's dtype, not float32
+    lags = torch.arange(block, device=x.device)
+    lag = lags[:, None] - lags[None, :]  # (block, block) k − j
+    decay = torch.where(lag >= 0, gamma_t ** lag.clamp_min(0), 0)
+    local = blocks @ decay.T  # (seqs, blocks, block): the scan restarted at each block start
+    if num_blocks > 1:
+        block_end = local[:, :, -1]  # (seqs, blocks)
+        carry = _discounted_cumsum(block_end, gamma**block)  # c at the end of each block
+        carry_in = torch.nn.functional.pad(carry[:, :-1], (1, 0))  # c entering each block
+        local = local + carry_in[:, :, None] * gamma_t ** (lags + 1)
+    return local.reshape(num_seqs, num_blocks * block)[:, :length]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sorting and validation helpers
+# --------------------------------------------------------------------------------------------------------
+
+
+def _sort_turn_rows(traj_ids: Tensor, turn_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Sort rows by (traj, turn) and locate each sorted row on the (trajectories, turns) grid.
+
+    Returns ``order`` (rows,) the sorting permutation, ``seg`` (rows,) the dense trajectory index 0..n−1
+    of each sorted row, ``pos`` (rows,) its 0-based turn position within the trajectory, and n.
+    Raises ValueError on a duplicated (traj, turn) pair.
+    """
+    by_turn = torch.sort(turn_ids, stable=True).indices
+    order = by_turn[torch.sort(traj_ids[by_turn], stable=True).indices]  # lexicographic (traj, turn)
+    traj_sorted, turn_sorted = traj_ids[order], turn_ids[order]
+    same_traj = traj_sorted[1:] == traj_sorted[:-1]
+    duplicate = same_traj & (turn_sorted[1:] == turn_sorted[:-1])
+    if bool(duplicate.any()):
+        at = int(duplicate.nonzero()[0, 0]) + 1
+        raise ValueError(
+            f"duplicate (traj_id, turn_id) = ({int(traj_sorted[at])}, {int(turn_sorted[at])}) in the turn "
+            "rows: each turn must appear once (drop padding rows before credit assignment)."
+        )
+    starts = torch.cat([same_traj.new_ones(1), ~same_traj])  # (rows,) True at each trajectory's first row
+    seg = starts.long().cumsum(0) - 1
+    start_index = starts.nonzero().squeeze(1)  # (trajectories,)
+    pos = torch.arange(order.numel(), device=order.device) - start_index[seg]
+    return order, seg, pos, int(start_index.numel())
+
+
+def _check_turn_rows(
+    seq_advantages: Tensor, evidence: Tensor, traj_ids: Tensor, turn_ids: Tensor, success_rate: Tensor
+) -> None:
+    _check_1d_same_length(
+        seq_advantages=seq_advantages,
+        evidence=evidence,
+        traj_ids=traj_ids,
+        turn_ids=turn_ids,
+        success_rate=success_rate,
+    )
+    _check_floating("seq_advantages", seq_advantages)
+    _check_integer("traj_ids", traj_ids)
+    _check_integer("turn_ids", turn_ids)
+
+
+def _check_1d_same_length(**tensors: Tensor) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor) or t.dim() != 1:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 1-D tensor with one entry per row; got {shape}.")
+    lengths = {name: t.shape[0] for name, t in tensors.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"all inputs must have the same length; got {lengths}.")
+
+
+def _check_floating(name: str, t: Tensor) -> None:
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor (it sets the output dtype); got {t.dtype}.")
+
+
+def _check_integer(name: str, t: Tensor) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor; got {t.dtype}.")
+
+
+def _check_constant_per_trajectory(name: str, per_row: Tensor, first_of_traj: Tensor) -> None:
+    """``per_row`` (sorted rows,) must equal ``first_of_traj`` (the trajectory's first row, broadcast)."""
+    same = (per_row == first_of_traj) | (per_row.isnan() & first_of_traj.isnan())
+    if not bool(same.all()):
+        raise ValueError(
+            f"{name} must be the same for every turn row of a trajectory (it is a trajectory-level value); "
+            "check that traj_ids align with the other inputs."
+        )

@@ -1,0 +1,142 @@
+"""Action parsers: model text -> environment action.
+
+Parsers are pure functions of the text. They never raise on model output: text without a usable action
+gives a `ParsedAction` with `valid=False` and the reason, and the rollout sends it to the environment as an
+invalid action (penalised, episode continues).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "ParsedAction",
+    "ActionParser",
+    "TagParser",
+    "WebShopParser",
+    "make_parser",
+    "MAX_ACTION_CHARS",
+]
+
+MAX_ACTION_CHARS = 2_000
+"""Actions longer than this are refused: no environment command is that long and huge strings would only
+slow the environment down."""
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """`action` is what the environment receives (may be "" when nothing parsed); `kind` is the tag or
+    verb that was found (`action`, `search`, `answer`, `click`); `reason` says why `valid` is False."""
+
+    action: str
+    valid: bool
+    kind: str | None = None
+    reason: str | None = None
+
+
+class ActionParser(Protocol):
+    def parse(self, text: str) -> ParsedAction: ...
+
+    def format(self, action: str) -> str:
+        """The model text that parses to `action` (used to write demonstrations and scripted policies)."""
+        ...
+
+
+def _clean(content: str) -> str:
+    return " ".join(_CONTROL_CHARS.sub(" ", content).split())
+
+
+@dataclass(frozen=True)
+class TagParser:
+    """Finds `<tag>content</tag>` for one of `tags`.
+
+    With `keep_tags=False` (ALFWorld style, one tag) the action is the cleaned content; with
+    `keep_tags=True` (Search-R1 style) the action keeps its tag, e.g. `<search>who wrote x</search>`, so the
+    environment knows which kind it is. `strict=True` follows Search-R1/verl-agent: two different tags or a
+    repeated tag in one response make the action invalid; otherwise the first tag wins.
+    """
+
+    tags: tuple[str, ...] = ("action",)
+    keep_tags: bool = False
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.tags:
+            raise ValueError("TagParser needs at least one tag name")
+        for tag in self.tags:
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", tag):
+                raise ValueError(f"tag names must be lower-case identifiers, got {tag!r}")
+
+    @property
+    def _pattern(self) -> re.Pattern[str]:
+        alternatives = "|".join(re.escape(t) for t in self.tags)
+        return re.compile(rf"<({alternatives})>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
+
+    def parse(self, text: str) -> ParsedAction:
+        if not isinstance(text, str):
+            return ParsedAction("", False, reason=f"expected text, got {type(text).__name__}")
+        matches = list(self._pattern.finditer(text))
+        if not matches:
+            wanted = " or ".join(f"<{t}>...</{t}>" for t in self.tags)
+            return ParsedAction("", False, reason=f"no {wanted} found")
+        if self.strict and len(matches) > 1:
+            return ParsedAction("", False, reason="more than one action tag in one response")
+        tag, content = matches[0].group(1).lower(), _clean(matches[0].group(2))
+        if not content:
+            return ParsedAction("", False, kind=tag, reason=f"empty <{tag}> tag")
+        if len(content) > MAX_ACTION_CHARS:
+            return ParsedAction("", False, kind=tag, reason=f"action longer than {MAX_ACTION_CHARS} characters")
+        action = f"<{tag}>{content}</{tag}>" if self.keep_tags else content
+        return ParsedAction(action, True, kind=tag)
+
+    def format(self, action: str) -> str:
+        if self.keep_tags and self._pattern.fullmatch(action.strip()):
+            return action.strip()
+        return f"<{self.tags[0]}>{action}</{self.tags[0]}>"
+
+
+_WEBSHOP_ACTION = re.compile(r"\b(search|click)\[(.*?)\]", re.DOTALL | re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class WebShopParser:
+    """WebShop-style `search[query]` / `click[name]`, bare or inside `<action>...</action>`.
+
+    The first command inside the action tag wins; without a tag, the first command anywhere in the text.
+    """
+
+    tag: str = "action"
+
+    def parse(self, text: str) -> ParsedAction:
+        if not isinstance(text, str):
+            return ParsedAction("", False, reason=f"expected text, got {type(text).__name__}")
+        tagged = re.search(rf"<{self.tag}>(.*?)</{self.tag}>", text, re.DOTALL | re.IGNORECASE)
+        region = tagged.group(1) if tagged else text
+        match = _WEBSHOP_ACTION.search(region)
+        if match is None:
+            return ParsedAction("", False, reason="no search[...] or click[...] found")
+        verb, argument = match.group(1).lower(), _clean(match.group(2))
+        if not argument:
+            return ParsedAction("", False, kind=verb, reason=f"empty {verb}[...]")
+        if len(argument) > MAX_ACTION_CHARS:
+            return ParsedAction("", False, kind=verb, reason=f"argument longer than {MAX_ACTION_CHARS} characters")
+        return ParsedAction(f"{verb}[{argument}]", True, kind=verb)
+
+    def format(self, action: str) -> str:
+        return f"<{self.tag}>{action}</{self.tag}>"
+
+
+def make_parser(spec: str) -> ActionParser:
+    """Build a parser from a short spec: `tag:action`, `tag:search,answer` (keeps tags, strict), `webshop`."""
+    kind, _, argument = spec.partition(":")
+    if kind == "tag":
+        tags = tuple(t.strip() for t in (argument or "action").split(",") if t.strip())
+        multi = len(tags) > 1
+        return TagParser(tags=tags, keep_tags=multi, strict=multi)
+    if kind == "webshop":
+        return WebShopParser()
+    raise ValueError(f"unknown parser spec {spec!r}; expected 'tag:<name>[,<name>...]' or 'webshop'")

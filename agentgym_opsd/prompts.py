@@ -1,0 +1,109 @@
+"""Prompt rendering: task + last-k turns + current observation -> chat messages.
+
+The same renderer builds the student prompt and the teacher prompt; the teacher's differs only by the skill
+block `c+`. The skill block sits in the system message, and when the prompt must be shortened the renderer
+drops the oldest history first, then shortens the current observation in its middle — the system prompt, the
+skill block and the task are never cut (the released AgentOPSD code prepends the skills and left-truncates,
+which removes them first; we do not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentgym_opsd.records import ChatMessage
+
+__all__ = ["HistoryItem", "PromptRenderer", "SKILL_HEADER"]
+
+SKILL_HEADER = "Skills that help with this task:"
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    action: str
+    observation: str
+
+
+@dataclass(frozen=True)
+class PromptRenderer:
+    """Renders chat messages for one turn.
+
+    `history_turns` is k (last k turns shown); `max_chars` bounds the user message (0 = no bound);
+    `show_admissible` lists the admissible actions when the environment knows them.
+    """
+
+    system_prompt: str
+    history_turns: int = 2
+    max_chars: int = 0
+    show_admissible: bool = True
+    max_admissible: int = 60
+
+    def __post_init__(self) -> None:
+        if self.history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+        if self.max_chars < 0:
+            raise ValueError(f"max_chars must be >= 0, got {self.max_chars}")
+
+    def system_message(self, skill_context: str = "") -> str:
+        if not skill_context.strip():
+            return self.system_prompt
+        return f"{self.system_prompt}\n\n{SKILL_HEADER}\n{skill_context.strip()}"
+
+    def render(
+        self,
+        *,
+        task_text: str,
+        observation: str,
+        history: Sequence[HistoryItem] = (),
+        admissible_actions: Sequence[str] | None = None,
+        skill_context: str = "",
+        turn_index: int = 0,
+    ) -> list[ChatMessage]:
+        shown = list(history)[-self.history_turns :] if self.history_turns else []
+        admissible = ""
+        if self.show_admissible and admissible_actions:
+            listed = list(admissible_actions)[: self.max_admissible]
+            more = len(admissible_actions) - len(listed)
+            admissible = "Admissible actions: " + ", ".join(listed) + (f" (and {more} more)" if more > 0 else "")
+        while True:
+            user = self._user_message(task_text, observation, shown, admissible, turn_index, len(history))
+            if not self.max_chars or len(user) <= self.max_chars or not shown:
+                break
+            shown = shown[1:]  # drop the oldest turn first
+        if self.max_chars and len(user) > self.max_chars:
+            fixed = len(user) - len(observation)
+            observation = _shorten_middle(observation, max(self.max_chars - fixed, 40))
+            user = self._user_message(task_text, observation, shown, admissible, turn_index, len(history))
+        return [
+            {"role": "system", "content": self.system_message(skill_context)},
+            {"role": "user", "content": user},
+        ]
+
+    @staticmethod
+    def _user_message(
+        task_text: str,
+        observation: str,
+        shown: Sequence[HistoryItem],
+        admissible: str,
+        turn_index: int,
+        num_past: int,
+    ) -> str:
+        parts = [f"Task: {task_text}"] if task_text else []
+        if shown:
+            first = num_past - len(shown) + 1
+            lines = [f"[Turn {first + i}] Action: {h.action}\nObservation: {h.observation}" for i, h in enumerate(shown)]
+            parts.append("Recent turns:\n" + "\n".join(lines))
+        parts.append(f"[Turn {turn_index + 1}] Current observation: {observation}")
+        if admissible:
+            parts.append(admissible)
+        parts.append("Your next action:")
+        return "\n\n".join(parts)
+
+
+def _shorten_middle(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    marker = " [...] "
+    keep = max(max_chars - len(marker), 2)
+    return text[: keep // 2] + marker + text[-(keep - keep // 2) :]

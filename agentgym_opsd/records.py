@@ -1,0 +1,140 @@
+"""Turn and trajectory records: what the turn API hands to the trainer and the evaluator.
+
+One `Turn` is one exchange: the prompt the policy saw, what it answered (text, token ids, log-probs), the
+action parsed from it, and what the environment replied. A `Trajectory` is one episode of turns plus the
+task metadata and the privileged skill context `c+` the self-teacher conditions on.
+
+Records serialise to JSON lines (one trajectory per line) and load back equal (`==`), so rollouts can be
+stored, inspected and replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl"]
+
+ChatMessage = dict[str, str]
+
+
+@dataclass
+class Turn:
+    """One agent turn.
+
+    `prompt` is the chat the policy was given (system / user messages); `response_token_ids` are exactly the
+    tokens that were sampled (never re-tokenised text), with their sampling log-probs in `response_logprobs`.
+    `action` is what was sent to the environment; `action_valid` is False when the text parsed to no action
+    or the environment refused it. `observation` is the environment's answer to the action.
+    """
+
+    index: int
+    prompt: list[ChatMessage]
+    response_text: str
+    action: str
+    action_valid: bool
+    observation: str
+    reward: float
+    response_token_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    invalid_reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_token_ids)
+
+
+@dataclass
+class Trajectory:
+    """One episode.
+
+    `group_id` ties the G rollouts of the same task (same seed) together for group-relative advantages;
+    `traj_id` is unique within a batch. `won` is binary task success, `score` partial credit in [0, 1],
+    `total_reward` the sum of environment rewards. `skill_context` is `c+` for this task (may be empty).
+    `error` is set when the environment failed (exception or step timeout): the trajectory then ended early
+    and consumers decide whether to train on it.
+    """
+
+    env_id: str
+    task_id: str
+    task_type: str
+    group_id: int
+    traj_id: int
+    seed: int
+    task_text: str = ""
+    skill_context: str = ""
+    turns: list[Turn] = field(default_factory=list)
+    won: bool = False
+    score: float = 0.0
+    total_reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_invalid_actions(self) -> int:
+        return sum(not t.action_valid for t in self.turns)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated or self.error is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown trajectory fields {sorted(unknown)}; expected a subset of {sorted(known)}")
+        data = dict(data)
+        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        return cls(**data)
+
+
+def save_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> Path:
+    """Write trajectories, one JSON object per line, atomically (a crash never leaves half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for traj in trajectories:
+            fh.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def append_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> None:
+    """Append trajectories to a JSONL file (flushed per line, for resumable logs)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        for traj in trajectories:
+            fh.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+            fh.flush()
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    with Path(path).open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Trajectory.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{line_no}: not a trajectory record ({exc})") from exc

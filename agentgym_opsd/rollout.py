@@ -1,0 +1,173 @@
+"""Multi-turn rollouts: a policy plays B tasks x G copies through an EnvPool, turn by turn.
+
+Each turn, every active environment's prompt is rendered and the whole batch goes to the policy at once
+(batched generation); the answers are parsed and the environments stepped in parallel. Everything the
+trainer needs later is recorded in `Trajectory`/`Turn`: the student prompt, the sampled token ids and their
+log-probs, the action, its validity, the observation, the reward, and the task's skill context `c+`.
+This module knows only the turn API, never a concrete environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from agentgym_opsd import core
+from agentgym_opsd.envpool import EnvPool, StepResult, TaskSpec
+from agentgym_opsd.parsers import ActionParser, make_parser
+from agentgym_opsd.policies import Policy, PolicyRequest
+from agentgym_opsd.prompts import HistoryItem, PromptRenderer
+from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
+
+__all__ = ["RolloutRunner"]
+
+
+@dataclass
+class _Episode:
+    traj: Trajectory
+    observation: str
+    admissible: list[str] | None
+    history: list[HistoryItem] = field(default_factory=list)
+
+
+class RolloutRunner:
+    """Plays policies on one environment id (optionally `Env-v0:split`)."""
+
+    def __init__(
+        self,
+        env_spec: str,
+        *,
+        num_envs: int,
+        env_kwargs: dict[str, Any] | None = None,
+        profile: EnvProfile | None = None,
+        renderer: PromptRenderer | None = None,
+        parser: ActionParser | None = None,
+        use_skills: bool = True,
+        step_timeout_s: float = 60.0,
+        max_prompt_chars: int = 0,
+    ) -> None:
+        self.env_spec = env_spec
+        self.env_id, split = parse_env_spec(env_spec)
+        self.profile = profile or env_profile(self.env_id)
+        kwargs = dict(env_kwargs or {})
+        self.pool = EnvPool(lambda: make(env_spec, **kwargs), num_envs, step_timeout_s=step_timeout_s)
+        self.renderer = renderer or PromptRenderer(
+            self.profile.system_prompt, history_turns=self.profile.history_turns, max_chars=max_prompt_chars
+        )
+        self.parser = parser or make_parser(self.profile.parser)
+        self.skills = load_skill_library(self.profile.skill_library) if use_skills and self.profile.skill_library else None
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def skill_context(self, task_type: str, task_text: str) -> str:
+        return self.skills.context_for(task_type=task_type, text=task_text) if self.skills else ""
+
+    def teacher_messages(self, traj: Trajectory, turn: Turn) -> list[dict[str, str]]:
+        """The turn's prompt with `c+` in the system message (the student prompt otherwise unchanged)."""
+        messages = [dict(m) for m in turn.prompt]
+        messages[0]["content"] = self.renderer.system_message(traj.skill_context)
+        return messages
+
+    def run(
+        self,
+        policy: Policy,
+        tasks: Sequence[TaskSpec],
+        *,
+        group_size: int = 1,
+        first_group_id: int = 0,
+        first_traj_id: int = 0,
+        progress: bool = False,
+    ) -> list[Trajectory]:
+        """Play every task `group_size` times; returns trajectories ordered task-major, copy-minor."""
+        starts = self.pool.reset(tasks, group_size)
+        episodes: dict[int, _Episode] = {}
+        for i, start in enumerate(starts):
+            t = i // group_size
+            info = start.info
+            task_type, task_text = str(info.get(core.TASK_TYPE, "")), str(info.get(core.TASK_TEXT, ""))
+            traj = Trajectory(
+                env_id=self.env_id,
+                task_id=str(info.get(core.TASK_ID, "")),
+                task_type=task_type,
+                group_id=first_group_id + t,
+                traj_id=first_traj_id + i,
+                seed=tasks[t].seed,
+                task_text=task_text,
+                skill_context=self.skill_context(task_type, task_text),
+                error=start.error,
+                won=bool(info.get(core.WON, False)),
+                score=float(info.get(core.SCORE, 0.0)),
+                terminated=start.terminated,
+                metadata={k: v for k, v in info.items() if k not in core.INFO_KEYS and _is_json_scalar(v)},
+            )
+            episodes[i] = _Episode(traj, start.observation, info.get(core.ADMISSIBLE_ACTIONS))
+        bar = tqdm(desc=f"rollout {self.env_spec}", unit="turn", disable=not progress, leave=False)
+        try:
+            while active := [i for i in episodes if self.pool.active[i]]:
+                self._play_turn(policy, {i: episodes[i] for i in active})
+                bar.update(1)
+                bar.set_postfix(active=len(active))
+        finally:
+            bar.close()
+        return [episodes[i].traj for i in range(len(starts))]
+
+    def _play_turn(self, policy: Policy, episodes: dict[int, _Episode]) -> None:
+        indices = list(episodes)
+        requests = []
+        for i in indices:
+            ep = episodes[i]
+            messages = self.renderer.render(
+                task_text=ep.traj.task_text,
+                observation=ep.observation,
+                history=ep.history,
+                admissible_actions=ep.admissible,
+                turn_index=len(ep.traj.turns),
+            )
+            unwrapped = self.pool.unwrapped(i)
+            requests.append(PolicyRequest(messages, ep.admissible, getattr(unwrapped, "oracle_action", None),
+                                          self.parser.format))
+        outputs = policy.act(requests)
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"policy answered {len(outputs)} of {len(requests)} requests")
+        parsed = {i: self.parser.parse(out.text) for i, out in zip(indices, outputs, strict=True)}
+        results = self.pool.step({i: parsed[i].action for i in indices})
+        for i, req, out in zip(indices, requests, outputs, strict=True):
+            self._record(episodes[i], req, out, parsed[i], results[i])
+
+    def _record(self, ep: _Episode, req: PolicyRequest, out: Any, parsed: Any, res: StepResult) -> None:
+        env_valid = bool(res.info.get(core.ACTION_VALID, True))
+        reason = parsed.reason if not parsed.valid else (None if env_valid else "the environment refused the action")
+        if res.error:
+            reason = res.error
+        turn = Turn(
+            index=len(ep.traj.turns),
+            prompt=req.messages,
+            response_text=out.text,
+            action=parsed.action,
+            action_valid=parsed.valid and env_valid and res.error is None,
+            observation=res.observation,
+            reward=res.reward,
+            response_token_ids=list(out.token_ids),
+            response_logprobs=[float(x) for x in out.logprobs],
+            invalid_reason=reason,
+            info={k: res.info[k] for k in (core.SCORE, core.WON) if k in res.info},
+        )
+        traj = ep.traj
+        traj.turns.append(turn)
+        traj.total_reward += res.reward
+        traj.won = bool(res.info.get(core.WON, traj.won))
+        traj.score = float(res.info.get(core.SCORE, traj.score))
+        traj.terminated, traj.truncated = res.terminated, res.truncated
+        traj.error = res.error
+        ep.history.append(HistoryItem(parsed.action or out.text[:200], res.observation))
+        ep.observation = res.observation
+        ep.admissible = res.info.get(core.ADMISSIBLE_ACTIONS)
+
+
+def _is_json_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
