@@ -11,7 +11,7 @@ and each turn's share is a bounded re-weighting of ``A_seq``:
     q_k = sign(A_seq) ΔB_k,   z_k = standardise(q) within the trajectory,
     w_k = clip(1 + b z_k, 1 − b, 1 + b),   Ã_k = A_seq [(1 − λ) + λ w_k].
 
-Everything here is vectorised over turn rows in any order: rows are sorted by (trajectory, turn) once, laid
+Everything here is vectorised over turn rows in any order: rows are ranked by (trajectory, turn) once, laid
 out on a padded (trajectories, max_turns) grid, and the discounted sum is a blocked matrix scan (stable for
 any horizon: no ``γ^-k`` growth). ``reference_agentopsd_advantages`` is the slow, obvious loop the tests and
 the benchmark check the fast path against.
@@ -47,6 +47,10 @@ VARIANTS: tuple[str, ...] = ("paper", "raw_gap", "unsigned", "no_prior")
 # Width of one block of the discounted scan. Inside a block the scan is a (L, L) lower-triangular matmul;
 # blocks are chained by a (recursive) scan over block ends, so cost is O(n·L) and every weight is γ^j ≤ 1.
 _SCAN_BLOCK = 64
+# Rows are ranked by a counting sort over the (traj id, turn id) range when that range has at most
+# FACTOR·rows + SLACK cells, else by torch.sort (see _layout_turn_rows).
+_COUNTING_SORT_FACTOR = 8
+_COUNTING_SORT_SLACK = 4096
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -157,28 +161,22 @@ def agentopsd_advantages(
     if num_rows == 0:
         return seq_advantages.clone()
 
-    order, seg, pos, num_traj = _sort_turn_rows(traj_ids, turn_ids)
-    max_turns = int(pos.max()) + 1
-    flat = seg * max_turns + pos  # (rows,) sorted row -> cell of the (trajectories, max_turns) grid
-    valid = torch.zeros(num_traj * max_turns, dtype=torch.bool, device=seq_advantages.device)
-    valid[flat] = True
-    e_grid = torch.zeros(num_traj * max_turns, dtype=dtype, device=seq_advantages.device)
-    e_grid[flat] = evidence.to(dtype)[order]
+    layout = _layout_turn_rows(traj_ids, turn_ids)
+    num_traj, max_turns = layout.num_turns.numel(), layout.max_turns
+    flat = layout.traj_index * max_turns + layout.turn_pos  # (rows,) row -> cell of the flattened grid
+    e_grid = seq_advantages.new_zeros(num_traj * max_turns).scatter_(0, flat, evidence.to(dtype))
+    valid = torch.arange(max_turns, device=flat.device) < layout.num_turns[:, None]  # (traj, max_turns)
 
-    first = pos == 0  # first sorted row of each trajectory, in trajectory order
-    adv_sorted = seq_advantages[order]
-    rate_sorted = success_rate.to(dtype)[order]
-    adv = adv_sorted[first]  # (trajectories,)
-    rate = rate_sorted[first]
-    _check_constant_per_trajectory("seq_advantages", adv_sorted, adv[seg])
-    _check_constant_per_trajectory("success_rate", rate_sorted, rate[seg])
+    # Trajectory-level inputs: one value per trajectory, and every row must agree with it.
+    per_row = torch.stack([seq_advantages, success_rate.to(dtype)], dim=1)  # (rows, 2)
+    index = layout.traj_index[:, None].expand(-1, 2)
+    per_traj = per_row.new_zeros(num_traj, 2).scatter_(0, index, per_row)  # (traj, 2)
+    _check_trajectory_level(per_row, per_traj.gather(0, index))
 
     out_grid = _reshape_on_grid(
-        e_grid.view(num_traj, max_turns), valid.view(num_traj, max_turns), adv, rate, cfg
+        e_grid.view(num_traj, max_turns), valid, per_traj[:, 0], per_traj[:, 1], cfg
     )
-    out = torch.empty_like(seq_advantages)
-    out[order] = out_grid.view(-1)[flat]
-    return out
+    return out_grid.view(-1).gather(0, flat)
 
 
 def reference_agentopsd_advantages(
@@ -463,9 +461,9 @@ def _discounted_cumsum(x: Tensor, gamma: float) -> Tensor:
     blocks = padded.view(num_seqs, num_blocks, block)
     gamma_t = torch.tensor(gamma, dtype=x.dtype, device=x.device)  # powers in x's dtype, not float32
     lags = torch.arange(block, device=x.device)
-    lag = lags[:, None] - lags[None, :]  # (block, block) k − j
-    decay = torch.where(lag >= 0, gamma_t ** lag.clamp_min(0), 0)
-    local = blocks @ decay.T  # (seqs, blocks, block): the scan restarted at each block start
+    lag = lags[None, :] - lags[:, None]  # (block, block) [j, k] = k − j
+    decay = torch.where(lag >= 0, gamma_t ** lag.clamp_min(0), 0)  # upper triangular, built contiguous
+    local = blocks @ decay  # (seqs, blocks, block): the scan restarted at each block start
     if num_blocks > 1:
         block_end = local[:, :, -1]  # (seqs, blocks)
         carry = _discounted_cumsum(block_end, gamma**block)  # c at the end of each block
@@ -479,29 +477,77 @@ def _discounted_cumsum(x: Tensor, gamma: float) -> Tensor:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _sort_turn_rows(traj_ids: Tensor, turn_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Sort rows by (traj, turn) and locate each sorted row on the (trajectories, turns) grid.
+@dataclass(frozen=True)
+class _TurnLayout:
+    """Where each turn row sits on the padded (trajectories, max_turns) grid."""
 
-    Returns ``order`` (rows,) the sorting permutation, ``seg`` (rows,) the dense trajectory index 0..n−1
-    of each sorted row, ``pos`` (rows,) its 0-based turn position within the trajectory, and n.
-    Raises ValueError on a duplicated (traj, turn) pair.
+    traj_index: Tensor  # (rows,) dense trajectory index 0..n−1, trajectories in increasing id order
+    turn_pos: Tensor  # (rows,) 0-based position of the row's turn within its trajectory
+    num_turns: Tensor  # (n,) turns of each trajectory
+    max_turns: int
+
+
+def _layout_turn_rows(traj_ids: Tensor, turn_ids: Tensor) -> _TurnLayout:
+    """Rank rows by (traj, turn) without a Python loop; ValueError on a duplicated (traj, turn) pair.
+
+    Ids are usually dense (0..N−1 trajectories, 0..K−1 turns): then a counting sort over the id range is
+    O(rows + range) and much cheaper than a comparison sort. Sparse ids fall back to torch.sort.
     """
-    by_turn = torch.sort(turn_ids, stable=True).indices
-    order = by_turn[torch.sort(traj_ids[by_turn], stable=True).indices]  # lexicographic (traj, turn)
+    traj_lo, traj_hi, turn_lo, turn_hi = torch.stack([*torch.aminmax(traj_ids), *torch.aminmax(turn_ids)]).tolist()
+    traj_span, turn_span = traj_hi - traj_lo + 1, turn_hi - turn_lo + 1
+    if traj_span * turn_span <= _COUNTING_SORT_FACTOR * traj_ids.numel() + _COUNTING_SORT_SLACK:
+        return _layout_by_counting(traj_ids, turn_ids, traj_lo, turn_lo, traj_span, turn_span)
+    return _layout_by_sorting(traj_ids, turn_ids, traj_lo, turn_lo, turn_span)
+
+
+def _layout_by_counting(
+    traj_ids: Tensor, turn_ids: Tensor, traj_lo: int, turn_lo: int, traj_span: int, turn_span: int
+) -> _TurnLayout:
+    traj_offset = traj_ids - traj_lo
+    key = traj_offset * turn_span + (turn_ids - turn_lo)  # (rows,) cell of the (traj_span, turn_span) table
+    table = torch.bincount(key, minlength=traj_span * turn_span).view(traj_span, turn_span)
+    if int(table.max()) > 1:
+        _raise_duplicate(traj_ids, turn_ids)
+    num_turns = table.sum(1)  # (traj_span,) 0 for ids that do not occur
+    present = num_turns > 0
+    dense = present.cumsum(0) - 1  # (traj_span,) id -> dense trajectory index
+    rank = table.cumsum(1) - 1  # (traj_span, turn_span) turn id -> position within the trajectory
+    num_turns = num_turns[present]
+    return _TurnLayout(dense[traj_offset], rank.view(-1)[key], num_turns, int(num_turns.max()))
+
+
+def _layout_by_sorting(traj_ids: Tensor, turn_ids: Tensor, traj_lo: int, turn_lo: int, turn_span: int) -> _TurnLayout:
+    traj_hi = int(traj_ids.max())
+    if (traj_hi - traj_lo + 1) * turn_span < 2**62:  # one combined int64 key
+        order = torch.sort((traj_ids - traj_lo) * turn_span + (turn_ids - turn_lo)).indices
+    else:  # lexicographic (traj, turn) by two stable sorts
+        by_turn = torch.sort(turn_ids, stable=True).indices
+        order = by_turn[torch.sort(traj_ids[by_turn], stable=True).indices]
     traj_sorted, turn_sorted = traj_ids[order], turn_ids[order]
     same_traj = traj_sorted[1:] == traj_sorted[:-1]
-    duplicate = same_traj & (turn_sorted[1:] == turn_sorted[:-1])
-    if bool(duplicate.any()):
-        at = int(duplicate.nonzero()[0, 0]) + 1
-        raise ValueError(
-            f"duplicate (traj_id, turn_id) = ({int(traj_sorted[at])}, {int(turn_sorted[at])}) in the turn "
-            "rows: each turn must appear once (drop padding rows before credit assignment)."
-        )
+    if bool((same_traj & (turn_sorted[1:] == turn_sorted[:-1])).any()):
+        _raise_duplicate(traj_ids, turn_ids)
     starts = torch.cat([same_traj.new_ones(1), ~same_traj])  # (rows,) True at each trajectory's first row
-    seg = starts.long().cumsum(0) - 1
-    start_index = starts.nonzero().squeeze(1)  # (trajectories,)
-    pos = torch.arange(order.numel(), device=order.device) - start_index[seg]
-    return order, seg, pos, int(start_index.numel())
+    seg = starts.long().cumsum(0) - 1  # (rows,) dense trajectory index of each sorted row
+    pos = torch.arange(order.numel(), device=order.device) - starts.nonzero().squeeze(1)[seg]
+    num_turns = torch.bincount(seg)
+    unsort = torch.empty_like(order)
+    return _TurnLayout(
+        unsort.scatter(0, order, seg), unsort.scatter(0, order, pos), num_turns, int(num_turns.max())
+    )
+
+
+def _raise_duplicate(traj_ids: Tensor, turn_ids: Tensor) -> None:
+    """Error path only: name one duplicated (traj, turn) pair."""
+    seen: set[tuple[int, int]] = set()
+    for pair in zip(traj_ids.tolist(), turn_ids.tolist()):
+        if pair in seen:
+            break
+        seen.add(pair)
+    raise ValueError(
+        f"duplicate (traj_id, turn_id) = {pair} in the turn rows: each turn must appear once "
+        "(drop padding rows before credit assignment)."
+    )
 
 
 def _check_turn_rows(
@@ -539,11 +585,15 @@ def _check_integer(name: str, t: Tensor) -> None:
         raise ValueError(f"{name} must be an integer tensor; got {t.dtype}.")
 
 
-def _check_constant_per_trajectory(name: str, per_row: Tensor, first_of_traj: Tensor) -> None:
-    """``per_row`` (sorted rows,) must equal ``first_of_traj`` (the trajectory's first row, broadcast)."""
-    same = (per_row == first_of_traj) | (per_row.isnan() & first_of_traj.isnan())
-    if not bool(same.all()):
-        raise ValueError(
-            f"{name} must be the same for every turn row of a trajectory (it is a trajectory-level value); "
-            "check that traj_ids align with the other inputs."
-        )
+def _check_trajectory_level(per_row: Tensor, per_traj_broadcast: Tensor) -> None:
+    """(rows, 2) [seq_advantages, success_rate] must equal their trajectory's value in every row."""
+    if torch.equal(per_row, per_traj_broadcast):
+        return
+    for column, name in enumerate(("seq_advantages", "success_rate")):
+        if bool(per_row[:, column].isnan().any()):
+            raise ValueError(f"{name} contains NaN.")
+        if not torch.equal(per_row[:, column], per_traj_broadcast[:, column]):
+            raise ValueError(
+                f"{name} must be the same for every turn row of a trajectory (it is a trajectory-level "
+                "value); check that traj_ids align with the other inputs."
+            )

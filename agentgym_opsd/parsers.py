@@ -124,6 +124,8 @@ class WebShopParser:
             return ParsedAction("", False, kind=verb, reason=f"empty {verb}[...]")
         if len(argument) > MAX_ACTION_CHARS:
             return ParsedAction("", False, kind=verb, reason=f"argument longer than {MAX_ACTION_CHARS} characters")
+        if verb == "click":
+            argument = argument.lower()  # WebShop clickables are matched lower-cased
         return ParsedAction(f"{verb}[{argument}]", True, kind=verb)
 
     def format(self, action: str) -> str:

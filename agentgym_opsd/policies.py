@@ -34,9 +34,14 @@ class PolicyRequest:
 
 @dataclass
 class PolicyOutput:
+    """One answer. `error` is set (and `text` ignored) when the policy could not answer this request at all
+    (a remote endpoint that timed out or sent garbage): the rollout then ends that episode flagged with the
+    reason instead of sending an action, and the other episodes of the batch go on."""
+
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    error: str | None = None
 
 
 @runtime_checkable

@@ -134,10 +134,17 @@ class RolloutRunner:
         outputs = policy.act(requests)
         if len(outputs) != len(requests):
             raise RuntimeError(f"policy answered {len(outputs)} of {len(requests)} requests")
-        parsed = {i: self.parser.parse(out.text) for i, out in zip(indices, outputs, strict=True)}
-        results = self.pool.step({i: parsed[i].action for i in indices})
+        failed = {i: out.error for i, out in zip(indices, outputs, strict=True) if out.error}
+        for i, reason in failed.items():
+            # The policy gave no answer for this episode: end it flagged (no action sent), keep the others.
+            episodes[i].traj.error = f"policy failed: {reason}"
+            episodes[i].traj.truncated = True
+            self.pool.active[i] = False
+        parsed = {i: self.parser.parse(out.text) for i, out in zip(indices, outputs, strict=True) if i not in failed}
+        results = self.pool.step({i: parsed[i].action for i in parsed}) if parsed else {}
         for i, req, out in zip(indices, requests, outputs, strict=True):
-            self._record(episodes[i], req, out, parsed[i], results[i])
+            if i not in failed:
+                self._record(episodes[i], req, out, parsed[i], results[i])
 
     def _record(self, ep: _Episode, req: PolicyRequest, out: Any, parsed: Any, res: StepResult) -> None:
         env_valid = bool(res.info.get(core.ACTION_VALID, True))

