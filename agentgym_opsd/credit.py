@@ -19,6 +19,7 @@ the benchmark check the fast path against.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -163,20 +164,14 @@ def agentopsd_advantages(
 
     layout = _layout_turn_rows(traj_ids, turn_ids)
     num_traj, max_turns = layout.num_turns.numel(), layout.max_turns
-    flat = layout.traj_index * max_turns + layout.turn_pos  # (rows,) row -> cell of the flattened grid
+    flat = torch.add(layout.turn_pos, layout.traj_index, alpha=max_turns)  # (rows,) cell of the flat grid
     e_grid = seq_advantages.new_zeros(num_traj * max_turns).scatter_(0, flat, evidence.to(dtype))
-    valid = torch.arange(max_turns, device=flat.device) < layout.num_turns[:, None]  # (traj, max_turns)
 
-    # Trajectory-level inputs: one value per trajectory, and every row must agree with it.
-    per_row = torch.stack([seq_advantages, success_rate.to(dtype)], dim=1)  # (rows, 2)
-    index = layout.traj_index[:, None].expand(-1, 2)
-    per_traj = per_row.new_zeros(num_traj, 2).scatter_(0, index, per_row)  # (traj, 2)
-    _check_trajectory_level(per_row, per_traj.gather(0, index))
-
-    out_grid = _reshape_on_grid(
-        e_grid.view(num_traj, max_turns), valid, per_traj[:, 0], per_traj[:, 1], cfg
-    )
-    return out_grid.view(-1).gather(0, flat)
+    # Trajectory-level inputs: one value per trajectory (traj,), and every row must agree with it.
+    adv = _per_trajectory("seq_advantages", seq_advantages, layout.traj_index, num_traj)
+    rate = _per_trajectory("success_rate", success_rate.to(dtype), layout.traj_index, num_traj)
+    out_grid = _reshape_on_grid(e_grid.view(num_traj, max_turns), layout.num_turns, adv, rate, cfg)
+    return out_grid.take(flat)
 
 
 def reference_agentopsd_advantages(
@@ -204,7 +199,7 @@ def reference_agentopsd_advantages(
     e_rows = evidence.tolist()
     rate_rows = success_rate.tolist()
     rows_of_traj: dict[int, list[tuple[int, int]]] = {}
-    for row, (traj, turn) in enumerate(zip(traj_ids.tolist(), turn_ids.tolist())):
+    for row, (traj, turn) in enumerate(zip(traj_ids.tolist(), turn_ids.tolist(), strict=True)):
         rows_of_traj.setdefault(traj, []).append((turn, row))
 
     out = [0.0] * len(adv_rows)
@@ -237,7 +232,7 @@ def reference_agentopsd_advantages(
 
         mean_q = sum(q) / len(q)
         std_q = math.sqrt(sum((x - mean_q) ** 2 for x in q) / len(q))  # population std
-        for row, q_k in zip(rows, q):
+        for row, q_k in zip(rows, q, strict=True):
             z = (q_k - mean_q) / (std_q + cfg.eps)
             w = min(max(1.0 + cfg.band * z, 1.0 - cfg.band), 1.0 + cfg.band)
             out[row] = a * ((1.0 - cfg.lam) + cfg.lam * w)
@@ -297,10 +292,8 @@ def agentopsd_token_advantages(
     gaps = torch.where(response_mask, token_logprob_gaps.to(dtype), 0)
     e_grid = torch.zeros(num_rows, num_tokens + 1, dtype=dtype, device=seq_advantages.device)
     e_grid.scatter_(1, compact_col, gaps)
-    num_valid = response_mask.sum(1, keepdim=True)  # (rows, 1)
-    valid = torch.arange(num_tokens + 1, device=seq_advantages.device) < num_valid  # (rows, tokens + 1)
-
-    out_grid = _reshape_on_grid(e_grid, valid, seq_advantages, success_rate.to(dtype), cfg)
+    num_valid = response_mask.sum(1)  # (rows,)
+    out_grid = _reshape_on_grid(e_grid, num_valid, seq_advantages, success_rate.to(dtype), cfg)
     out = out_grid.gather(1, compact_col)
     return torch.where(response_mask, out, 0)
 
@@ -407,67 +400,66 @@ del _variant
 
 
 def _reshape_on_grid(
-    e_grid: Tensor, valid: Tensor, adv: Tensor, rate: Tensor, cfg: CreditConfig
+    e_grid: Tensor, num_valid: Tensor, adv: Tensor, rate: Tensor, cfg: CreditConfig
 ) -> Tensor:
     """Reshaped advantages on a padded grid of sequences (turns of a trajectory, or tokens of a turn).
 
-    ``e_grid`` (seqs, L) evidence with valid entries packed left and zeros after; ``valid`` (seqs, L) bool,
-    a prefix per row; ``adv`` and ``rate`` (seqs,). Returns (seqs, L); entries outside ``valid`` are junk.
+    ``e_grid`` (seqs, L) evidence, each row's ``num_valid`` (seqs,) entries packed left and zeros after;
+    ``adv`` and ``rate`` (seqs,). Returns (seqs, L); entries past a row's ``num_valid`` are junk.
     """
-    dtype = e_grid.dtype
     if cfg.variant == "no_prior":
         b0 = torch.full_like(rate, 0.5)
-    else:
-        b0 = rate.clamp(cfg.eps0, 1.0 - cfg.eps0)
-    b0 = b0.clamp(cfg.eps, 1.0 - cfg.eps)  # the same clamp as B_k, so ΔB_1 compares like with like
-    logit_b0 = torch.log(b0) - torch.log1p(-b0)  # (seqs,)
-
+    else:  # clip to [ε0, 1 − ε0], then the same [ε, 1 − ε] clamp as B_k so ΔB_1 compares like with like
+        b0 = rate.clamp(max(cfg.eps0, cfg.eps), 1.0 - max(cfg.eps0, cfg.eps))
     c = _discounted_cumsum(e_grid, cfg.gamma)  # (seqs, L) c_k = Σ_{j≤k} γ^(k−j) e_j
-    belief = torch.sigmoid(logit_b0[:, None] + c).clamp(cfg.eps, 1.0 - cfg.eps)
-    belief_prev = torch.cat([b0[:, None], belief[:, :-1]], dim=1)
-    delta_b = belief - belief_prev
+    belief = torch.sigmoid(c.add_(torch.logit(b0)[:, None])).clamp_(cfg.eps, 1.0 - cfg.eps)
+    delta_b = belief - torch.cat([b0[:, None], belief[:, :-1]], dim=1)  # ΔB_k = B_k − B_(k−1)
 
-    sign_a = torch.sign(adv)[:, None]
-    if cfg.variant == "raw_gap":
-        q = sign_a * e_grid
-    elif cfg.variant == "unsigned":
-        q = delta_b.abs()
-    else:
-        q = sign_a * delta_b
+    # (seqs, L) 1.0 on valid entries, 0.0 after; a float mask because multiplying by it is the cheapest op.
+    valid = (torch.arange(e_grid.shape[1], device=e_grid.device) < num_valid[:, None]).to(e_grid.dtype)
+    if cfg.variant == "unsigned":
+        q = delta_b.abs_().mul_(valid)
+    else:  # q = sign(A)·ΔB (paper, no_prior) or sign(A)·e (raw_gap)
+        q = (e_grid if cfg.variant == "raw_gap" else delta_b) * (torch.sign(adv)[:, None] * valid)
 
     # z over the valid entries of each sequence: mean and population std.
-    mask = valid.to(dtype)
-    count = mask.sum(1, keepdim=True).clamp_min(1.0)
-    q = q * mask
-    mean_q = q.sum(1, keepdim=True) / count
-    centred = (q - mean_q) * mask  # exactly 0 for a one-entry sequence, so its weight is exactly 1
-    std_q = torch.sqrt((centred * centred).sum(1, keepdim=True) / count)
-    z = centred / (std_q + cfg.eps)
-    # w − 1 = clip(b z, −b, b); A (1 + λ (w − 1)) equals A [(1 − λ) + λ w] but is exactly A when λ or z is 0.
-    w_minus_1 = (cfg.band * z).clamp(-cfg.band, cfg.band)
-    return adv[:, None] * (1.0 + cfg.lam * w_minus_1)
+    count = num_valid.to(q.dtype).clamp_min_(1.0)[:, None]  # (seqs, 1)
+    centred = (q - q.sum(1, keepdim=True).div_(count)).mul_(valid)  # exactly 0 for a one-entry sequence
+    std = torch.linalg.vector_norm(centred, dim=1, keepdim=True).div_(count.sqrt_())
+    # w − 1 = clip(b z, −b, b); Ã = A + λ A (w − 1) equals A [(1 − λ) + λ w] and is exactly A when λ or z is 0.
+    w_minus_1 = centred.mul_(std.add_(cfg.eps).reciprocal_().mul_(cfg.band)).clamp_(-cfg.band, cfg.band)
+    return w_minus_1.mul_((cfg.lam * adv)[:, None]).add_(adv[:, None])  # (in place: addcmul is slower here)
+
+
+@functools.lru_cache(maxsize=32)
+def _decay_matrix(gamma: float, block: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(block, block) read-only constant, [j, k] = γ^(k − j) for k ≥ j else 0; memoised since the same γ and
+    block size recur every training step. Built contiguous: a matmul with a transposed view is far slower."""
+    lags = torch.arange(block, device=device)
+    gamma_t = torch.tensor(gamma, dtype=dtype, device=device)  # powers in the target dtype, not float32
+    return (gamma_t ** (lags[None, :] - lags[:, None]).clamp_min_(0)).triu_()
 
 
 def _discounted_cumsum(x: Tensor, gamma: float) -> Tensor:
     """``out[:, k] = Σ_{j≤k} γ^(k−j) x[:, j]`` along the last dim of (seqs, L), without γ^-k blow-up.
 
-    Blocks of ``_SCAN_BLOCK`` columns are scanned by a lower-triangular (B, B) matmul; the block ends are
-    then chained by the same scan with factor γ^B (recursively), so every weight used is in [0, 1].
+    Blocks of ``_SCAN_BLOCK`` columns are scanned by a (B, B) triangular matmul; the block ends are then
+    chained by the same scan with factor γ^B (recursively), so every weight used is in [0, 1] and the
+    rounding error is that of a plain weighted sum (no γ^-k rescaling, which overflows for long rows).
     """
     num_seqs, length = x.shape
     block = min(length, _SCAN_BLOCK)
     num_blocks = -(-length // block)
-    padded = torch.nn.functional.pad(x, (0, num_blocks * block - length))
-    blocks = padded.view(num_seqs, num_blocks, block)
-    gamma_t = torch.tensor(gamma, dtype=x.dtype, device=x.device)  # powers in x's dtype, not float32
-    lags = torch.arange(block, device=x.device)
-    lag = lags[None, :] - lags[:, None]  # (block, block) [j, k] = k − j
-    decay = torch.where(lag >= 0, gamma_t ** lag.clamp_min(0), 0)  # upper triangular, built contiguous
-    local = blocks @ decay  # (seqs, blocks, block): the scan restarted at each block start
+    if num_blocks * block != length:
+        x = torch.nn.functional.pad(x, (0, num_blocks * block - length))
+    blocks = x.view(num_seqs, num_blocks, block)
+    local = blocks @ _decay_matrix(gamma, block, x.dtype, x.device)  # (seqs, blocks, block) restarted scans
     if num_blocks > 1:
         block_end = local[:, :, -1]  # (seqs, blocks)
         carry = _discounted_cumsum(block_end, gamma**block)  # c at the end of each block
         carry_in = torch.nn.functional.pad(carry[:, :-1], (1, 0))  # c entering each block
+        gamma_t = torch.tensor(gamma, dtype=x.dtype, device=x.device)  # powers in x's dtype, not float32
+        lags = torch.arange(block, device=x.device)
         local = local + carry_in[:, :, None] * gamma_t ** (lags + 1)
     return local.reshape(num_seqs, num_blocks * block)[:, :length]
 
@@ -493,32 +485,38 @@ def _layout_turn_rows(traj_ids: Tensor, turn_ids: Tensor) -> _TurnLayout:
     Ids are usually dense (0..N−1 trajectories, 0..K−1 turns): then a counting sort over the id range is
     O(rows + range) and much cheaper than a comparison sort. Sparse ids fall back to torch.sort.
     """
-    traj_lo, traj_hi, turn_lo, turn_hi = torch.stack([*torch.aminmax(traj_ids), *torch.aminmax(turn_ids)]).tolist()
+    traj_lo, traj_hi, turn_lo, turn_hi = torch.stack(
+        [*torch.aminmax(traj_ids), *torch.aminmax(turn_ids)]
+    ).tolist()
     traj_span, turn_span = traj_hi - traj_lo + 1, turn_hi - turn_lo + 1
     if traj_span * turn_span <= _COUNTING_SORT_FACTOR * traj_ids.numel() + _COUNTING_SORT_SLACK:
         return _layout_by_counting(traj_ids, turn_ids, traj_lo, turn_lo, traj_span, turn_span)
-    return _layout_by_sorting(traj_ids, turn_ids, traj_lo, turn_lo, turn_span)
+    return _layout_by_sorting(traj_ids, turn_ids, traj_lo, turn_lo, traj_span, turn_span)
 
 
 def _layout_by_counting(
     traj_ids: Tensor, turn_ids: Tensor, traj_lo: int, turn_lo: int, traj_span: int, turn_span: int
 ) -> _TurnLayout:
     traj_offset = traj_ids - traj_lo
-    key = traj_offset * turn_span + (turn_ids - turn_lo)  # (rows,) cell of the (traj_span, turn_span) table
+    key = torch.add(turn_ids - turn_lo, traj_offset, alpha=turn_span)  # (rows,) cell of the id table
     table = torch.bincount(key, minlength=traj_span * turn_span).view(traj_span, turn_span)
-    if int(table.max()) > 1:
-        _raise_duplicate(traj_ids, turn_ids)
-    num_turns = table.sum(1)  # (traj_span,) 0 for ids that do not occur
+    num_turns = table.sum(1)  # (traj_span,) 0 for an id in the range that no row uses
     present = num_turns > 0
-    dense = present.cumsum(0) - 1  # (traj_span,) id -> dense trajectory index
-    rank = table.cumsum(1) - 1  # (traj_span, turn_span) turn id -> position within the trajectory
-    num_turns = num_turns[present]
-    return _TurnLayout(dense[traj_offset], rank.view(-1)[key], num_turns, int(num_turns.max()))
+    most_per_cell, max_turns, num_traj = torch.stack([table.max(), num_turns.max(), present.sum()]).tolist()
+    if most_per_cell > 1:
+        _raise_duplicate(traj_ids, turn_ids)
+    rank = table.cumsum(1).sub_(1)  # (traj_span, turn_span) turn id -> position within its trajectory
+    turn_pos = rank.take(key)
+    if num_traj == traj_span:  # contiguous trajectory ids: the id offset is the grid row
+        return _TurnLayout(traj_offset, turn_pos, num_turns, max_turns)
+    dense = present.cumsum(0).sub_(1)  # (traj_span,) id offset -> grid row, skipping unused ids
+    return _TurnLayout(dense.take(traj_offset), turn_pos, num_turns[present], max_turns)
 
 
-def _layout_by_sorting(traj_ids: Tensor, turn_ids: Tensor, traj_lo: int, turn_lo: int, turn_span: int) -> _TurnLayout:
-    traj_hi = int(traj_ids.max())
-    if (traj_hi - traj_lo + 1) * turn_span < 2**62:  # one combined int64 key
+def _layout_by_sorting(
+    traj_ids: Tensor, turn_ids: Tensor, traj_lo: int, turn_lo: int, traj_span: int, turn_span: int
+) -> _TurnLayout:
+    if traj_span * turn_span < 2**62:  # one combined int64 key (non-stable is fine: keys are unique)
         order = torch.sort((traj_ids - traj_lo) * turn_span + (turn_ids - turn_lo)).indices
     else:  # lexicographic (traj, turn) by two stable sorts
         by_turn = torch.sort(turn_ids, stable=True).indices
@@ -540,7 +538,7 @@ def _layout_by_sorting(traj_ids: Tensor, turn_ids: Tensor, traj_lo: int, turn_lo
 def _raise_duplicate(traj_ids: Tensor, turn_ids: Tensor) -> None:
     """Error path only: name one duplicated (traj, turn) pair."""
     seen: set[tuple[int, int]] = set()
-    for pair in zip(traj_ids.tolist(), turn_ids.tolist()):
+    for pair in zip(traj_ids.tolist(), turn_ids.tolist(), strict=True):
         if pair in seen:
             break
         seen.add(pair)
@@ -585,15 +583,14 @@ def _check_integer(name: str, t: Tensor) -> None:
         raise ValueError(f"{name} must be an integer tensor; got {t.dtype}.")
 
 
-def _check_trajectory_level(per_row: Tensor, per_traj_broadcast: Tensor) -> None:
-    """(rows, 2) [seq_advantages, success_rate] must equal their trajectory's value in every row."""
-    if torch.equal(per_row, per_traj_broadcast):
-        return
-    for column, name in enumerate(("seq_advantages", "success_rate")):
-        if bool(per_row[:, column].isnan().any()):
+def _per_trajectory(name: str, per_row: Tensor, traj_index: Tensor, num_traj: int) -> Tensor:
+    """(traj,) value of a trajectory-level input given per row; ValueError if its rows disagree."""
+    per_traj = per_row.new_zeros(num_traj).scatter_(0, traj_index, per_row)
+    if not torch.equal(per_traj.take(traj_index), per_row):
+        if bool(per_row.isnan().any()):
             raise ValueError(f"{name} contains NaN.")
-        if not torch.equal(per_row[:, column], per_traj_broadcast[:, column]):
-            raise ValueError(
-                f"{name} must be the same for every turn row of a trajectory (it is a trajectory-level "
-                "value); check that traj_ids align with the other inputs."
-            )
+        raise ValueError(
+            f"{name} must be the same for every turn row of a trajectory (it is a trajectory-level value); "
+            "check that traj_ids align with the other inputs."
+        )
+    return per_traj

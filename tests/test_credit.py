@@ -22,7 +22,7 @@ from agentgym_opsd.credit import (
 )
 
 F64 = torch.float64
-FAST = settings(max_examples=60, deadline=None)
+FAST = settings(max_examples=40, deadline=None)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -39,21 +39,25 @@ def _logit(p: float) -> float:
 @st.composite
 def turn_batches(draw, max_traj: int = 6, max_turns: int = 8, allow_zero_adv: bool = True):
     """Shuffled turn rows of a few trajectories with arbitrary (non-contiguous) traj and turn ids."""
+    # Dense ids take the counting-sort layout, sparse ids the torch.sort one: draw both.
+    dense_ids = draw(st.booleans())
+    id_range = st.integers(0, 12) if dense_ids else st.integers(-(10**6), 10**6)
     num_traj = draw(st.integers(1, max_traj))
-    traj_ids = draw(st.lists(st.integers(-(10**6), 10**6), min_size=num_traj, max_size=num_traj, unique=True))
+    traj_ids = draw(st.lists(id_range, min_size=num_traj, max_size=num_traj, unique=True))
     adv_values = st.floats(-3, 3, allow_nan=False)
     if not allow_zero_adv:
         adv_values = adv_values.filter(lambda a: abs(a) > 1e-3)
     rows = []  # (adv, evidence, traj, turn, rate)
     for traj in traj_ids:
         num_turns = draw(st.integers(1, max_turns))
-        turns = sorted(draw(st.lists(st.integers(0, 1000), min_size=num_turns, max_size=num_turns, unique=True)))
+        turn_range = st.integers(0, 20) if dense_ids else st.integers(0, 1000)
+        turns = sorted(draw(st.lists(turn_range, min_size=num_turns, max_size=num_turns, unique=True)))
         adv = draw(adv_values)
         rate = draw(st.floats(0, 1))
         for turn in turns:
             rows.append((adv, draw(st.floats(-6, 6, allow_nan=False)), traj, turn, rate))
     rows = draw(st.permutations(rows))
-    adv, ev, traj, turn, rate = zip(*rows)
+    adv, ev, traj, turn, rate = zip(*rows, strict=True)
     return (
         torch.tensor(adv, dtype=F64),
         torch.tensor(ev, dtype=F64),
@@ -97,7 +101,9 @@ def test_grpo_group_of_one_is_zero_and_groups_are_independent():
 
 
 def test_grpo_without_std_normalisation():
-    out = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 10.0], dtype=F64), torch.tensor([0, 0, 1, 1]), normalize_std=False)
+    out = grpo_advantages(
+        torch.tensor([1.0, 0.0, 0.0, 10.0], dtype=F64), torch.tensor([0, 0, 1, 1]), normalize_std=False
+    )
     torch.testing.assert_close(out, torch.tensor([0.5, -0.5, -5.0, 5.0], dtype=F64))
 
 
@@ -161,6 +167,29 @@ def test_row_order_invariance(batch, cfg, rnd):
     torch.testing.assert_close(out_perm, out[perm], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("scale", "shift"),
+    [(1, 0), (1, -(10**12)), (7, 3), (10**6, 5), (2**40, -(2**41)), (2**60, 0)],
+    ids=["dense", "dense-shifted", "gaps", "sparse-sort", "huge-sort", "lexsort"],
+)
+def test_every_layout_path_agrees_with_the_reference(scale, shift):
+    # (2**60: the combined (traj, turn) key would overflow int64, so rows are ordered by two stable sorts.)
+    g = torch.Generator().manual_seed(3)
+    num_traj, num_turns = 6, 9
+    traj = torch.arange(num_traj).repeat_interleave(num_turns) * scale + shift
+    turn = torch.arange(num_turns).repeat(num_traj) * 3 + 100  # non-contiguous turn ids
+    adv = torch.randn(num_traj, generator=g, dtype=F64).repeat_interleave(num_turns)
+    rate = torch.rand(num_traj, generator=g, dtype=F64).repeat_interleave(num_turns)
+    ev = torch.randn(traj.numel(), generator=g, dtype=F64) * 3
+    perm = torch.randperm(traj.numel(), generator=g)
+    batch = (adv[perm], ev[perm], traj[perm], turn[perm], rate[perm])
+    expected = reference_agentopsd_advantages(*batch)
+    torch.testing.assert_close(agentopsd_advantages(*batch), expected, rtol=0, atol=1e-12)
+    dup = tuple(torch.cat([t, t[:1]]) for t in batch)  # one row repeated
+    with pytest.raises(ValueError, match="duplicate"):
+        agentopsd_advantages(*dup)
+
+
 def test_float32_stays_float32_and_close_to_float64():
     g = torch.Generator().manual_seed(0)
     traj = torch.arange(20).repeat_interleave(50)
@@ -177,7 +206,9 @@ def test_float32_stays_float32_and_close_to_float64():
 # ------------------------------------------------------------------------------------------------ hand-computed
 
 
-def _two_turn_by_hand(a, e1, e2, rate, *, lam=0.5, band=0.2, gamma=0.95, eps0=1e-3, eps=1e-6, prior=None, signed=True):
+def _two_turn_by_hand(
+    a, e1, e2, rate, *, lam=0.5, band=0.2, gamma=0.95, eps0=1e-3, eps=1e-6, prior=None, signed=True
+):
     b0 = min(max(rate, eps0), 1 - eps0) if prior is None else prior
     c1 = e1
     c2 = gamma * e1 + e2
@@ -228,7 +259,9 @@ def test_hand_computed_variants():
         _two_turn_by_hand(-1.0, 2.0, -0.5, 0.3, signed=False), abs=1e-12
     )
     # raw_gap: q = sign(A)·e = [-1, 3] → turn 2 weighted up.
-    assert _run_two_turn(2.0, -1.0, 3.0, 0.3, variant="raw_gap") == pytest.approx([2.0 * 0.9, 2.0 * 1.1], abs=1e-5)
+    assert _run_two_turn(2.0, -1.0, 3.0, 0.3, variant="raw_gap") == pytest.approx(
+        [2.0 * 0.9, 2.0 * 1.1], abs=1e-5
+    )
 
 
 def test_prior_is_clipped_at_eps0():
@@ -236,7 +269,9 @@ def test_prior_is_clipped_at_eps0():
     out_paper = _run_two_turn(1.0, -3.0, 1.0, 1.0)
     assert out_paper == pytest.approx(_two_turn_by_hand(1.0, -3.0, 1.0, 1.0), abs=1e-12)
     out_release = _run_two_turn(1.0, -3.0, 1.0, 1.0, gamma=1.0, eps0=1e-4)
-    assert out_release == pytest.approx(_two_turn_by_hand(1.0, -3.0, 1.0, 1.0, gamma=1.0, eps0=1e-4), abs=1e-12)
+    assert out_release == pytest.approx(
+        _two_turn_by_hand(1.0, -3.0, 1.0, 1.0, gamma=1.0, eps0=1e-4), abs=1e-12
+    )
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -289,8 +324,19 @@ def test_empty_input():
 
 @pytest.mark.parametrize(
     ("field_name", "value"),
-    [("lam", -0.1), ("lam", 1.1), ("band", 0.0), ("band", 1.0), ("gamma", 0.0), ("gamma", 1.5),
-     ("eps0", 0.0), ("eps0", 0.5), ("eps", 0.0), ("variant", "nope"), ("lam", float("nan"))],
+    [
+        ("lam", -0.1),
+        ("lam", 1.1),
+        ("band", 0.0),
+        ("band", 1.0),
+        ("gamma", 0.0),
+        ("gamma", 1.5),
+        ("eps0", 0.0),
+        ("eps0", 0.5),
+        ("eps", 0.0),
+        ("variant", "nope"),
+        ("lam", float("nan")),
+    ],
 )
 def test_config_validation_names_the_field(field_name, value):
     with pytest.raises(ValueError, match=rf"CreditConfig\.{field_name}"):
@@ -298,7 +344,9 @@ def test_config_validation_names_the_field(field_name, value):
 
 
 def test_presets():
-    assert CreditConfig.PAPER == CreditConfig(lam=0.5, band=0.2, gamma=0.95, eps0=1e-3, eps=1e-6, variant="paper")
+    assert CreditConfig.PAPER == CreditConfig(
+        lam=0.5, band=0.2, gamma=0.95, eps0=1e-3, eps=1e-6, variant="paper"
+    )
     assert CreditConfig.RELEASE.gamma == 1.0 and CreditConfig.RELEASE.eps0 == 1e-4
     with pytest.raises(AttributeError):
         CreditConfig.PAPER.lam = 0.3  # type: ignore[misc]
@@ -317,7 +365,13 @@ def _small_batch():
 
 
 def test_registry_names_and_dispatch():
-    assert set(ESTIMATORS) >= {"grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior"}
+    assert set(ESTIMATORS) >= {
+        "grpo",
+        "agentopsd",
+        "agentopsd-raw_gap",
+        "agentopsd-unsigned",
+        "agentopsd-no_prior",
+    }
     batch = _small_batch()
     assert torch.equal(turn_advantages("grpo", *batch, CreditConfig.PAPER), batch[0])
     assert torch.equal(turn_advantages("agentopsd", *batch, CreditConfig.PAPER), agentopsd_advantages(*batch))
@@ -361,7 +415,7 @@ def _reference_token_advantages(adv, gaps, mask, rate, *, lam=0.5, band=0.2, gam
             b_prev = b
         mean = sum(q) / len(q)
         std = math.sqrt(sum((x - mean) ** 2 for x in q) / len(q))
-        for t, qt in zip(cols, q):
+        for t, qt in zip(cols, q, strict=True):
             w = min(max(1 + band * (qt - mean) / (std + eps), 1 - band), 1 + band)
             out[row, t] = a * ((1 - lam) + lam * w)
     return out
@@ -411,7 +465,9 @@ def test_token_variant_single_valid_token_and_int_mask():
     out = agentopsd_token_advantages(adv, gaps, mask, torch.tensor([0.5, 0.5], dtype=F64))
     assert out[0].tolist() == [0.0, 0.7, 0.0]  # one valid token: exactly A
     assert out[1, 2] == 0
-    torch.testing.assert_close(out, _reference_token_advantages(adv, gaps, mask.bool(), [0.5, 0.5]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        out, _reference_token_advantages(adv, gaps, mask.bool(), [0.5, 0.5]), rtol=0, atol=1e-12
+    )
     with pytest.raises(ValueError, match="0 and 1"):
         agentopsd_token_advantages(adv, gaps, mask * 2, torch.tensor([0.5, 0.5], dtype=F64))
     with pytest.raises(ValueError, match=r"\(rows, tokens\)"):

@@ -78,8 +78,8 @@ class Question:
         answers = record.get("golden_answers")
         if answers is None and "answer" in record:
             answers = [record["answer"]]
-        if isinstance(answers, str):
-            answers = [answers]
+        # parquet gives numpy arrays; a bare string is one answer
+        answers = [answers] if isinstance(answers, str) else list(answers or ())
         if not record.get("question") or not answers:
             raise ValueError(f"QA record needs 'question' and 'golden_answers', got keys {sorted(record)}")
         hops = tuple(Hop(**h) for h in record.get("hops") or ())

@@ -236,7 +236,7 @@ NON_NOUN_WORDS: frozenset[str] = frozenset(
         "easy", "quick", "fast", "non", "anti", "natural", "organic", "premium", "adjustable", "insulated",
         "waterproof", "lightweight", "breathable", "durable", "portable", "compact", "wireless", "classic",
         "modern", "vintage", "casual", "comfortable", "decorative", "cotton", "leather", "wood", "wooden",
-        "metal", "solid", "double", "full", "queen", "king", "twin", "mini", "pro", "standard", "dry", "quick",
+        "metal", "solid", "double", "full", "queen", "king", "twin", "mini", "pro", "standard", "dry",
     }
 )
 """Words the noun heuristic never counts as nouns: function words, colours, sizes, common adjectives."""

@@ -1,0 +1,77 @@
+"""`python -m agentgym_opsd.train --config NAME_OR_PATH key.sub=value ...`: AgentOPSD / GRPO training.
+
+Examples::
+
+    python -m agentgym_opsd.train --config cpu-small                       # SmolLM2 on ALFWorld easy, CPU
+    python -m agentgym_opsd.train --config cpu-tiny trainer.total_steps=2  # tiny random model (CI smoke)
+    python -m agentgym_opsd.train --config cpu-small algorithm.estimator=grpo trainer.output_dir=runs/grpo
+    python -m agentgym_opsd.train --config cpu-small --resume auto         # continue the latest checkpoint
+
+Presets live in `agentgym_opsd/trainer/presets/` (`--list-presets`); `--print-config` shows the resolved
+config and exits. Unknown keys and bad values are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+__all__ = ["main", "build_arg_parser"]
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agentgym_opsd.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="cpu-small", help="preset name or YAML path (default: cpu-small)")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. trainer.total_steps=5")
+    p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the output dir) or a checkpoint folder")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    p.add_argument("--log-level", default="INFO")
+    # The `deepspeed` launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this project never downloads weights
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    from agentgym_opsd.trainer.checkpoint import CheckpointError
+    from agentgym_opsd.trainer.config import ConfigError, available_presets, load_config
+
+    if args.list_presets:
+        print("\n".join(available_presets()))
+        return 0
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(cfg.to_yaml())
+        return 0
+    from agentgym_opsd.trainer.loop import Trainer
+
+    try:
+        trainer = Trainer(cfg, resume=args.resume)
+    except CheckpointError as exc:
+        print(f"checkpoint error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        lines = trainer.train()
+    finally:
+        trainer.close()
+    if lines:
+        last = lines[-1]
+        print(f"done: step {last['step']} success_rate {last['success_rate']:.3f} loss {last['loss']:.4f} "
+              f"-> {cfg.trainer.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""The expert: from a goal and a session view, the next action that buys the target with the wanted
+options. It searches the target's title (then its asin if the title search misses), pages through the
+results to the target, opens it, clicks each wanted option value and buys."""
+
+from __future__ import annotations
+
+from agentgym_opsd.environments.webshop.models import Goal, Product
+from agentgym_opsd.environments.webshop.session import SessionView
+from rapidfuzz import fuzz
+
+__all__ = ["oracle_next_action", "wanted_option_values"]
+
+
+def wanted_option_values(goal: Goal, product: Product) -> dict[str, str]:
+    """group -> the product's value closest to each goal option (exact for generated goals; fuzzy for
+    real data where the goal's wording can differ from the product's)."""
+    wanted = {}
+    for goal_group, goal_value in goal.options.items():
+        best, best_score, best_group = "", -1.0, ""
+        for group, values in product.options.items():
+            for value in values:
+                score = fuzz.token_set_ratio(goal_value.lower(), value.lower()) + (1 if group == goal_group else 0)
+                if score > best_score:
+                    best, best_score, best_group = value, score, group
+        if best:
+            wanted[best_group] = best
+    return wanted
+
+
+def oracle_next_action(goal: Goal, target: Product, view: SessionView) -> str:
+    """The next expert action (raises ValueError when the session is already done)."""
+    if view.done:
+        raise ValueError("the session is done; there is no next action")
+    if view.kind == "search":
+        return f"search[{target.name if view.num_searches == 0 else target.asin}]"
+    if view.kind == "results":
+        if target.asin in view.page_asins:
+            return f"click[{target.asin.lower()}]"
+        return "click[next >]" if view.has_next else "click[back to search]"
+    if view.kind == "detail" or view.item_asin != target.asin:
+        return "click[< prev]"
+    for group, value in wanted_option_values(goal, target).items():
+        if view.chosen.get(group) != value:
+            return f"click[{value.lower()}]"
+    return "click[buy now]"

@@ -1,0 +1,40 @@
+"""Run the shop web site: `python -m agentgym_opsd.environments.webshop.serve [--port 3000]`.
+
+Open http://127.0.0.1:3000/new in a browser to shop for a random training goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from agentgym_opsd.environments.webshop.server import create_app
+from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, load_shop
+from werkzeug.serving import make_server
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve the WebShop site on 127.0.0.1.")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1, local only)")
+    parser.add_argument("--port", type=int, default=3000, help="TCP port (0 picks a free one)")
+    parser.add_argument("--num-products", type=int, default=DEFAULT_NUM_PRODUCTS, help="generated catalogue size")
+    parser.add_argument("--seed", type=int, default=0, help="catalogue seed")
+    parser.add_argument("--data-dir", default=None, help="folder with the real WebShop files instead")
+    parser.add_argument("--session-ttl", type=float, default=900.0, help="seconds before an idle session is freed")
+    parser.add_argument("--max-sessions", type=int, default=512, help="live sessions at most")
+    args = parser.parse_args(argv)
+    shop = load_shop(args.num_products, args.seed, args.data_dir)
+    app = create_app(shop, session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
+    server = make_server(args.host, args.port, app, threaded=True)
+    print(f"WebShop serving {len(shop.products)} products on http://{args.host}:{server.server_port}/", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Evaluation metrics over finished trajectories: success with a Wilson interval, score, turns, invalid
+actions, the per-task-type breakdown and horizon sensitivity.
+
+Everything here is a pure function of `Trajectory` records (no environment, no model), so reports can be
+rebuilt from a saved `episodes.jsonl` at any time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentgym_opsd.records import Trajectory
+
+__all__ = [
+    "HORIZON_KEYS",
+    "GroupStats",
+    "HorizonFit",
+    "fit_horizon",
+    "group_stats",
+    "horizon_of",
+    "stats_by_task_type",
+    "wilson_interval",
+]
+
+HORIZON_KEYS: tuple[str, ...] = ("optimal_plan_length", "num_hops", "oracle_turns")
+"""Trajectory.metadata keys that give a task's horizon, first found wins: ALFWorld's optimal plan length,
+Search-QA's number of hops, or the number of turns the oracle needed (filled in by the suite)."""
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% for z = 1.96); (0, 1) when there are no trials.
+
+    Unlike the normal approximation it stays inside [0, 1] and is sensible at 0% and 100% success.
+    """
+    if trials <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes must be in [0, trials={trials}], got {successes}")
+    p = successes / trials
+    denom = 1.0 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class GroupStats:
+    """Aggregates over a set of episodes.
+
+    `success_rate` is the fraction won (episodes that failed to run count as not won); `ci_low`/`ci_high`
+    its Wilson 95% interval; `score_mean` mean partial credit in [0, 1]; `turns_mean` mean turns per
+    episode; `invalid_action_rate` invalid actions / all turns; `failed_episodes` episodes that ended with
+    an error (environment or policy failure) even after retries.
+    """
+
+    episodes: int = 0
+    successes: int = 0
+    success_rate: float = 0.0
+    ci_low: float = 0.0
+    ci_high: float = 1.0
+    score_mean: float = 0.0
+    turns_mean: float = 0.0
+    invalid_action_rate: float = 0.0
+    failed_episodes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
+    n = len(trajectories)
+    if n == 0:
+        return GroupStats()
+    wins = sum(bool(t.won) and t.error is None for t in trajectories)
+    total_turns = sum(t.num_turns for t in trajectories)
+    low, high = wilson_interval(wins, n)
+    return GroupStats(
+        episodes=n,
+        successes=wins,
+        success_rate=wins / n,
+        ci_low=low,
+        ci_high=high,
+        score_mean=sum(float(t.score) for t in trajectories) / n,
+        turns_mean=total_turns / n,
+        invalid_action_rate=(sum(t.num_invalid_actions for t in trajectories) / total_turns) if total_turns else 0.0,
+        failed_episodes=sum(t.error is not None for t in trajectories),
+    )
+
+
+def stats_by_task_type(trajectories: Sequence[Trajectory]) -> dict[str, GroupStats]:
+    """Task type -> stats, sorted by task type ("" shows as "(none)")."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.task_type or "(none)", []).append(t)
+    return {k: group_stats(groups[k]) for k in sorted(groups)}
+
+
+def horizon_of(traj: Trajectory) -> int | None:
+    """The task's horizon (see HORIZON_KEYS), or None when the trajectory does not say."""
+    for key in HORIZON_KEYS:
+        value = traj.metadata.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return int(value)
+    return None
+
+
+@dataclass
+class HorizonFit:
+    """Success against horizon. `points` maps horizon -> (episodes, success rate); `slope_points_per_turn`
+    is the least-squares slope of success in percentage points per extra turn of horizon (the paper's
+    "points lost per extra turn" is its negative side), None with fewer than two distinct horizons;
+    `intercept_points` the fitted success at horizon 0, in points."""
+
+    points: dict[int, tuple[int, float]] = field(default_factory=dict)
+    slope_points_per_turn: float | None = None
+    intercept_points: float | None = None
+    episodes_with_horizon: int = 0
+
+
+def fit_horizon(trajectories: Sequence[Trajectory]) -> HorizonFit:
+    """Fit success (0/100 per episode) = a + b * horizon over every episode that has a horizon.
+
+    Fitting on episodes, not on the per-horizon means, weights each horizon by how many episodes it has.
+    """
+    pairs = [(h, 100.0 * (bool(t.won) and t.error is None)) for t in trajectories if (h := horizon_of(t)) is not None]
+    fit = HorizonFit(episodes_with_horizon=len(pairs))
+    by_h: dict[int, list[float]] = {}
+    for h, s in pairs:
+        by_h.setdefault(h, []).append(s)
+    fit.points = {h: (len(v), sum(v) / len(v) / 100.0) for h, v in sorted(by_h.items())}
+    if len(by_h) < 2:
+        return fit
+    n = len(pairs)
+    mean_x = sum(h for h, _ in pairs) / n
+    mean_y = sum(s for _, s in pairs) / n
+    sxx = sum((h - mean_x) ** 2 for h, _ in pairs)
+    sxy = sum((h - mean_x) * (s - mean_y) for h, s in pairs)
+    fit.slope_points_per_turn = sxy / sxx
+    fit.intercept_points = mean_y - fit.slope_points_per_turn * mean_x
+    return fit

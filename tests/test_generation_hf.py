@@ -1,0 +1,202 @@
+"""HFPolicy: batched generation with left padding and a KV cache, exact token ids and log-probs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.policies import Policy, PolicyRequest
+from agentgym_opsd.rollout import RolloutRunner
+from agentgym_opsd.trainer.generation import BACKENDS, HFPolicy, make_policy_backend
+from agentgym_opsd.trainer.models import LoraSettings, load_policy_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPTS = [
+    "Put a clean mug in the coffee machine.",
+    "Go.",
+    "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a countertop 1, a "
+    "drawer 3, a fridge 1 and a sinkbasin 1. Your task is to: heat some egg and put it in the garbagecan.",
+    "Find two pencils and put them in the drawer.",
+    "Examine the book with the desklamp.",
+]
+
+
+def _request(text: str) -> PolicyRequest:
+    return PolicyRequest([{"role": "system", "content": "Answer with <action>...</action>."},
+                          {"role": "user", "content": text}])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_policy_model("tiny-random", trainable=False)
+
+
+def _teacher_forced(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    """Log-probs of `response` after `prompt` from one full forward pass, no cache, no padding."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def test_hf_policy_implements_the_policy_protocol(tiny):
+    assert isinstance(HFPolicy(*tiny), Policy)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_token_ids_decode_to_text_and_logprobs_match_teacher_forcing(tiny, temperature):
+    model, tok = tiny
+    policy = HFPolicy(model, tok, max_new_tokens=12, temperature=temperature, batch_size=8, seed=3)
+    requests = [_request(p) for p in PROMPTS]
+    outputs = policy.act(requests)
+    assert len(outputs) == len(requests)
+    for req, out in zip(requests, outputs, strict=True):
+        assert 1 <= len(out.token_ids) <= 12 and len(out.logprobs) == len(out.token_ids)
+        assert tok.decode(out.token_ids, skip_special_tokens=False) == out.text
+        assert tok.pad_token_id not in out.token_ids or tok.pad_token_id not in policy.eos_ids
+        expected = _teacher_forced(model, policy.prompt_ids(req.messages), out.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, rtol=0, atol=1e-4)
+        assert all(lp <= 0.0 for lp in out.logprobs)
+
+
+def test_prompt_ids_are_the_chat_template_with_generation_prompt(tiny):
+    model, tok = tiny
+    policy = HFPolicy(model, tok)
+    ids = policy.prompt_ids(_request("hello").messages)
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text.endswith("<|im_start|>assistant\n") and "hello" in text
+    with pytest.raises(ValueError, match="at least one chat message"):
+        policy.prompt_ids([])
+
+
+def test_left_padding_and_length_sorting_do_not_change_results(tiny):
+    model, tok = tiny
+    requests = [_request(p) for p in PROMPTS]
+    batched = HFPolicy(model, tok, max_new_tokens=10, temperature=0.0, batch_size=8).act(requests)
+    single = HFPolicy(model, tok, max_new_tokens=10, temperature=0.0, batch_size=1).act(requests)
+    for a, b in zip(batched, single, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-4)
+
+
+def test_generation_stops_at_the_closing_tag(tiny):
+    model, tok = tiny
+    request = _request(PROMPTS[0])
+    free = HFPolicy(model, tok, max_new_tokens=12, seed=5, stop_strings=()).act([request])[0]
+    assert len(free.token_ids) == 12
+    # A string the sampled answer completes at token 5 plays the closing tag (same seed, same samples).
+    stop = tok.decode(free.token_ids[3:6], skip_special_tokens=False)
+    assert stop
+    stopped = HFPolicy(model, tok, max_new_tokens=12, seed=5, stop_strings=(stop,)).act([request])[0]
+    assert stop in stopped.text
+    assert stop not in tok.decode(stopped.token_ids[:-1], skip_special_tokens=False)
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+    assert len(stopped.token_ids) <= 6
+
+
+def test_end_of_sequence_ends_the_answer_and_is_not_returned(tiny):
+    model, tok = tiny
+    request = _request(PROMPTS[1])
+    free = HFPolicy(model, tok, max_new_tokens=6, seed=5).act([request])[0]
+    policy = HFPolicy(model, tok, max_new_tokens=6, seed=5)
+    assert free.token_ids[2] not in free.token_ids[:2]
+    policy.eos_ids = {free.token_ids[2]}  # pretend the third sampled token is end-of-sequence
+    out = policy.act([request])[0]
+    assert out.token_ids == free.token_ids[:2] and len(out.logprobs) == 2
+
+
+def test_sampling_is_reproducible_from_the_seed_and_the_rng_state(tiny):
+    model, tok = tiny
+    requests = [_request(p) for p in PROMPTS[:3]]
+    a = HFPolicy(model, tok, max_new_tokens=8, seed=11)
+    b = HFPolicy(model, tok, max_new_tokens=8, seed=11)
+    state = a.get_rng_state()
+    first = a.act(requests)
+    assert [o.token_ids for o in first] == [o.token_ids for o in b.act(requests)]
+    a.set_rng_state(state)
+    assert [o.token_ids for o in a.act(requests)] == [o.token_ids for o in first]
+    other = HFPolicy(model, tok, max_new_tokens=8, seed=12).act(requests)
+    assert [o.token_ids for o in other] != [o.token_ids for o in first]
+    torch_state = torch.get_rng_state()
+    a.act(requests)
+    assert torch.equal(torch_state, torch.get_rng_state())  # the global RNG is untouched
+
+
+def test_top_p_keeps_sampling_inside_the_nucleus(tiny):
+    model, tok = tiny
+    policy = HFPolicy(model, tok, max_new_tokens=4, top_p=1e-6, seed=0)
+    greedy = HFPolicy(model, tok, max_new_tokens=4, temperature=0.0)
+    requests = [_request(p) for p in PROMPTS[:2]]
+    # a vanishing nucleus holds only the most likely token: sampling becomes greedy
+    assert [o.token_ids for o in policy.act(requests)] == [o.token_ids for o in greedy.act(requests)]
+
+
+def test_temperature_and_argument_validation(tiny):
+    model, tok = tiny
+    policy = HFPolicy(model, tok)
+    policy.set_temperature(0.4)
+    assert policy.temperature == 0.4
+    with pytest.raises(ValueError, match="temperature"):
+        policy.set_temperature(-1.0)
+    for kwargs, match in [({"max_new_tokens": 0}, "max_new_tokens"), ({"top_p": 0.0}, "top_p"),
+                          ({"batch_size": 0}, "batch_size"), ({"stop_strings": "</action>"}, "stop_strings")]:
+        with pytest.raises(ValueError, match=match):
+            HFPolicy(model, tok, **kwargs)
+
+
+def test_generation_restores_training_mode_and_works_with_lora():
+    model, tok = load_policy_model("tiny-random", lora=LoraSettings(r=2, alpha=4, target_modules=("q_proj",)))
+    assert model.training
+    out = HFPolicy(model, tok, max_new_tokens=3).act([_request("hi")])
+    assert len(out[0].token_ids) == 3 and model.training
+
+
+def test_backend_switch(tiny):
+    model, tok = tiny
+    assert isinstance(make_policy_backend("hf", model=model, tokenizer=tok, max_new_tokens=4), HFPolicy)
+    assert set(BACKENDS) == {"hf", "vllm"}
+    with pytest.raises(ValueError, match="unknown generation backend"):
+        make_policy_backend("tgi", model=model, tokenizer=tok)
+    with pytest.raises(ValueError, match="model_path"):
+        make_policy_backend("hf")
+
+
+def test_rollouts_record_the_sampled_tokens_and_logprobs(tiny, toy_env_ids):
+    model, tok = tiny
+    counter_id, _ = toy_env_ids
+    runner = RolloutRunner(counter_id, num_envs=4)
+    policy = HFPolicy(model, tok, max_new_tokens=6, batch_size=4)
+    try:
+        trajs = runner.run(policy, [TaskSpec(0, {"task_index": 1}), TaskSpec(1, {"task_index": 3})], group_size=2)
+    finally:
+        runner.close()
+    assert [t.group_id for t in trajs] == [0, 0, 1, 1]
+    turn = trajs[0].turns[0]
+    assert turn.response_token_ids and len(turn.response_logprobs) == len(turn.response_token_ids)
+    assert tok.decode(turn.response_token_ids, skip_special_tokens=False) == turn.response_text
+    expected = _teacher_forced(model, policy.prompt_ids(turn.prompt), turn.response_token_ids, 1.0)
+    torch.testing.assert_close(torch.tensor(turn.response_logprobs), expected, rtol=0, atol=1e-4)
+    # random text parses to no action: invalid actions, never a crash
+    assert all(t.num_turns == 10 for t in trajs) and trajs[0].num_invalid_actions > 0
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_answers_with_a_closing_tag():
+    model, tok = load_policy_model(trainable=False)
+    policy = HFPolicy(model, tok, max_new_tokens=48, temperature=0.0)
+    request = PolicyRequest([
+        {"role": "system", "content": "Reply with exactly one action wrapped as <action>ACTION</action>."},
+        {"role": "user", "content": "You see a fridge 1 and a table 1. Your task: open the fridge. "
+                                    "Example reply: <action>go to table 1</action>"},
+    ])
+    out = policy.act([request])[0]
+    assert tok.decode(out.token_ids, skip_special_tokens=False) == out.text
+    if "</action>" in out.text:  # the 135M model usually closes the tag; when it does, nothing follows
+        assert "</action>" not in tok.decode(out.token_ids[:-1], skip_special_tokens=False)
+    expected = _teacher_forced(model, policy.prompt_ids(request.messages), out.token_ids, 0.0)
+    torch.testing.assert_close(torch.tensor(out.logprobs), expected, rtol=0, atol=1e-4)

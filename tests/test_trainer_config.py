@@ -1,0 +1,74 @@
+"""Trainer config: presets, dotted overrides, errors that name the key, the CLI's handling of bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentgym_opsd.train import main
+from agentgym_opsd.trainer.config import ConfigError, available_presets, config_from_dict, load_config
+
+
+def test_presets_load_and_validate() -> None:
+    names = available_presets()
+    for required in ("paper-alfworld", "release-alfworld", "cpu-small", "cpu-tiny"):
+        assert required in names
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.preset == name
+        assert config_from_dict(cfg.to_dict()) == cfg  # the saved config round-trips
+
+
+def test_paper_and_release_numbers() -> None:
+    paper, release = load_config("paper-alfworld"), load_config("release-alfworld")
+    assert (paper.algorithm.lam, paper.algorithm.band, paper.algorithm.gamma, paper.algorithm.eps0) == (0.5, 0.2, 0.95, 1e-3)
+    assert (paper.algorithm.clip_low, paper.algorithm.clip_high, paper.algorithm.kl_coef) == (0.2, 0.24, 0.01)
+    assert (paper.rollout.tasks_per_step, paper.rollout.group_size, paper.env.max_turns) == (16, 8, 50)
+    assert paper.optim.lr == 1e-6 and paper.trainer.total_steps == 150 and paper.trainer.eval_temperature == 0.4
+    assert (release.algorithm.gamma, release.algorithm.eps0, release.algorithm.success_source) == (1.0, 1e-4, "reward")
+    assert release.env.reward_scale == 10.0
+
+
+def test_overrides_parse_values() -> None:
+    cfg = load_config("cpu-tiny", ["trainer.total_steps=7", "algorithm.estimator=grpo", "optim.lr=3e-4",
+                                   "env.id=ALFWorld-v0:valid_seen", "trainer.tensorboard=false"])
+    assert cfg.trainer.total_steps == 7 and cfg.algorithm.estimator == "grpo"
+    assert cfg.optim.lr == pytest.approx(3e-4) and cfg.trainer.tensorboard is False
+    assert cfg.env.id == "ALFWorld-v0:valid_seen"
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("trainer.total_stepz=3", "trainer.total_stepz"),
+    ("trainr.total_steps=3", "trainr"),
+    ("trainer.total_steps=abc", "trainer.total_steps"),
+    ("trainer.total_steps=1.5", "trainer.total_steps"),
+    ("algorithm.estimator=ppo", "algorithm.estimator"),
+    ("algorithm.clip_low=2", "algorithm.clip_low"),
+    ("rollout.group_size=0", "rollout.group_size"),
+    ("deepspeed.zero_stage=5", "deepspeed.zero_stage"),
+    ("trainer.total_steps", "key.sub=value"),
+])
+def test_bad_keys_and_values_name_the_key(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_config("cpu-tiny", [override])
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config("cpu-tiny", ["trainer.bogus=1"])
+    assert "total_steps" in str(info.value) and "output_dir" in str(info.value)
+
+
+def test_corrupt_config_file_is_a_clear_error(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    with pytest.raises(ConfigError, match="not a file and not a preset"):
+        load_config("no-such-preset")
+
+
+def test_cli_reports_config_errors(capsys) -> None:
+    assert main(["--config", "cpu-tiny", "trainer.nope=1"]) == 2
+    assert "trainer.nope" in capsys.readouterr().err
+    assert main(["--config", "cpu-tiny", "--print-config", "trainer.total_steps=9"]) == 0
+    assert "total_steps: 9" in capsys.readouterr().out

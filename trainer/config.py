@@ -1,0 +1,371 @@
+"""Training configuration: one dataclass per component, YAML presets, dotted command-line overrides.
+
+`load_config("cpu-small", ["trainer.total_steps=3"])` reads the preset `trainer/presets/cpu-small.yaml` (or
+any YAML path), applies the overrides and validates everything against the dataclasses below. An unknown
+key is an error naming the key and listing the valid keys at that level; a value of the wrong type is an
+error naming the key and the expected type. The resolved config is saved with every run and checkpoint
+(`Config.to_dict()` round-trips through `config_from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentgym_opsd.credit import ESTIMATORS, VARIANTS
+
+__all__ = [
+    "AlgorithmConfig",
+    "Config",
+    "ConfigError",
+    "DeepSpeedConfig",
+    "EnvConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+    "WarmStartConfig",
+    "PRESETS_DIR",
+    "available_presets",
+    "config_from_dict",
+    "load_config",
+    "apply_overrides",
+]
+
+PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the key."""
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` mirrors TRL's field metadata name
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _f("embedded:smollm2-135m-instruct",
+                           "policy model: 'embedded:smollm2-135m-instruct', 'tiny-random', a local HF folder, a "
+                           "hub name (offline cache), or a trainer checkpoint dir")
+    dtype: str = _f("float32", "parameter dtype: float32 | bfloat16 | float16")
+    lora: bool = _f(False, "train a LoRA adapter instead of all weights (peft)")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA alpha")
+    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA adapts")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (saves memory)")
+
+    def __post_init__(self) -> None:
+        _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _check_positive("model.lora_r", self.lora_r)
+
+
+@dataclass
+class EnvConfig:
+    id: str = _f("ALFWorld-v0", "registered environment id, optionally with a split: 'ALFWorld-v0:easy'")
+    val_id: str = _f("", "environment (and split) for periodic validation; '' = id with split valid_seen "
+                         "when the environment has it, else id")
+    max_turns: int = _f(0, "turn limit per episode (0 = the environment profile's)")
+    history_turns: int = _f(-1, "past turns shown in the prompt (-1 = the environment profile's)")
+    max_prompt_chars: int = _f(0, "bound on the user message; history is dropped first (0 = none)")
+    use_skills: bool = _f(True, "load the skill library that gives c+ (the teacher context)")
+    invalid_action_penalty: float = _f(-1.0, "subtracted from the reward per invalid action (-1 = profile's)")
+    reward_scale: float = _f(1.0, "reward of a won episode (1 = paper; 10 = released code, verl-agent)")
+    num_train_tasks: int = _f(0, "size of the training task cycle (0 = the environment's num_tasks)")
+    step_timeout_s: float = _f(60.0, "seconds before an environment step counts as failed")
+    kwargs: dict = _f({}, "extra keyword arguments for the environment constructor")
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ConfigError("env.id: must name an environment, e.g. 'ALFWorld-v0:easy'")
+        _check_nonneg("env.max_turns", self.max_turns)
+        _check_nonneg("env.num_train_tasks", self.num_train_tasks)
+        _check_positive("env.reward_scale", self.reward_scale)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = _f("hf", "generation backend: hf (transformers generate, CPU/GPU) | vllm (GPU, `gpu` extra)")
+    tasks_per_step: int = _f(16, "B: distinct tasks per training step")
+    group_size: int = _f(8, "G: rollouts per task (a GRPO group)")
+    temperature: float = _f(1.0, "sampling temperature of training rollouts")
+    top_p: float = _f(1.0, "nucleus sampling threshold")
+    max_new_tokens: int = _f(512, "max response tokens per turn")
+    batch_size: int = _f(64, "generation batch size (prompts per generate call)")
+    vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory (colocated with training)")
+    vllm_max_model_len: int = _f(8192, "vLLM: max prompt + response tokens")
+
+    def __post_init__(self) -> None:
+        _check_choice("rollout.backend", self.backend, ("hf", "vllm"))
+        _check_positive("rollout.tasks_per_step", self.tasks_per_step)
+        _check_positive("rollout.group_size", self.group_size)
+        _check_positive("rollout.max_new_tokens", self.max_new_tokens)
+        _check_positive("rollout.batch_size", self.batch_size)
+        if not self.temperature > 0:
+            raise ConfigError(f"rollout.temperature: expected > 0 for training rollouts, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p: expected 0 < top_p <= 1, got {self.top_p}")
+
+
+@dataclass
+class AlgorithmConfig:
+    estimator: str = _f("agentopsd", "credit estimator: grpo | agentopsd | agentopsd-<variant> | agentopsd-token")
+    lam: float = _f(0.5, "λ: mix between GRPO (0) and the reshaped advantage (1)")
+    band: float = _f(0.2, "b: per-turn weights are clipped to [1-b, 1+b]")
+    gamma: float = _f(0.95, "γ: discount of older evidence in the belief (1 = released code)")
+    eps0: float = _f(1e-3, "ε0: the prior B_0 is clipped to [ε0, 1-ε0]")
+    eps: float = _f(1e-6, "ε: numerical guard")
+    variant: str = _f("paper", f"AgentOPSD variant: {' | '.join(VARIANTS)}")
+    success_source: str = _f("won", "B_0 prior: 'won' = group success rate (paper); 'reward' = group mean "
+                                    "of the raw reward (released code)")
+    normalize_std: bool = _f(True, "GRPO: divide by the group std")
+    clip_low: float = _f(0.2, "PPO clip below (ratio >= 1 - clip_low)")
+    clip_high: float = _f(0.24, "PPO clip above (ratio <= 1 + clip_high)")
+    kl_coef: float = _f(0.01, "low-variance (k3) KL to the reference policy; 0 disables the reference pass")
+    entropy_coef: float = _f(0.001, "entropy bonus coefficient")
+    ppo_epochs: int = _f(1, "passes over each step's turn rows")
+
+    def __post_init__(self) -> None:
+        known = (*ESTIMATORS, "agentopsd-token")
+        _check_choice("algorithm.estimator", self.estimator, tuple(known))
+        _check_choice("algorithm.variant", self.variant, VARIANTS)
+        _check_choice("algorithm.success_source", self.success_source, ("won", "reward"))
+        _check_nonneg("algorithm.kl_coef", self.kl_coef)
+        _check_positive("algorithm.ppo_epochs", self.ppo_epochs)
+        for name in ("clip_low", "clip_high"):
+            if not 0 < getattr(self, name) < 1:
+                raise ConfigError(f"algorithm.{name}: expected 0 < value < 1, got {getattr(self, name)}")
+
+    @property
+    def needs_teacher(self) -> bool:
+        """GRPO never looks at evidence; every AgentOPSD estimator does."""
+        return self.estimator != "grpo"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-6, "learning rate (AdamW)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    betas: list = _f([0.9, 0.999], "AdamW betas")
+    grad_clip: float = _f(1.0, "max gradient norm (0 = off)")
+    micro_batch_tokens: int = _f(4096, "token budget of one log-prob / update micro-batch (prompt + response)")
+    micro_batch_rows: int = _f(16, "max turn rows per micro-batch")
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ConfigError(f"optim.lr: expected > 0, got {self.lr}")
+        if len(self.betas) != 2:
+            raise ConfigError(f"optim.betas: expected two numbers, got {self.betas}")
+        _check_positive("optim.micro_batch_tokens", self.micro_batch_tokens)
+        _check_positive("optim.micro_batch_rows", self.micro_batch_rows)
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = _f(0, "ZeRO stage 0-3 (0 = plain data parallel)")
+    bf16: bool = _f(False, "bf16 mixed precision (GPU)")
+    offload_optimizer: bool = _f(False, "ZeRO-Offload: keep optimiser states on the CPU")
+    extra: dict = _f({}, "merged into the generated DeepSpeed config dict")
+
+    def __post_init__(self) -> None:
+        _check_choice("deepspeed.zero_stage", self.zero_stage, (0, 1, 2, 3))
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = _f(0, "supervised steps on oracle demonstrations before RL (0 = no warm start)")
+    episodes: int = _f(32, "oracle episodes collected for the warm start")
+    lr: float = _f(1e-4, "warm-start learning rate")
+    batch_rows: int = _f(8, "turn rows per warm-start step")
+    thought: str = _f("", "optional canned text put before the oracle's action in the demonstrations")
+    seed_offset: int = _f(5_000, "demonstration tasks use seeds from here (disjoint from RL and validation)")
+
+    def __post_init__(self) -> None:
+        _check_nonneg("warm_start.steps", self.steps)
+        _check_positive("warm_start.episodes", self.episodes)
+        _check_positive("warm_start.batch_rows", self.batch_rows)
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = _f(150, "RL training steps")
+    output_dir: str = _f("runs/agentopsd", "metrics, trajectories, TensorBoard events and checkpoints go here")
+    seed: int = _f(0, "seeds python, numpy, torch and the task order")
+    backend: str = _f("deepspeed", "optimiser backend: deepspeed | torch (plain single process)")
+    device: str = _f("auto", "auto | cpu | cuda")
+    save_every: int = _f(10, "checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = _f(2, "how many recent checkpoints to keep")
+    eval_every: int = _f(0, "validate every N steps (0 = never)")
+    eval_episodes: int = _f(32, "validation episodes")
+    eval_temperature: float = _f(0.4, "validation sampling temperature (paper: 0.4)")
+    eval_at_start: bool = _f(False, "also validate before the first RL step (after the warm start)")
+    save_trajectories: bool = _f(True, "write each step's trajectories to trajectories/step_N.jsonl")
+    tensorboard: bool = _f(True, "write TensorBoard events")
+    progress: bool = _f(True, "progress bars")
+
+    def __post_init__(self) -> None:
+        _check_nonneg("trainer.total_steps", self.total_steps)
+        _check_choice("trainer.backend", self.backend, ("deepspeed", "torch"))
+        _check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
+        _check_nonneg("trainer.save_every", self.save_every)
+        _check_positive("trainer.keep_checkpoints", self.keep_checkpoints)
+        _check_nonneg("trainer.eval_every", self.eval_every)
+        if not 0 <= self.eval_temperature:
+            raise ConfigError(f"trainer.eval_temperature: expected >= 0, got {self.eval_temperature}")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    preset: str = _f("", "name of the preset this config came from (informational)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---- building and validating ------------------------------------------------------------------------------
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """A preset name (see `available_presets()`) or a YAML path, plus `key.sub=value` overrides."""
+    data: dict[str, Any] = {}
+    if name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            path = PRESETS_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"config {name_or_path!r}: not a file and not a preset; presets: "
+                              f"{', '.join(available_presets())}")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config {path}: not valid YAML ({exc})") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path}: expected a mapping of sections, got {type(data).__name__}")
+        data.setdefault("preset", Path(name_or_path).stem)
+    data = apply_overrides(data, overrides)
+    return config_from_dict(data)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`section.key=value` (the value parsed as YAML: numbers, booleans, lists) into a nested dict copy."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Build a validated Config; unknown keys and badly typed values raise ConfigError naming the key."""
+    return _build(Config, data, prefix="")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    fields_by_name = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields_by_name))
+    if unknown:
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys at {where}: "
+                          f"{', '.join(sorted(fields_by_name))}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in data.items():
+        tp = hints[name]
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, prefix=f"{key}.")
+        else:
+            kwargs[name] = _coerce(key, tp, value)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp) or tp
+    if origin in (types.UnionType, typing.Union):
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(key, option, value)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+    if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if origin is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads "1e-6" as a string
+        except ValueError:
+            pass
+    if origin is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if origin is bool and isinstance(value, bool):
+        return value
+    if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    if origin is list and isinstance(value, list):
+        return list(value)
+    if origin is dict and isinstance(value, dict):
+        return dict(value)
+    if value is None and tp is type(None):
+        return None
+    name = getattr(origin, "__name__", str(origin))
+    raise ConfigError(f"{key}: expected {name}, got {value!r} ({type(value).__name__})")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def _check_positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key}: expected > 0, got {value!r}")
+
+
+def _check_nonneg(key: str, value: float) -> None:
+    if not value >= 0:
+        raise ConfigError(f"{key}: expected >= 0, got {value!r}")

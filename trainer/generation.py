@@ -1,0 +1,290 @@
+"""Batched generation with an HF causal LM: the default rollout backend (CPU or one GPU).
+
+`HFPolicy` implements `agentgym_opsd.policies.Policy`. One `act` call generates for every request of the
+batch at once: prompts are rendered with the tokenizer's chat template, sorted by length into chunks of
+`batch_size`, left-padded, prefilled once, then decoded token by token with a KV cache. A row stops when
+its generated text contains one of the closing tags (`</action>`, ...), when it samples an end-of-sequence
+token, or after `max_new_tokens`; finished rows are dropped from the batch and from the cache, so long
+answers do not slow down the short ones.
+
+Each `PolicyOutput` carries exactly the sampled tokens (`token_ids`, up to and including the token that
+completed the closing tag; never padding, never the end-of-sequence token) and, per token, its log-prob
+under the sampling distribution `log_softmax(logits / temperature)` (with `temperature == 0`, greedy
+decoding, the log-probs are `log_softmax(logits)`). The trainer re-creates the same prompt tokens with
+`HFPolicy.prompt_ids(messages)` and teacher-forces the response tokens; in float32 both agree to ~1e-5.
+
+Sampling draws from a private `torch.Generator` seeded with `seed`, so a run is reproducible and does not
+disturb the global RNG; `get_rng_state` / `set_rng_state` carry it through checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
+from agentgym_opsd.records import ChatMessage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "DEFAULT_STOP_STRINGS",
+    "BACKENDS",
+    "HFPolicy",
+    "chat_prompt_ids",
+    "make_policy_backend",
+]
+
+DEFAULT_STOP_STRINGS: tuple[str, ...] = ("</action>", "</search>", "</answer>")
+BACKENDS = ("hf", "vllm")
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
+    """The prompt token ids for chat `messages`, ending with the assistant header (generation prompt).
+
+    The template is rendered to text and tokenised without extra special tokens: chat templates write
+    their own special tokens (BOS included where the model wants one).
+    """
+    if not messages:
+        raise ValueError("a prompt needs at least one chat message")
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward argument that takes the KV cache: `cache` in recent transformers, `past_key_values`
+    before (recent versions still accept the old name, with a deprecation warning per call)."""
+    import inspect
+
+    base = model
+    if isinstance(getattr(base, "module", None), torch.nn.Module):  # DeepSpeed engine / DDP wrapper
+        base = base.module
+    if callable(getattr(base, "get_base_model", None)):  # PEFT wrapper (forwards **kwargs)
+        base = base.get_base_model()
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class HFPolicy(Policy):
+    """Samples answers from an HF causal LM (plain, PEFT-wrapped, or the module inside a DeepSpeed engine).
+
+    `max_new_tokens`: answer length limit. `temperature`: sampling temperature (0 = greedy). `top_p`:
+    nucleus sampling mass (1.0 = off; reported log-probs stay those of the full tempered distribution).
+    `stop_strings`: a row stops once its text contains one of them. `batch_size`: rows generated together
+    (requests beyond it are processed in successive chunks of similar prompt length). `seed`: seeds the
+    private sampling RNG.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS,
+        batch_size: int = 16,
+        seed: int = 0,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(stop_strings, str) or any(not s for s in stop_strings):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; load it with agentgym_opsd.trainer.models.load_policy_model")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.top_p = top_p
+        self.stop_strings = tuple(stop_strings)
+        self.batch_size = batch_size
+        self.temperature = 1.0
+        self.set_temperature(temperature)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        # Tokens are at least one character (or a byte fragment), so the last few tokens always cover a
+        # stop string that the newest token completed: decoding only that tail keeps the check O(1) per step.
+        self._tail_tokens = max(len(s) for s in self.stop_strings) + 2 if self.stop_strings else 0
+        self.device = next(model.parameters()).device
+        self._cache_kwarg = _cache_kwarg(model)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    # -- configuration ------------------------------------------------------------------------------------
+
+    def set_temperature(self, temperature: float) -> None:
+        """Set the sampling temperature (0 = greedy), e.g. 1.0 for training rollouts, 0.4 for validation."""
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.temperature = float(temperature)
+
+    def get_rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+    def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The exact prompt token ids generation uses for `messages` (chat template + generation prompt)."""
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    # -- Policy protocol ----------------------------------------------------------------------------------
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
+        prompts = [self.prompt_ids(r.messages) for r in requests]
+        return self.generate_ids(prompts)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[PolicyOutput]:
+        """Generate for already tokenised prompts; outputs come back in the order of `prompts`."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        # Length-sorted chunks waste little compute on padding.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        outputs: list[PolicyOutput | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(order), self.batch_size):
+                    chunk = order[start : start + self.batch_size]
+                    for i, out in zip(chunk, self._generate_chunk([prompts[i] for i in chunk]), strict=True):
+                        outputs[i] = out
+        finally:
+            self.model.train(was_training)
+        return [o for o in outputs if o is not None]
+
+    # -- internals ----------------------------------------------------------------------------------------
+
+    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next tokens and their log-probs for logits of shape (rows, vocab)."""
+        logits = logits.float()
+        if self.temperature == 0.0:
+            tokens = logits.argmax(dim=-1)
+            logprobs = torch.log_softmax(logits, dim=-1)
+        else:
+            logprobs = torch.log_softmax(logits / self.temperature, dim=-1)
+            probs = logprobs.exp()
+            if self.top_p < 1.0:
+                sorted_p, sorted_i = probs.sort(dim=-1, descending=True)
+                # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+                drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= self.top_p
+                sorted_p = sorted_p.masked_fill(drop, 0.0)
+                probs = torch.zeros_like(probs).scatter_(-1, sorted_i, sorted_p)
+            tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def _hit_stop(self, ids: list[int]) -> bool:
+        if not self.stop_strings:
+            return False
+        tail = self.tokenizer.decode(ids[-self._tail_tokens :], skip_special_tokens=False)
+        return any(s in tail for s in self.stop_strings)
+
+    def _generate_chunk(self, prompts: list[Sequence[int]]) -> list[PolicyOutput]:
+        from transformers import DynamicCache
+
+        rows, width = len(prompts), max(len(p) for p in prompts)
+        pad = int(self.tokenizer.pad_token_id)
+        input_ids = torch.full((rows, width), pad, dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, p in enumerate(prompts):  # left padding: every row's last prompt token is at column width-1
+            input_ids[r, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[r, width - len(p) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        # Positions count real tokens only, so a padded row sees the same positions as it would alone.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        logits = self._forward(input_ids, mask, positions, cache)
+
+        token_ids: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        alive = list(range(rows))  # original row of each row still in the batch tensors
+        for step in range(self.max_new_tokens):
+            tokens, token_lps = self._sample(logits)
+            keep: list[int] = []
+            for j, (tok, lp) in enumerate(zip(tokens.tolist(), token_lps.tolist(), strict=True)):
+                r = alive[j]
+                if tok in self.eos_ids:
+                    continue  # end of sequence: not part of the answer
+                token_ids[r].append(tok)
+                logprobs[r].append(lp)
+                if not self._hit_stop(token_ids[r]):
+                    keep.append(j)
+            if not keep or step == self.max_new_tokens - 1:
+                break
+            if len(keep) < len(alive):
+                index = torch.as_tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, positions, tokens = mask[index], positions[index], tokens[index]
+                alive = [alive[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+            positions = positions[:, -1:] + 1
+            logits = self._forward(tokens[:, None], mask, positions, cache)
+
+        return [
+            PolicyOutput(self.tokenizer.decode(ids, skip_special_tokens=False), ids, lps)
+            for ids, lps in zip(token_ids, logprobs, strict=True)
+        ]
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Logits of the last position, shape (rows, vocab); extends `cache` with the new tokens."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kwarg: cache},
+            logits_to_keep=1,  # only the last position is needed: skips a (rows, tokens, vocab) tensor
+        )
+        return out.logits[:, -1, :]
+
+
+def make_policy_backend(
+    name: str,
+    *,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    model_path: str | None = None,
+    **options: Any,
+) -> Policy:
+    """Build a rollout policy by backend name.
+
+    `"hf"`: an `HFPolicy` over `model` + `tokenizer` (or over `load_policy_model(model_path)` when no model
+    is given). `"vllm"`: a `VLLMPolicy` serving `model_path` (GPU; needs the `gpu` extra, imported only
+    here). `options` go to the policy's constructor (max_new_tokens, temperature, top_p, stop_strings,
+    seed, and batch_size for HF or engine settings for vLLM).
+    """
+    if name == "hf":
+        if model is None:
+            if model_path is None:
+                raise ValueError("the hf backend needs a model and tokenizer, or a model_path to load")
+            from agentgym_opsd.trainer.models import load_policy_model
+
+            model, tokenizer = load_policy_model(model_path, trainable=False)
+        if tokenizer is None:
+            raise ValueError("the hf backend needs the tokenizer that belongs to the model")
+        return HFPolicy(model, tokenizer, **options)
+    if name == "vllm":
+        if model_path is None:
+            raise ValueError("the vllm backend needs model_path (a folder or hub name vLLM can load)")
+        from agentgym_opsd.trainer.vllm_backend import VLLMPolicy, require_vllm
+
+        require_vllm()
+        return VLLMPolicy(model_path, tokenizer=tokenizer, **options)
+    raise ValueError(f"unknown generation backend {name!r}; choose one of {BACKENDS}")

@@ -1,0 +1,133 @@
+"""Teacher-forced token log-probs of sampled responses, micro-batched and length-bucketed.
+
+A row is (prompt ids, response ids). Rows are sorted by length and packed into micro-batches under a token
+budget (`bucket_micro_batches`), so short turns are not padded to the longest one of the step. Each
+micro-batch is left-padded: every response then ends at the last position, and the model only computes
+logits for the last `max_response + 1` positions (`logits_to_keep`) — a (rows, response, vocab) tensor
+instead of (rows, prompt + response, vocab). Position ids follow the attention mask, exactly as
+`generate` does with left padding, so recomputed log-probs match the sampling ones for the HF backend.
+
+Log-probs are taken at a temperature: `log_softmax(logits / T)`, the sampling distribution of the rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["MicroBatch", "bucket_micro_batches", "collate", "response_logprobs", "batched_response_logprobs"]
+
+
+@dataclass
+class MicroBatch:
+    """Left-padded model inputs for some rows. `response_mask` (rows, R) marks real response tokens;
+    `response_ids` (rows, R) holds them right-aligned like the inputs (pad where the mask is False)."""
+
+    indices: list[int]
+    input_ids: Tensor  # (rows, L)
+    attention_mask: Tensor  # (rows, L)
+    position_ids: Tensor  # (rows, L)
+    response_ids: Tensor  # (rows, R)
+    response_mask: Tensor  # (rows, R) bool
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(self.indices, *(t.to(device) for t in (
+            self.input_ids, self.attention_mask, self.position_ids, self.response_ids, self.response_mask)))
+
+
+def bucket_micro_batches(lengths: Sequence[int], *, max_tokens: int, max_rows: int) -> list[list[int]]:
+    """Group row indices (sorted by length) so that rows × longest ≤ max_tokens and rows ≤ max_rows.
+
+    A single row longer than the budget still gets its own micro-batch.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = max([lengths[j] for j in current] + [lengths[i]])
+        if current and (len(current) + 1 > max_rows or (len(current) + 1) * longest > max_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(
+    indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+) -> MicroBatch:
+    """Left-pad prompt+response of the given rows; responses are right-aligned at the end."""
+    seqs = [list(prompts[i]) + list(responses[i]) for i in indices]
+    width = max(len(s) for s in seqs)
+    resp_width = max(max(len(responses[i]) for i in indices), 1)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    resp_ids = torch.full((len(seqs), resp_width), pad_id, dtype=torch.long)
+    resp_mask = torch.zeros((len(seqs), resp_width), dtype=torch.bool)
+    for r, (i, s) in enumerate(zip(indices, seqs, strict=True)):
+        input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        attention[r, width - len(s):] = 1
+        n = len(responses[i])
+        if n:
+            resp_ids[r, resp_width - n:] = torch.tensor(list(responses[i]), dtype=torch.long)
+            resp_mask[r, resp_width - n:] = True
+    position_ids = (attention.cumsum(-1) - 1).clamp_min(0)
+    return MicroBatch(list(indices), input_ids, attention, position_ids, resp_ids, resp_mask)
+
+
+def response_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """(rows, R) log-prob of each response token (0 where masked) and optionally its entropy (rows, R).
+
+    Gradients flow when the caller has them enabled (the update pass); log-prob passes wrap this in
+    `torch.no_grad()`.
+    """
+    resp_width = mb.response_ids.shape[1]
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                logits_to_keep=resp_width + 1, use_cache=False)
+    # Logits at position p predict token p+1: the last R+1 positions minus the final one predict the R
+    # response slots.
+    logits = out.logits[:, :-1, :].float() / temperature  # (rows, R, vocab)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
+    logp = torch.where(mb.response_mask, logp, torch.zeros_like(logp))
+    entropy = None
+    if with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = torch.where(mb.response_mask, entropy, torch.zeros_like(entropy))
+    return logp, entropy
+
+
+@torch.no_grad()
+def batched_response_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    max_tokens: int = 4096,
+    max_rows: int = 16,
+    device: torch.device | str = "cpu",
+) -> list[Tensor]:
+    """Per-row 1-D tensors of response-token log-probs (float32, CPU), in the input order (no grad)."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    results: list[Tensor | None] = [None] * len(prompts)
+    was_training = model.training
+    model.eval()  # no dropout in log-prob passes
+    try:
+        for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
+            mb = collate(idx, prompts, responses, pad_id).to(device)
+            logp, _ = response_logprobs(model, mb, temperature=temperature)
+            logp = logp.cpu()
+            for r, i in enumerate(idx):
+                n = len(responses[i])
+                results[i] = logp[r, logp.shape[1] - n:] if n else logp[r, :0]
+    finally:
+        model.train(was_training)
+    return [t if t is not None else torch.zeros(0) for t in results]

@@ -1,0 +1,71 @@
+"""The policy objective: clipped surrogate (asymmetric clip), low-variance KL, entropy bonus.
+
+All functions take response-aligned (rows, R) tensors with a boolean `mask` and return SUMS over the masked
+tokens; the caller divides by the number of response tokens of the whole step, so that summing the
+micro-batch losses gives the token-mean over the step (micro-batching never changes the objective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["LossTerms", "clipped_policy_loss", "kl_k3", "policy_objective"]
+
+
+def clipped_policy_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """Sum over tokens of −min(r·A, clip(r, 1−clip_low, 1+clip_high)·A) and the number of clipped tokens.
+
+    `advantages` is (rows, R) (a turn's advantage broadcast over its tokens, or per token).
+    """
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    was_clipped = (clipped < unclipped) & mask.bool()  # the min picked the clipped branch (gradient is zero there)
+    return (per_token * mask).sum(), was_clipped.sum()
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """Sum over tokens of the low-variance KL estimator k3 = exp(ref − logp) − (ref − logp) − 1 (≥ 0)."""
+    log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)  # guard exp() against far-off reference tokens
+    return ((torch.exp(log_ratio) - log_ratio - 1.0) * mask).sum()
+
+
+@dataclass
+class LossTerms:
+    """Sums over the micro-batch's response tokens (divide by the step's token count for means)."""
+
+    loss: Tensor
+    policy: Tensor
+    kl: Tensor
+    entropy: Tensor
+    clipped_tokens: Tensor
+
+
+def policy_objective(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    entropy: Tensor | None,
+    ref_logp: Tensor | None,
+    clip_low: float,
+    clip_high: float,
+    kl_coef: float,
+    entropy_coef: float,
+    num_tokens: int,
+) -> LossTerms:
+    """Micro-batch contribution to the token-mean loss: (policy + kl_coef·KL − entropy_coef·H) / num_tokens."""
+    mask = mask.to(logp.dtype)
+    policy, clipped = clipped_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high)
+    kl = kl_k3(logp, ref_logp, mask) if ref_logp is not None and kl_coef > 0 else logp.new_zeros(())
+    ent = (entropy * mask).sum() if entropy is not None else logp.new_zeros(())
+    loss = (policy + kl_coef * kl - entropy_coef * ent) / max(num_tokens, 1)
+    return LossTerms(loss=loss, policy=policy.detach(), kl=kl.detach(), entropy=ent.detach(),
+                     clipped_tokens=clipped.detach())

@@ -1,0 +1,167 @@
+"""Turn rows: the unit the trainer computes log-probs, evidence and advantages on.
+
+Every turn of every trajectory becomes exactly one `TurnRow` (no padding duplicates): the student prompt
+token ids (what the policy saw), the teacher prompt token ids (the same prompt with `c+` in the system
+message; None when the task has no skill text, so the evidence is exactly zero and the teacher pass skips
+the row), the sampled response ids and their sampling log-probs. `build_turn_batch` also scores each
+trajectory (reward, group success rate) so that the credit estimator gets everything as flat tensors.
+
+Reward of a trajectory (documented choice): `reward_scale * won - invalid_action_penalty * num_invalid`,
+i.e. binary success (paper; reward_scale 10 reproduces the released code's 0/10 scale) minus the
+per-invalid-action penalty. The group success rate R̄ (the belief's prior) is the fraction of the group's
+trajectories that were won (`success_source="won"`, paper), or the group mean of the raw reward without
+the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from agentgym_opsd.records import ChatMessage, Trajectory, Turn
+
+__all__ = ["TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates"]
+
+PromptEncoder = Callable[[list[ChatMessage]], list[int]]
+TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
+
+
+@dataclass
+class TurnRow:
+    """One turn. `row_logprobs` fields are filled by the trainer's log-prob passes (response-aligned)."""
+
+    group_id: int
+    traj_id: int
+    turn_id: int
+    prompt_ids: list[int]
+    teacher_prompt_ids: list[int] | None
+    response_ids: list[int]
+    sample_logprobs: list[float]
+    action_valid: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def num_teacher_tokens(self) -> int:
+        return len(self.teacher_prompt_ids or ()) + len(self.response_ids)
+
+
+@dataclass
+class TurnBatch:
+    """All turn rows of one training step plus per-row trajectory-level values (1-D tensors, row order)."""
+
+    rows: list[TurnRow]
+    rewards: Tensor  # (rows,) the row's trajectory reward
+    success_rate: Tensor  # (rows,) the row's group success rate R̄
+    traj_rewards: Tensor  # (trajectories,) reward per trajectory, in trajectory order
+    traj_group_ids: Tensor  # (trajectories,)
+    traj_index: Tensor  # (rows,) index into the trajectory tensors
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def group_ids(self) -> Tensor:
+        return torch.tensor([r.group_id for r in self.rows], dtype=torch.long)
+
+    @property
+    def traj_ids(self) -> Tensor:
+        return torch.tensor([r.traj_id for r in self.rows], dtype=torch.long)
+
+    @property
+    def turn_ids(self) -> Tensor:
+        return torch.tensor([r.turn_id for r in self.rows], dtype=torch.long)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(r.response_ids) for r in self.rows)
+
+
+def trajectory_rewards(trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: float) -> Tensor:
+    """(trajectories,) `reward_scale * won - invalid_penalty * num_invalid_actions` (float64)."""
+    return torch.tensor(
+        [reward_scale * float(t.won) - invalid_penalty * t.num_invalid_actions for t in trajectories],
+        dtype=torch.float64,
+    )
+
+
+def group_success_rates(
+    trajectories: Sequence[Trajectory], *, source: str = "won", reward_scale: float = 1.0
+) -> dict[int, float]:
+    """Group id -> R̄: fraction won (`source="won"`) or mean raw reward `reward_scale * won` ("reward")."""
+    totals: dict[int, list[float]] = {}
+    for t in trajectories:
+        value = float(t.won) if source == "won" else reward_scale * float(t.won)
+        totals.setdefault(t.group_id, []).append(value)
+    if source not in ("won", "reward"):
+        raise ValueError(f"success source must be 'won' or 'reward', got {source!r}")
+    return {g: sum(v) / len(v) for g, v in totals.items()}
+
+
+def build_turn_batch(
+    trajectories: Sequence[Trajectory],
+    *,
+    encode_prompt: PromptEncoder,
+    teacher_messages: TeacherMessages | None,
+    reward_scale: float = 1.0,
+    invalid_penalty: float = 0.0,
+    success_source: str = "won",
+) -> TurnBatch:
+    """One row per turn that produced tokens; trajectories keep their order, turns their index.
+
+    `encode_prompt(messages)` must return the exact prompt ids generation used (the HF policy's
+    `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or an empty
+    skill context) the row has no teacher prompt and its evidence is zero.
+    """
+    rewards = trajectory_rewards(trajectories, reward_scale=reward_scale, invalid_penalty=invalid_penalty)
+    rates = group_success_rates(trajectories, source=success_source, reward_scale=reward_scale)
+    rows: list[TurnRow] = []
+    row_traj: list[int] = []
+    for ti, traj in enumerate(trajectories):
+        for turn in traj.turns:
+            if not turn.response_token_ids:
+                continue  # nothing was sampled (e.g. a scripted policy or an env failure): nothing to train
+            prompt_ids = list(encode_prompt(turn.prompt))
+            teacher_ids: list[int] | None = None
+            if teacher_messages is not None and traj.skill_context.strip():
+                t_messages = teacher_messages(traj, turn)
+                if t_messages != turn.prompt:
+                    teacher_ids = list(encode_prompt(t_messages))
+            rows.append(TurnRow(
+                group_id=traj.group_id,
+                traj_id=traj.traj_id,
+                turn_id=turn.index,
+                prompt_ids=prompt_ids,
+                teacher_prompt_ids=teacher_ids,
+                response_ids=list(turn.response_token_ids),
+                sample_logprobs=list(turn.response_logprobs),
+                action_valid=turn.action_valid,
+            ))
+            row_traj.append(ti)
+    traj_index = torch.tensor(row_traj, dtype=torch.long)
+    n = len(trajectories)
+    stats = {
+        "success_rate": sum(float(t.won) for t in trajectories) / max(n, 1),
+        "reward_mean": float(rewards.mean()) if n else 0.0,
+        "turns_mean": sum(t.num_turns for t in trajectories) / max(n, 1),
+        "invalid_action_rate": sum(t.num_invalid_actions for t in trajectories)
+        / max(sum(t.num_turns for t in trajectories), 1),
+        "score_mean": sum(t.score for t in trajectories) / max(n, 1),
+        "env_errors": float(sum(t.error is not None for t in trajectories)),
+        "num_rows": float(len(rows)),
+    }
+    return TurnBatch(
+        rows=rows,
+        rewards=rewards[traj_index] if rows else torch.zeros(0, dtype=torch.float64),
+        success_rate=torch.tensor([rates[trajectories[i].group_id] for i in row_traj], dtype=torch.float64),
+        traj_rewards=rewards,
+        traj_group_ids=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
+        traj_index=traj_index,
+        stats=stats,
+    )

@@ -1,0 +1,295 @@
+"""vLLM rollout backend (GPU, `gpu` extra): colocated, in-process engine with weight sync after updates.
+
+vLLM is imported only when a `VLLMPolicy` is built; without it `require_vllm()` raises a RuntimeError that
+says to install the `gpu` extra. The pure helpers (`sampling_params_kwargs`, `hf_weight_items`) need no
+vLLM and are unit-tested on the CPU.
+
+How it is used (see /work/shared/GPU-FACTS.md §1, §3 for the API facts):
+
+- Engine: `LLM(model=path, distributed_executor_backend="external_launcher", ...)` — one vLLM worker inside
+  each trainer process (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT must be set first; the
+  trainer's engine adapter does that). `logprobs_mode="processed_logprobs"` makes vLLM report the log-probs
+  of the tempered distribution, the same quantity `HFPolicy` reports and the trainer recomputes.
+- Prompts go in as token ids (`{"prompt_token_ids": ids}`), rendered with the same chat template as the HF
+  backend (`chat_prompt_ids`), so the trainer can rebuild them exactly; answers come back as token ids that
+  are never re-tokenised. `include_stop_str_in_output=True` keeps the closing tag in the answer.
+- Weight sync (`sync_weights(model)`, after every optimiser step): the trainer's weights, under their HF
+  checkpoint names (PEFT adapters merged, wrapper prefixes stripped, ZeRO-3 shards gathered one parameter
+  at a time), are pushed with the vLLM model's `load_weights`, then the prefix cache is reset (its KV
+  entries were computed with the old weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import torch
+from agentgym_opsd.trainer.generation import DEFAULT_STOP_STRINGS, chat_prompt_ids
+
+from agentgym_opsd.policies import PolicyOutput, PolicyRequest
+from agentgym_opsd.records import ChatMessage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "VLLMPolicy",
+    "hf_weight_items",
+    "require_vllm",
+    "sampling_params_kwargs",
+    "vllm_available",
+    "vllm_weight_name",
+]
+
+INSTALL_HINT = (
+    "the vllm generation backend needs vLLM on a CUDA machine: install the gpu extra "
+    "(`pip install 'agentgym-opsd[gpu]'`, vLLM first since it pins torch) or use the hf backend"
+)
+
+
+def vllm_available() -> bool:
+    """Whether vLLM can be imported (checked without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> ModuleType:
+    """Import and return vLLM, or raise a RuntimeError that says how to get it."""
+    if not vllm_available():
+        raise RuntimeError(INSTALL_HINT)
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as exc:  # installed but broken (e.g. a torch mismatch)
+        raise RuntimeError(f"vLLM is installed but cannot be imported ({exc}); {INSTALL_HINT}") from exc
+
+
+def sampling_params_kwargs(
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for `vllm.SamplingParams`: one sample per prompt, the sampled token's log-prob
+    only (`logprobs=0`), generation ending at (and including) a closing tag. `temperature == 0` is greedy."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "top_k": 0 if temperature > 0 else -1,  # 0 (or -1 in older releases) disables top-k
+        "max_tokens": int(max_new_tokens),
+        "logprobs": 0,
+        "stop": list(stop_strings),
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+    }
+    if seed is not None:
+        kwargs["seed"] = int(seed)
+    return kwargs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Weight names: trainer module -> HF checkpoint names (what vLLM's load_weights expects)
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "base_model.model.")
+
+
+def vllm_weight_name(name: str) -> str | None:
+    """The HF checkpoint name of a trainer parameter, or None when it is not a model weight to push.
+
+    Strips wrapper prefixes (DeepSpeed/DDP `module.`, torch.compile `_orig_mod.`, PEFT `base_model.model.`),
+    activation-checkpoint wrappers and PEFT's `.base_layer` / `modules_to_save.default.` infixes; LoRA
+    tensors (`lora_A`, `lora_B`, ...) and PEFT's saved originals return None (they are merged beforehand).
+    """
+    for prefix in _WRAPPER_PREFIXES:
+        while name.startswith(prefix):
+            name = name[len(prefix) :]
+    name = name.replace("_checkpoint_wrapped_module.", "")
+    if ".lora_" in name or "original_module" in name:
+        return None
+    return name.replace(".base_layer", "").replace("modules_to_save.default.", "")
+
+
+@contextlib.contextmanager
+def _gathered(param: torch.nn.Parameter) -> Iterator[None]:
+    """Under ZeRO-3 a parameter is a shard: gather it (read-only) for the duration; a no-op otherwise."""
+    if hasattr(param, "ds_id"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            yield
+    else:
+        yield
+
+
+def hf_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(hf_name, tensor)` for every weight of `model` to push into vLLM.
+
+    A PEFT model has its adapters merged into the base weights while iterating and unmerged afterwards
+    (consume the iterator fully). Tensors are views of the live weights: push them before the next step.
+    Under ZeRO-3 every rank must iterate (gathering is collective).
+    """
+    peft_model = model.module if isinstance(getattr(model, "module", None), torch.nn.Module) else model
+    merge = callable(getattr(peft_model, "merge_adapter", None))
+    if merge:
+        # merging touches every adapted layer; under ZeRO-3 all of them must be gathered at once
+        params = list(peft_model.parameters())
+        ctx: Any = contextlib.nullcontext()
+        if any(hasattr(p, "ds_id") for p in params):
+            import deepspeed
+
+            ctx = deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        with ctx, torch.no_grad():
+            peft_model.merge_adapter()
+            try:
+                for name, p in peft_model.named_parameters():
+                    hf_name = vllm_weight_name(name)
+                    if hf_name is not None:
+                        yield hf_name, p.data
+            finally:
+                peft_model.unmerge_adapter()
+        return
+    for name, p in model.named_parameters():
+        hf_name = vllm_weight_name(name)
+        if hf_name is None:
+            continue
+        with _gathered(p):
+            yield hf_name, p.data
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The policy
+
+
+class VLLMPolicy:
+    """A `Policy` sampling from an in-process vLLM engine.
+
+    `model_path`: folder or hub name vLLM loads (for the embedded model pass `embedded_model_path()`).
+    `tokenizer`: the trainer's tokenizer (loaded from `model_path` when None), used to render prompts and
+    decode answers. Sampling options mirror `HFPolicy`. Engine options: `dtype` (must equal the trainer's
+    dtype for the synced weights to mean the same), `gpu_memory_utilization` (fraction of the whole GPU;
+    ~0.3 when colocated with training), `max_model_len` (prompt + answer tokens), `tensor_parallel_size`,
+    `colocate` (one engine per trainer process via `external_launcher`), `enable_sleep_mode`,
+    `llm_kwargs` (anything else for `vllm.LLM`).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS,
+        seed: int = 0,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int = 8192,
+        max_num_seqs: int = 256,
+        tensor_parallel_size: int = 1,
+        colocate: bool = True,
+        enable_sleep_mode: bool = False,
+        llm_kwargs: dict[str, Any] | None = None,
+        batch_size: int | None = None,  # accepted for interface parity with HFPolicy; vLLM schedules itself
+    ) -> None:
+        vllm = require_vllm()
+        if tokenizer is None:
+            from agentgym_opsd.trainer.models import load_tokenizer
+
+            tokenizer = load_tokenizer(model_path)
+        self.tokenizer = tokenizer
+        self.max_new_tokens, self.top_p, self.seed = max_new_tokens, top_p, seed
+        self.stop_strings = tuple(stop_strings)
+        self.temperature = 1.0
+        self.set_temperature(temperature)
+        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        options: dict[str, Any] = {
+            "model": str(model_path),
+            "tokenizer": str(model_path),
+            "dtype": dtype,
+            "seed": seed,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enable_sleep_mode": enable_sleep_mode,
+            # report log-probs after temperature, like HFPolicy and the trainer's recomputation
+            "logprobs_mode": "processed_logprobs",
+            "enable_prefix_caching": True,
+        }
+        if colocate:
+            options["distributed_executor_backend"] = "external_launcher"
+        options.update(llm_kwargs or {})
+        self._vllm = vllm
+        self.llm = vllm.LLM(**options)
+        self._calls = 0
+
+    def set_temperature(self, temperature: float) -> None:
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.temperature = float(temperature)
+
+    def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    def sampling_params(self) -> Any:
+        # a fresh seed per call: reproducible runs without repeating the same samples every turn
+        kwargs = sampling_params_kwargs(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                        top_p=self.top_p, stop_strings=self.stop_strings,
+                                        seed=self.seed * 1_000_003 + self._calls)
+        self._calls += 1
+        return self._vllm.SamplingParams(**kwargs)
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
+        prompts = [{"prompt_token_ids": self.prompt_ids(r.messages)} for r in requests]
+        results = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
+        outputs = []
+        for result in results:
+            completion = result.outputs[0]
+            ids = list(completion.token_ids)
+            lps = [float(step[tok].logprob) for tok, step in zip(ids, completion.logprobs or [], strict=False)]
+            if ids and ids[-1] in self.eos_ids:  # same convention as HFPolicy: no end-of-sequence token
+                ids, lps = ids[:-1], lps[: len(ids) - 1]
+            outputs.append(PolicyOutput(self.tokenizer.decode(ids, skip_special_tokens=False), ids, lps))
+        return outputs
+
+    def sync_weights(self, model: torch.nn.Module) -> int:
+        """Push the trainer's current weights into the engine; returns how many tensors were pushed."""
+        load = self._loader()
+        count = 0
+        for name, tensor in hf_weight_items(model):
+            load([(name, tensor)])  # one tensor at a time: no second full copy of a 7B model in memory
+            count += 1
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        return count
+
+    def _loader(self) -> Any:
+        """`load_weights` of the engine's model: direct when the engine runs in this process
+        (external_launcher / no multiprocessing), otherwise through `collective_rpc` on every worker
+        (needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship tensors)."""
+        executor = getattr(self.llm.llm_engine, "model_executor", None)
+        worker = getattr(executor, "driver_worker", None)
+        if worker is not None:
+            return worker.model_runner.model.load_weights
+
+        def via_rpc(weights: list[tuple[str, torch.Tensor]]) -> None:
+            self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+
+        return via_rpc
+
+
+def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside a vLLM worker (collective_rpc passes the worker as `self`)."""
+    worker.model_runner.model.load_weights(weights=[(n, t.to(worker.device)) for n, t in weights])
