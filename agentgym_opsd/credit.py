@@ -417,17 +417,22 @@ def _reshape_on_grid(
 
     # (seqs, L) 1.0 on valid entries, 0.0 after; a float mask because multiplying by it is the cheapest op.
     valid = (torch.arange(e_grid.shape[1], device=e_grid.device) < num_valid[:, None]).to(e_grid.dtype)
-    if cfg.variant == "unsigned":
+    # q without its sign(A) factor: z(sign·q) = sign·z(q), so the sign is applied to the per-row scale below.
+    if cfg.variant == "raw_gap":
+        q = e_grid  # already 0 past the valid entries
+    elif cfg.variant == "unsigned":
         q = delta_b.abs_().mul_(valid)
-    else:  # q = sign(A)·ΔB (paper, no_prior) or sign(A)·e (raw_gap)
-        q = (e_grid if cfg.variant == "raw_gap" else delta_b) * (torch.sign(adv)[:, None] * valid)
+    else:
+        q = delta_b.mul_(valid)
+    sign = torch.ones_like(adv) if cfg.variant == "unsigned" else torch.sign(adv)
 
     # z over the valid entries of each sequence: mean and population std.
     count = num_valid.to(q.dtype).clamp_min_(1.0)[:, None]  # (seqs, 1)
     centred = (q - q.sum(1, keepdim=True).div_(count)).mul_(valid)  # exactly 0 for a one-entry sequence
     std = torch.linalg.vector_norm(centred, dim=1, keepdim=True).div_(count.sqrt_())
+    scale = std.add_(cfg.eps).reciprocal_().mul_(sign[:, None] * cfg.band)  # (seqs, 1) b·sign(A)/(std + ε)
     # w − 1 = clip(b z, −b, b); Ã = A + λ A (w − 1) equals A [(1 − λ) + λ w] and is exactly A when λ or z is 0.
-    w_minus_1 = centred.mul_(std.add_(cfg.eps).reciprocal_().mul_(cfg.band)).clamp_(-cfg.band, cfg.band)
+    w_minus_1 = centred.mul_(scale).clamp_(-cfg.band, cfg.band)
     return w_minus_1.mul_((cfg.lam * adv)[:, None]).add_(adv[:, None])  # (in place: addcmul is slower here)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.evaluation.plots import find_curve_keys, plot_compare, plot_training_curves
+from agentgym_opsd.evaluation.plots import plot_compare, plot_training_curves, validation_keys
 from agentgym_opsd.evaluation.reports import RESULTS_FILE, load_results
 
 __all__ = ["METRICS_FILE", "RunData", "compare_runs", "load_metrics", "load_run", "render_compare", "write_curves"]
@@ -23,7 +23,6 @@ __all__ = ["METRICS_FILE", "RunData", "compare_runs", "load_metrics", "load_run"
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-_VAL_PANEL = "validation success (%)"
 
 
 @dataclass
@@ -81,7 +80,8 @@ def _labels(paths: Sequence[Path]) -> list[str]:
 def _val_summary(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float, int]]:
     """Validation key -> (final value, best value, evaluations)."""
     out = {}
-    for key in find_curve_keys(rows)[_VAL_PANEL]:
+    keys = sorted({k for row in rows for k in row})
+    for key in validation_keys(keys):
         values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
         if values:
             out[key] = (values[-1], max(values), len(values))

@@ -20,11 +20,13 @@ from agentgym_opsd.evaluation.runner import EvalSummary  # noqa: E402
 
 __all__ = [
     "CURVE_PANELS",
+    "VALIDATION_SUCCESS",
     "find_curve_keys",
     "plot_compare",
     "plot_horizon",
     "plot_success_by_task_type",
     "plot_training_curves",
+    "validation_keys",
 ]
 
 _DPI = 110
@@ -94,14 +96,18 @@ def plot_horizon(summaries: Sequence[EvalSummary], path: str | Path, *, title: s
     return _save(fig, path)
 
 
+VALIDATION_SUCCESS = re.compile(r"^(val|eval|validation)/([^/]+/)?success(_rate)?$", re.IGNORECASE)
+"""Validation success keys: `val/success_rate` or `val/<env spec>/success_rate` (not the per-task-type ones)."""
+
 CURVE_PANELS: dict[str, re.Pattern[str]] = {
-    "validation success (%)": re.compile(r"^(val|eval|validation)/.*success", re.IGNORECASE),
+    "success (%)": re.compile(VALIDATION_SUCCESS.pattern + r"|^env/[^/]+/success_rate$", re.IGNORECASE),
     "entropy": re.compile(r"entropy(?!_coef)", re.IGNORECASE),
     "KL to reference": re.compile(r"(^|/|_)(approx_)?kl($|/|_)", re.IGNORECASE),
     "evidence": re.compile(r"evidence", re.IGNORECASE),
 }
-"""Panel title -> which metric keys go into it (keys are matched by pattern, so the trainer's exact names
-may grow: `val/<env>/success_rate`, `actor/entropy`, `loss/kl`, `credit/evidence_mean`, ...)."""
+"""Panel title -> which metric keys go into it. Keys are matched by pattern, so the trainer's names may grow:
+`val/<env>/success_rate` (validation) and `env/<env>/success_rate` (training rollouts), `entropy`,
+`kl` / `loss/kl`, `evidence_mean`, ... (spreads and coefficients are left out)."""
 
 _STEP_KEYS = ("step", "global_step", "train/step", "time/step")
 _SKIP = re.compile(r"coef|/std$|_std$|/min$|/max$", re.IGNORECASE)
@@ -110,8 +116,25 @@ _SKIP = re.compile(r"coef|/std$|_std$|/min$|/max$", re.IGNORECASE)
 def find_curve_keys(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
     """Panel title -> the numeric metric keys of `rows` that belong in it (sorted)."""
     keys = sorted({k for row in rows for k, v in row.items() if _is_number(v)})
-    return {panel: [k for k in keys if pat.search(k) and not _SKIP.search(k) and k not in _STEP_KEYS]
-            for panel, pat in CURVE_PANELS.items()}
+    panels = {panel: [k for k in keys if pat.search(k) and not _SKIP.search(k) and k not in _STEP_KEYS]
+              for panel, pat in CURVE_PANELS.items()}
+    panels["success (%)"] = _drop_duplicate_validation(panels["success (%)"])
+    return panels
+
+
+def validation_keys(keys: Sequence[str]) -> list[str]:
+    """The validation success keys among `keys`, without the generic one's per-env duplicate."""
+    return _drop_duplicate_validation([k for k in keys if VALIDATION_SUCCESS.search(k)])
+
+
+def _drop_duplicate_validation(keys: list[str]) -> list[str]:
+    # The trainer logs `val/success_rate` and, for its one validation env, `val/<env>/success_rate` with the
+    # same value: draw it once. With several envs, the per-env curves are the information.
+    generic = [k for k in keys if VALIDATION_SUCCESS.search(k) and k.count("/") == 1]
+    specific = [k for k in keys if VALIDATION_SUCCESS.search(k) and k.count("/") == 2]
+    if generic and len(specific) == 1:
+        return [k for k in keys if k not in specific]
+    return keys
 
 
 def _step_of(row: Mapping[str, Any], index: int) -> float:
@@ -135,8 +158,9 @@ def plot_training_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: 
                 if not pts:
                     continue
                 scale = 100.0 if "success" in panel else 1.0
+                style = "--" if key.startswith("env/") else "-"  # training rollouts dashed, validation solid
                 name = key if len(runs) == 1 else f"{label}: {key}"
-                ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], marker="o" if len(pts) < 30 else None,
+                ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], style, marker="o" if len(pts) < 30 else None,
                         markersize=3, linewidth=1.3, label=name)
                 drew = True
         if drew:
@@ -188,5 +212,5 @@ def _max_types(summaries: Sequence[EvalSummary]) -> int:
     return max((len(s.by_task_type) for s in summaries), default=1)
 
 
-def _short(name: str, limit: int = 22) -> str:
+def _short(name: str, limit: int = 30) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"

@@ -23,7 +23,13 @@ from typing import Any
 
 from agentgym_opsd.evaluation.plots import plot_horizon, plot_success_by_task_type
 from agentgym_opsd.evaluation.reports import REPORT_FILE, RESULTS_FILE, write_report_md, write_results_json
-from agentgym_opsd.evaluation.runner import EVAL_SEED, EvalSummary, evaluate_policy, load_episode_records, summarize
+from agentgym_opsd.evaluation.runner import (
+    EVAL_SEED,
+    EvalSummary,
+    evaluate_policy,
+    load_episode_records,
+    summarize,
+)
 from agentgym_opsd.policies import Policy
 from agentgym_opsd.registry import NAMESPACE, RegistryError, env_profile, parse_env_spec, registered_envs
 

@@ -14,8 +14,11 @@ from agentgym_opsd.environments.alfworld.generate import main as generate_main  
 from agentgym_opsd.environments.alfworld.generator import GameGenerator, Horizon, layout  # noqa: E402
 from agentgym_opsd.environments.alfworld.names import display_names, position_id, sink_id  # noqa: E402
 from agentgym_opsd.environments.alfworld.splits import BUILTIN_SPLITS  # noqa: E402
-from agentgym_opsd.environments.alfworld.vocabulary import (SCENE_NUMBERS_SEEN,  # noqa: E402
-                                                            SCENE_NUMBERS_UNSEEN, TASK_TYPES)
+from agentgym_opsd.environments.alfworld.vocabulary import (  # noqa: E402
+    SCENE_NUMBERS_SEEN,
+    SCENE_NUMBERS_UNSEEN,
+    TASK_TYPES,
+)
 
 
 @pytest.fixture(scope="module")

@@ -472,3 +472,34 @@ def test_token_variant_single_valid_token_and_int_mask():
         agentopsd_token_advantages(adv, gaps, mask * 2, torch.tensor([0.5, 0.5], dtype=F64))
     with pytest.raises(ValueError, match=r"\(rows, tokens\)"):
         agentopsd_token_advantages(adv, gaps, mask[:, :2], torch.tensor([0.5, 0.5], dtype=F64))
+
+
+def test_token_variant_equals_turn_level_on_one_full_row():
+    # One row with every token valid is one trajectory whose "turns" are the tokens.
+    g = torch.Generator().manual_seed(5)
+    gaps = torch.randn(1, 150, generator=g, dtype=F64)
+    adv, rate = torch.tensor([-0.7], dtype=F64), torch.tensor([0.375], dtype=F64)
+    tokens = agentopsd_token_advantages(adv, gaps, torch.ones_like(gaps, dtype=torch.bool), rate, gamma=0.9)
+    turns = agentopsd_advantages(
+        adv.expand(150),
+        gaps[0],
+        torch.zeros(150, dtype=torch.long),
+        torch.arange(150),
+        rate.expand(150),
+        gamma=0.9,
+    )
+    torch.testing.assert_close(tokens[0], turns, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("length", "gamma"), [(1, 0.5), (64, 0.95), (65, 0.95), (5000, 0.999), (5000, 0.3), (300, 1.0)]
+)
+def test_blocked_discounted_scan_matches_a_loop(length, gamma):
+    from agentgym_opsd.credit import _discounted_cumsum  # private, but it is the numerically delicate part
+
+    x = torch.randn(3, length, generator=torch.Generator().manual_seed(length), dtype=F64)
+    expected, c = torch.zeros_like(x), torch.zeros(3, dtype=F64)
+    for k in range(length):
+        c = gamma * c + x[:, k]
+        expected[:, k] = c
+    torch.testing.assert_close(_discounted_cumsum(x, gamma), expected, rtol=0, atol=1e-10)

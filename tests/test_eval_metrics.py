@@ -5,7 +5,13 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentgym_opsd.evaluation.metrics import fit_horizon, group_stats, horizon_of, stats_by_task_type, wilson_interval
+from agentgym_opsd.evaluation.metrics import (
+    fit_horizon,
+    group_stats,
+    horizon_of,
+    stats_by_task_type,
+    wilson_interval,
+)
 from agentgym_opsd.records import Trajectory, Turn
 
 

@@ -76,7 +76,9 @@ def _write_metrics(folder: Path, slope: float) -> Path:
         row = {"step": step, "loss/policy": 0.1, "actor/entropy": 2.0 - 0.1 * step, "loss/kl": 0.001 * step,
                "credit/evidence_mean": 0.05 * step, "optim/entropy_coef": 0.001}
         if step % 5 == 0:
-            row["val/ToyCounter-v0:test/success_rate"] = min(1.0, slope * step)
+            row["val/success_rate"] = row["val/ToyCounter-v0:test/success_rate"] = min(1.0, slope * step)
+            row["val/ToyCounter-v0:test/up/success_rate"] = 1.0
+        row["env/ToyCounter-v0/success_rate"] = 0.5
         rows.append(json.dumps(row))
     (folder / "metrics.jsonl").write_text("\n".join(rows) + "\n{broken\n")
     return folder
@@ -90,11 +92,12 @@ def test_training_curves_and_compare_of_training_runs(tmp_path):
     written = compare_runs([grpo, opsd], tmp_path / "cmp")
     _assert_png(written["curves"])
     table = written["table"].read_text()
-    assert "| agentopsd | val/ToyCounter-v0:test/success_rate | 80.0 | 80.0 | 2 |" in table
+    assert "| agentopsd | val/success_rate | 80.0 | 80.0 | 2 |" in table and "/up/" not in table
     rows = [json.loads(line) for line in (grpo / "metrics.jsonl").read_text().splitlines()[:10]]
     panels = find_curve_keys(rows)
     assert panels["entropy"] == ["actor/entropy"] and panels["KL to reference"] == ["loss/kl"]
     assert panels["evidence"] == ["credit/evidence_mean"]
+    assert panels["success (%)"] == ["env/ToyCounter-v0/success_rate", "val/success_rate"]
 
 
 def test_cli_errors_list_what_exists(toy_env_ids, tmp_path, capsys):

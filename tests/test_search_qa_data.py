@@ -9,7 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentgym_opsd.environments.search_qa.data import QUESTION_KINDS, Passage, Question
-from agentgym_opsd.environments.search_qa.formats import read_corpus, read_questions, write_corpus, write_questions
+from agentgym_opsd.environments.search_qa.formats import (
+    read_corpus,
+    read_questions,
+    write_corpus,
+    write_questions,
+)
 from agentgym_opsd.environments.search_qa.generator import generate_dataset, preset
 from agentgym_opsd.environments.search_qa.normalize import exact_match, normalize_answer
 

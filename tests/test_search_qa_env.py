@@ -96,7 +96,7 @@ def test_search_answer_and_turn_limit(fast_env) -> None:
     obs, reward, term, _, info = fast_env.step(f"<answer>The {q.golden_answers[0].upper()}!</answer>")
     assert term and reward == 1.0 and info["won"] and info["score"] == 1.0
     fast_env.reset(options={"task_index": 0})
-    for turn in range(4):
+    for _turn in range(4):
         _, reward, term, trunc, info = fast_env.step("<search>x</search>")
     assert trunc and not term and not info["won"] and reward == 0.0
     fast_env.reset(options={"task_index": 0})

@@ -8,7 +8,12 @@ import pytest
 
 from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
 from agentgym_opsd.environments.search_qa.generator import generate_dataset
-from agentgym_opsd.environments.search_qa.index import DenseIndex, IndexConfig, build_faiss_index, write_index_folder
+from agentgym_opsd.environments.search_qa.index import (
+    DenseIndex,
+    IndexConfig,
+    build_faiss_index,
+    write_index_folder,
+)
 from agentgym_opsd.environments.search_qa.retriever import DenseRetriever, clean_query
 from agentgym_opsd.environments.search_qa.store import PassageStore
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
@@ -165,7 +166,7 @@ def load_trainer_state(folder: str | os.PathLike[str]) -> TrainerState:
         raise CheckpointError(f"checkpoint {folder} is corrupt: the model/ folder is missing")
     try:
         data = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"checkpoint {folder} is corrupt: cannot read {STATE_FILE} ({exc})") from exc
     missing = {"step", "task_cursor", "warm_start_done", "engine", "rng"} - set(data if isinstance(data, dict) else ())
     if missing:

@@ -379,7 +379,9 @@ class Trainer:
         if self.cfg.model.lora:
             with self.model.disable_adapter():
                 return self._logprobs(self.model, prompts, responses)
-        assert self.reference is not None, "reference model missing (call _setup_reference)"
+        if self.reference is None:
+            self._setup_reference()
+        assert self.reference is not None
         return self._logprobs(self.reference, prompts, responses)
 
     def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor]) -> list[Tensor]:

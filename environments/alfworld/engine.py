@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agentgym_opsd.environments.alfworld.names import display_names
 
-__all__ = ["AlfredEngine", "EngineState", "NOTHING_HAPPENS"]
+__all__ = ["AlfredEngine", "EngineState", "NOTHING_HAPPENS", "PARSE_LOCK"]
 
 NOTHING_HAPPENS = "Nothing happens."
 """The engine's answer to a command that is not admissible."""
+
+PARSE_LOCK = threading.Lock()
+"""TextWorld parses PDDL grammars with one module-level parser that breaks when two threads use it at once
+("pop from empty list"); every grammar parse in this package (loading a game) holds this lock."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class AlfredEngine:
         missing = {"pddl_domain", "grammar", "pddl_problem"} - set(data)
         if missing:
             raise ValueError(f"{self.game_path or 'game data'}: not a game.tw-pddl (missing {sorted(missing)})")
-        self._env.load(data)
+        with PARSE_LOCK:
+            self._env.load(data)
         infos = self._env._entity_infos
         for pddl_id, name in display_names(infos).items():
             infos[pddl_id].name = name

@@ -13,8 +13,17 @@ import os
 import re
 from typing import Any
 
-from agentgym_opsd.core import (ACTION_VALID, ADMISSIBLE_ACTIONS, SCORE, TASK_ID, TASK_TEXT, TASK_TYPE, WON,
-                                EpisodeEndedError, TextEnv)
+from agentgym_opsd.core import (
+    ACTION_VALID,
+    ADMISSIBLE_ACTIONS,
+    SCORE,
+    TASK_ID,
+    TASK_TEXT,
+    TASK_TYPE,
+    WON,
+    EpisodeEndedError,
+    TextEnv,
+)
 from agentgym_opsd.environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine
 from agentgym_opsd.environments.alfworld.splits import BUILTIN_SPLITS, GameRef, GeneratedSplit, RealSplit
 

@@ -14,7 +14,11 @@ import time
 from collections.abc import Sequence
 
 from agentgym_opsd.environments.alfworld.generator import GameGenerator, Horizon, write_game
-from agentgym_opsd.environments.alfworld.vocabulary import SCENE_NUMBERS_SEEN, SCENE_NUMBERS_UNSEEN, TASK_TYPES
+from agentgym_opsd.environments.alfworld.vocabulary import (
+    SCENE_NUMBERS_SEEN,
+    SCENE_NUMBERS_UNSEEN,
+    TASK_TYPES,
+)
 
 __all__ = ["main", "build_parser"]
 

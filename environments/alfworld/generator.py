@@ -18,13 +18,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.environments.alfworld.assets import (GOAL_PLACEHOLDER, alfred_tables, domain_text,
-                                                        goal_templates, grammar_text)
+from agentgym_opsd.environments.alfworld.assets import (
+    GOAL_PLACEHOLDER,
+    alfred_tables,
+    domain_text,
+    goal_templates,
+    grammar_text,
+)
 from agentgym_opsd.environments.alfworld.names import location_id, position_id, sink_id
 from agentgym_opsd.environments.alfworld.planner import PlanChecker
 from agentgym_opsd.environments.alfworld.problem import GameSpec, PortableObject, Receptacle, problem_text
-from agentgym_opsd.environments.alfworld.vocabulary import (LAMP_HOLDERS, LAMPS, REQUIRED_RECEPTACLE, ROOM_KINDS,
-                                                            SCENE_NUMBERS_SEEN, TASK_ROOMS, TASK_TYPES)
+from agentgym_opsd.environments.alfworld.vocabulary import (
+    LAMP_HOLDERS,
+    LAMPS,
+    REQUIRED_RECEPTACLE,
+    ROOM_KINDS,
+    SCENE_NUMBERS_SEEN,
+    TASK_ROOMS,
+    TASK_TYPES,
+)
 
 __all__ = ["GENERATOR_VERSION", "Horizon", "GeneratedGame", "GameGenerator", "GenerationError", "write_game"]
 

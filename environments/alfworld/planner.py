@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentgym_opsd.environments.alfworld.assets import domain_text, grammar_text
+from agentgym_opsd.environments.alfworld.engine import PARSE_LOCK
 from agentgym_opsd.environments.alfworld.names import display_names
 
 __all__ = ["PlanResult", "PlanChecker"]
@@ -31,7 +32,8 @@ class PlanChecker:
         from textworld.envs.pddl import logic as pddl_logic
 
         self._lib = fast_downward.load_lib()
-        self._logic = pddl_logic.GameLogic(domain=domain_text(), grammar=grammar_text())
+        with PARSE_LOCK:  # TextWorld's grammar parser is not thread-safe
+            self._logic = pddl_logic.GameLogic(domain=domain_text(), grammar=grammar_text())
         self._pddl_logic = pddl_logic
 
     def check(self, problem: str) -> PlanResult:

@@ -106,7 +106,7 @@ def problem_text(spec: GameSpec) -> str:
     object_classes = sorted({o.cls for o in spec.objects})
     receptacle_classes = sorted({r.cls for r in spec.receptacles})
     locations = sorted({r.location for r in spec.receptacles} | {spec.agent_location})
-    lines = ["(define (problem plan_{})".format(spec.trial_id), "(:domain alfred)", "(:objects", "agent1 - agent"]
+    lines = [f"(define (problem plan_{spec.trial_id})", "(:domain alfred)", "(:objects", "agent1 - agent"]
     lines += [f"{c}Type - otype" for c in object_classes]
     lines += [f"{c}Type - rtype" for c in receptacle_classes]
     lines += [f"{o.pddl_id} - object" for o in spec.objects]

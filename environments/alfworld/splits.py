@@ -18,9 +18,18 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentgym_opsd.environments.alfworld.generator import (GENERATOR_VERSION, GameGenerator, GeneratedGame,
-                                                           Horizon, write_game)
-from agentgym_opsd.environments.alfworld.vocabulary import SCENE_NUMBERS_SEEN, SCENE_NUMBERS_UNSEEN, TASK_TYPES
+from agentgym_opsd.environments.alfworld.generator import (
+    GENERATOR_VERSION,
+    GameGenerator,
+    GeneratedGame,
+    Horizon,
+    write_game,
+)
+from agentgym_opsd.environments.alfworld.vocabulary import (
+    SCENE_NUMBERS_SEEN,
+    SCENE_NUMBERS_UNSEEN,
+    TASK_TYPES,
+)
 
 __all__ = ["SplitConfig", "BUILTIN_SPLITS", "GeneratedSplit", "RealSplit", "GameRef", "cache_root",
            "collect_real_games", "NoGamesError"]

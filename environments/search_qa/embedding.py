@@ -7,8 +7,8 @@ L2-normalised, so inner product = cosine similarity (what `faiss.IndexFlatIP` ra
 
 from __future__ import annotations
 
-import importlib.util
 import functools
+import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path

@@ -74,6 +74,7 @@ def build_faiss_index(vectors: np.ndarray, cfg: IndexConfig) -> Any:
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     n, dim = vectors.shape
     kind = cfg.resolved_kind(n)
+    index: Any
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     elif kind == "hnsw":
