@@ -29,11 +29,13 @@ def play_raw(paths: list[str]) -> int:
     env = PddlEnv(textworld.EnvInfos(won=True, admissible_commands=True))
     steps = 0
     for path in paths:
-        with PARSE_LOCK:  # TextWorld's grammar parser is not thread-safe; ALFWorld-v0 takes the same lock
+        # TextWorld's grammar parser is not thread-safe: raw threads need the same lock ALFWorld-v0 takes.
+        with PARSE_LOCK:
             env.load(path)
-        env.reset()
+            env.reset()
         for command in [*json.load(open(path))["walkthrough"], "dance"]:
-            env.step(command)
+            with PARSE_LOCK:
+                env.step(command)
             steps += 1
     return steps
 

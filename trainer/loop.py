@@ -43,7 +43,12 @@ from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
-from agentgym_opsd.trainer.logprobs import batched_response_logprobs, bucket_micro_batches, collate, response_logprobs
+from agentgym_opsd.trainer.logprobs import (
+    batched_response_logprobs,
+    bucket_micro_batches,
+    collate,
+    response_logprobs,
+)
 from agentgym_opsd.trainer.losses import policy_objective
 from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
 from agentgym_opsd.trainer.warm_start import collect_demonstrations, demonstration_rows, sft_step

@@ -21,8 +21,10 @@ NOTHING_HAPPENS = "Nothing happens."
 """The engine's answer to a command that is not admissible."""
 
 PARSE_LOCK = threading.Lock()
-"""TextWorld parses PDDL grammars with one module-level parser that breaks when two threads use it at once
-("pop from empty list"); every grammar parse in this package (loading a game) holds this lock."""
+"""TextWorld parses grammar text with one module-level parser, on load and again on every reset/step (each
+observation is derived from parsed rules); two threads in it at once crash it ("pop from empty list"). Every
+engine call in this package holds this lock, so engines are safe in EnvPool threads (they never ran in parallel
+anyway: the GIL serialises this pure-Python work)."""
 
 
 @dataclass(frozen=True)
@@ -66,17 +68,20 @@ class AlfredEngine:
             infos[pddl_id].name = name
 
     def reset(self) -> EngineState:
-        state = self._env.reset()
+        with PARSE_LOCK:
+            state = self._env.reset()
         return EngineState(state.feedback, list(state.admissible_commands), bool(state.won))
 
     def step(self, command: str) -> EngineState:
-        state, _, _ = self._env.step(command)
+        with PARSE_LOCK:
+            state, _, _ = self._env.step(command)
         return EngineState(state.feedback, list(state.admissible_commands), bool(state.won))
 
     def plan(self) -> list[str]:
         """A shortest plan (player commands) from the current state to the goal; [] when none exists or the
         goal already holds."""
-        return list(self._env._pddl_state.replan(self._env._entity_infos))
+        with PARSE_LOCK:
+            return list(self._env._pddl_state.replan(self._env._entity_infos))
 
     def close(self) -> None:
         self._env.close()
