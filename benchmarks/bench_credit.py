@@ -43,27 +43,29 @@ class BenchArgs:
     machine OpenMP workers spin-waiting for busy cores can make a multi-threaded run 10× slower."""
 
 
-def make_batch(args: BenchArgs, sparse_ids: bool = False) -> tuple[torch.Tensor, ...]:
-    """Shuffled turn rows: (seq_advantages, evidence, traj_ids, turn_ids, success_rate), all (rows,).
+ID_PATTERNS = ("contiguous", "gaps", "sparse")
+"""How trajectory ids look: ``first_traj_id + i`` as rollout.py assigns them (the realistic case),
+``3·i + 17`` (counting sort plus compaction), or random 62-bit integers (the torch.sort fallback)."""
 
-    Trajectory ids are ``3·i + 17`` (dense enough for the counting-sort layout) or, with ``sparse_ids``,
-    random 62-bit integers (the torch.sort fallback).
-    """
+
+def make_batch(args: BenchArgs, ids: str = "contiguous") -> tuple[torch.Tensor, ...]:
+    """Shuffled turn rows: (seq_advantages, evidence, traj_ids, turn_ids, success_rate), all (rows,)."""
     g = torch.Generator().manual_seed(args.seed)
     num_traj = args.num_tasks * args.group_size
     success = (torch.rand(num_traj, generator=g) < 0.4).double()  # (trajectories,)
     group = torch.arange(num_traj) // args.group_size
     rate = success.view(args.num_tasks, args.group_size).mean(1)[group]
     adv = success - rate  # sign is what matters here; scale is irrelevant to timing
-    if sparse_ids:
-        ids = torch.randint(0, 2**62, (num_traj,), generator=g)
-    else:
-        ids = torch.arange(num_traj) * 3 + 17
+    traj_ids = {
+        "contiguous": lambda: 40_000 + torch.arange(num_traj),  # a later training step's first_traj_id
+        "gaps": lambda: torch.arange(num_traj) * 3 + 17,
+        "sparse": lambda: torch.randint(0, 2**62, (num_traj,), generator=g),
+    }[ids]()
     row_traj = torch.arange(num_traj).repeat_interleave(args.num_turns)  # (rows,) trajectory of each row
     turn = torch.arange(args.num_turns).repeat(num_traj)
     evidence = torch.randn(row_traj.numel(), generator=g, dtype=torch.float64) * 2.0
     perm = torch.randperm(row_traj.numel(), generator=g)
-    return adv[row_traj][perm], evidence[perm], ids[row_traj][perm], turn[perm], rate[row_traj][perm]
+    return adv[row_traj][perm], evidence[perm], traj_ids[row_traj][perm], turn[perm], rate[row_traj][perm]
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,10 @@ def measure(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[Timing, torch
 
 
 def run(args: BenchArgs) -> list[CaseResult]:
-    """Every AgentOPSD variant on the dense-id batch, plus the paper variant on sparse ids."""
-    batch, sparse_batch = make_batch(args), make_batch(args, sparse_ids=True)
-    cases = [(variant, batch, variant) for variant in VARIANTS]
-    cases.append(("paper, sparse ids", sparse_batch, "paper"))
+    """Every AgentOPSD variant on contiguous ids, then the paper variant on the other id patterns."""
+    batches = {ids: make_batch(args, ids) for ids in ID_PATTERNS}
+    cases = [(variant, batches["contiguous"], variant) for variant in VARIANTS]
+    cases += [(f"paper, {ids} ids", batches[ids], "paper") for ids in ID_PATTERNS[1:]]
     results = []
     for name, rows, variant in cases:
         fast = functools.partial(agentopsd_advantages, *rows, variant=variant)

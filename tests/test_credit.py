@@ -168,16 +168,17 @@ def test_row_order_invariance(batch, cfg, rnd):
 
 
 @pytest.mark.parametrize(
-    ("scale", "shift"),
-    [(1, 0), (1, -(10**12)), (7, 3), (10**6, 5), (2**40, -(2**41)), (2**60, 0)],
-    ids=["dense", "dense-shifted", "gaps", "sparse-sort", "huge-sort", "lexsort"],
+    ("scale", "shift", "turn_step"),
+    [(1, 0, 3), (1, -(10**12), 3), (7, 3, 3), (10**6, 5, 3), (2**60, -(2**61), 3), (2**60, 0, 10**15)],
+    ids=["dense", "dense-shifted", "gaps", "sparse-traj", "huge-traj", "huge-traj-and-turn"],
 )
-def test_every_layout_path_agrees_with_the_reference(scale, shift):
-    # (2**60: the combined (traj, turn) key would overflow int64, so rows are ordered by two stable sorts.)
+def test_every_layout_path_agrees_with_the_reference(scale, shift, turn_step):
+    # Dense ids are counted directly, sparse trajectory ids are made dense first, and when turn ids are
+    # sparse as well the rows are ordered by a comparison sort.
     g = torch.Generator().manual_seed(3)
     num_traj, num_turns = 6, 9
     traj = torch.arange(num_traj).repeat_interleave(num_turns) * scale + shift
-    turn = torch.arange(num_turns).repeat(num_traj) * 3 + 100  # non-contiguous turn ids
+    turn = torch.arange(num_turns).repeat(num_traj) * turn_step + 100  # non-contiguous turn ids
     adv = torch.randn(num_traj, generator=g, dtype=F64).repeat_interleave(num_turns)
     rate = torch.rand(num_traj, generator=g, dtype=F64).repeat_interleave(num_turns)
     ev = torch.randn(traj.numel(), generator=g, dtype=F64) * 3
