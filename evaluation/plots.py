@@ -86,7 +86,7 @@ def plot_horizon(summaries: Sequence[EvalSummary], path: str | Path, *, title: s
     if not plotted:
         ax.text(0.5, 0.5, "no horizon information in these episodes", ha="center", va="center",
                 transform=ax.transAxes)
-    ax.set_xlabel("horizon: optimal plan length (turns)")
+    ax.set_xlabel("horizon (optimal plan length / hops / oracle turns)")
     ax.set_ylabel("success (%)")
     ax.set_ylim(-5, 105)
     ax.grid(alpha=0.3)

@@ -16,6 +16,7 @@ the environment's default evaluation split (`default_eval_split`). Named suites 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ __all__ = [
 
 EPISODES_FILE = "episodes.jsonl"
 RUN_FILE = "run.json"
+log = logging.getLogger(__name__)
 TASK_TYPE_PLOT = "success_by_task_type.png"
 HORIZON_PLOT = "horizon.png"
 
@@ -132,6 +134,7 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
     reports and plots. Returns one summary per env spec."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _warn_if_options_changed(out / RUN_FILE, options)
     (out / RUN_FILE).write_text(json.dumps(asdict(options), indent=2, default=str) + "\n", encoding="utf-8")
     summaries = []
     for spec in options.envs:
@@ -143,6 +146,25 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
         ))
     write_reports(summaries, out, policy=options.policy)
     return summaries
+
+
+# Options that change what an episode is: resuming under different values would mix two experiments.
+_EPISODE_OPTIONS = ("seed", "max_turns", "policy_options")
+
+
+def _warn_if_options_changed(run_file: Path, options: SuiteOptions) -> None:
+    if not run_file.is_file():
+        return
+    try:
+        before = json.loads(run_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return
+    now = json.loads(json.dumps(asdict(options), default=str))
+    changed = [k for k in _EPISODE_OPTIONS if k in before and before[k] != now[k]]
+    if changed and before.get("policy") == options.policy:
+        log.warning("%s: resuming with different %s than the episodes already there (%s); use a new --out "
+                    "folder to keep the experiments apart", run_file.parent, ", ".join(changed),
+                    "; ".join(f"{k}: {before[k]} -> {now[k]}" for k in changed))
 
 
 def write_reports(summaries: Sequence[EvalSummary], out_dir: str | Path, *, policy: str) -> dict[str, Path]:
