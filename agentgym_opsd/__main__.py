@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from agentgym_opsd.registry import env_profile, load_skill_library, registered_envs, registered_skill_libraries
+from agentgym_opsd.registry import (
+    env_profile,
+    load_skill_library,
+    registered_envs,
+    registered_skill_libraries,
+)
 
 __all__ = ["main"]
 

@@ -10,7 +10,7 @@ state (demonstrations, tests and the oracle policy use it).
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import gymnasium as gym
 
@@ -71,7 +71,7 @@ class TextEnv(gym.Env[str, str]):
     episode, the standard info keys.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium declares it so
 
     def __init__(self, *, max_turns: int = 50, render_mode: str | None = None) -> None:
         if max_turns < 1:

@@ -4,9 +4,9 @@ import pytest
 
 from agentgym_opsd.envpool import EnvPool, TaskSpec
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, RandomPolicy
+from agentgym_opsd.prompts import SKILL_HEADER
 from agentgym_opsd.registry import make
 from agentgym_opsd.rollout import RolloutRunner
-from agentgym_opsd.prompts import SKILL_HEADER
 
 
 def test_oracle_wins_every_task_and_groups_share_seeds(toy_env_ids):

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SMALL_SKILLS
 
 from agentgym_opsd.skills import SkillLibrary, SkillLibraryError
-from conftest import SMALL_SKILLS
 
 
 def test_context_for_task_type_keyword_and_general():

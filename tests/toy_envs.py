@@ -28,7 +28,7 @@ class CounterEnv(TextEnv):
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         index = int(options.get("task_index", self.np_random.integers(self.num_targets)))
         self.target, self.value = index % self.num_targets + 1, 0
-        return f"The counter shows 0.", {
+        return "The counter shows 0.", {
             "task_id": f"counter-{self.target}",
             "task_type": "up" if self.target % 2 else "even",
             "task_text": f"make the counter show {self.target}",
