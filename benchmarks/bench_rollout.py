@@ -1,10 +1,11 @@
 """Batched rollout generation vs a per-episode `generate` loop, on the same prompts, side by side.
 
-    python benchmarks/bench_rollout.py [--episodes 16] [--turns 3] [--max-new-tokens 32] [--model SPEC]
+    python benchmarks/bench_rollout.py [--tasks 4 --group-size 4] [--turns 2] [--max-new-tokens 24] [--model SPEC]
 
-1. Rollout: `HFPolicy` (batched, left padding, KV cache, finished rows dropped) plays `--episodes`
-   episodes of ALFWorld `easy` (or a small built-in text env when ALFWorld is unavailable) for at most
-   `--turns` turns, sampling at temperature 1.0. Every prompt it saw is recorded.
+1. Rollout: `HFPolicy` (batched, left padding, KV cache, finished rows dropped, shared first-turn prefill)
+   plays `--tasks` x `--group-size` episodes (a GRPO batch) of ALFWorld `easy` (or a small built-in text
+   env when ALFWorld is unavailable) for at most `--turns` turns, sampling at temperature 1.0. Every
+   prompt it saw is recorded.
 2. The recorded prompts are answered again, greedily (identical work for both methods), by
    a. a per-episode loop: HF `model.generate` on one prompt at a time (KV cache, stop strings), and
    b. `HFPolicy` on all prompts of a turn at once (batch = the number of episodes).
@@ -23,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 from agentgym_opsd.core import TextEnv  # noqa: E402
 from agentgym_opsd.envpool import TaskSpec  # noqa: E402
@@ -105,13 +107,26 @@ class Recorder:
         return self.policy.act(requests)
 
 
+class TailStop(StoppingCriteria):
+    """Stop once the decoded answer tail holds a closing tag: the same check HFPolicy makes. (HF's own
+    `stop_strings` criterion re-scans the whole vocabulary on every call, ~15 s here, which would make the
+    baseline look far worse than it is.)"""
+
+    def __init__(self, tok: Any, prompt_len: int) -> None:
+        self.tok, self.prompt_len = tok, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        tail = self.tok.decode(input_ids[0, self.prompt_len :][-12:].tolist(), skip_special_tokens=False)
+        return torch.tensor([any(s in tail for s in DEFAULT_STOP_STRINGS)], device=input_ids.device)
+
+
 def per_episode_loop(model: Any, tok: Any, prompts: list[list[int]], max_new_tokens: int) -> int:
     """HF `generate` on one prompt at a time (the usual baseline); returns generated answer tokens."""
     total = 0
     for ids in prompts:
         inputs = torch.tensor([ids])
         out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                             do_sample=False, stop_strings=list(DEFAULT_STOP_STRINGS), tokenizer=tok,
+                             do_sample=False, stopping_criteria=StoppingCriteriaList([TailStop(tok, len(ids))]),
                              pad_token_id=tok.pad_token_id)
         answer = out[0, len(ids):].tolist()
         total += sum(t != tok.pad_token_id for t in answer)
@@ -121,22 +136,32 @@ def per_episode_loop(model: Any, tok: Any, prompts: list[list[int]], max_new_tok
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=EMBEDDED_NAME)
-    parser.add_argument("--episodes", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per task (GRPO group)")
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--env", choices=("auto", "alfworld", "hallway"), default="auto")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; 1 on a shared 2-core machine, where spinning threads collapse")
     args = parser.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    args.episodes = args.tasks * args.group_size
 
     model, tok = load_policy_model(args.model, trainable=False)
     env_spec, env_kwargs = _pick_env(args.env, args.episodes, args.turns)
     policy = HFPolicy(model, tok, max_new_tokens=args.max_new_tokens, temperature=1.0,
                       batch_size=args.episodes, seed=0)
     recorder = Recorder(policy)
+    # Warm-up outside the clock (first-call allocations and kernel selection), once for each method.
+    warm = policy.prompt_ids([{"role": "user", "content": "warm up"}])
+    policy.generate_ids([warm, warm + warm])
+    per_episode_loop(model, tok, [warm], 2)
     runner = RolloutRunner(env_spec, num_envs=args.episodes, env_kwargs=env_kwargs)
     try:
         t0 = time.perf_counter()
-        trajs: list[Trajectory] = runner.run(recorder, [TaskSpec(i) for i in range(args.episodes)])
+        trajs: list[Trajectory] = runner.run(recorder, [TaskSpec(i) for i in range(args.tasks)],
+                                             group_size=args.group_size)
         seconds_rollout = time.perf_counter() - t0
     finally:
         runner.close()
@@ -157,7 +182,7 @@ def main() -> None:
     seconds_loop = time.perf_counter() - t0
 
     loop_rate = loop_tokens / seconds_loop
-    table = Table(title=f"Rollout generation — {args.model}, {env_spec}, {args.episodes} episodes x "
+    table = Table(title=f"Rollout generation — {args.model}, {env_spec}, {args.tasks} tasks x {args.group_size} rollouts x "
                         f"<= {args.turns} turns, {len(prompts)} prompts, max_new_tokens={args.max_new_tokens}, "
                         f"{torch.get_num_threads()} threads")
     for col in ("method", "tokens", "seconds", "tokens/s", "speed-up vs loop"):

@@ -74,9 +74,9 @@ def test_prompt_ids_are_the_chat_template_with_generation_prompt(tiny):
         policy.prompt_ids([])
 
 
-def test_left_padding_and_length_sorting_do_not_change_results(tiny):
+def test_left_padding_sorting_and_shared_prefill_do_not_change_results(tiny):
     model, tok = tiny
-    requests = [_request(p) for p in PROMPTS]
+    requests = [_request(p) for p in PROMPTS + PROMPTS[:2]]  # duplicates share one prefill
     batched = HFPolicy(model, tok, max_new_tokens=10, temperature=0.0, batch_size=8).act(requests)
     single = HFPolicy(model, tok, max_new_tokens=10, temperature=0.0, batch_size=1).act(requests)
     for a, b in zip(batched, single, strict=True):
@@ -108,6 +108,12 @@ def test_end_of_sequence_ends_the_answer_and_is_not_returned(tiny):
     policy.eos_ids = {free.token_ids[2]}  # pretend the third sampled token is end-of-sequence
     out = policy.act([request])[0]
     assert out.token_ids == free.token_ids[:2] and len(out.logprobs) == 2
+
+
+def test_copies_of_one_prompt_sample_independently(tiny):
+    model, tok = tiny
+    outputs = HFPolicy(model, tok, max_new_tokens=8, seed=1).act([_request(PROMPTS[0])] * 4)
+    assert len({tuple(o.token_ids) for o in outputs}) > 1
 
 
 def test_sampling_is_reproducible_from_the_seed_and_the_rng_state(tiny):

@@ -5,7 +5,8 @@ batch at once: prompts are rendered with the tokenizer's chat template, sorted b
 `batch_size`, left-padded, prefilled once, then decoded token by token with a KV cache. A row stops when
 its generated text contains one of the closing tags (`</action>`, ...), when it samples an end-of-sequence
 token, or after `max_new_tokens`; finished rows are dropped from the batch and from the cache, so long
-answers do not slow down the short ones.
+answers do not slow down the short ones. Identical prompts in a chunk (the G rollouts of a task share their
+first prompt) are prefilled once and their cache rows copied.
 
 Each `PolicyOutput` carries exactly the sampled tokens (`token_ids`, up to and including the token that
 completed the closing tag; never padding, never the end-of-sequence token) and, per token, its log-prob
@@ -155,8 +156,10 @@ class HFPolicy(Policy):
         """Generate for already tokenised prompts; outputs come back in the order of `prompts`."""
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        # Length-sorted chunks waste little compute on padding.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        # Length-sorted chunks waste little compute on padding; identical prompts (the G copies of a task
+        # at their first turn) sort next to each other, so a chunk can prefill them once.
+        keys = [(len(p), tuple(p)) for p in prompts]
+        order = sorted(range(len(prompts)), key=keys.__getitem__)
         outputs: list[PolicyOutput | None] = [None] * len(prompts)
         was_training = self.model.training
         self.model.eval()
@@ -199,18 +202,27 @@ class HFPolicy(Policy):
     def _generate_chunk(self, prompts: list[Sequence[int]]) -> list[PolicyOutput]:
         from transformers import DynamicCache
 
-        rows, width = len(prompts), max(len(p) for p in prompts)
+        rows = len(prompts)
+        # Prefill each distinct prompt once, then copy its cache row to every request that shares it.
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        unique = list(distinct)
+        width = max(len(p) for p in unique)
         pad = int(self.tokenizer.pad_token_id)
-        input_ids = torch.full((rows, width), pad, dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.long)
-        for r, p in enumerate(prompts):  # left padding: every row's last prompt token is at column width-1
-            input_ids[r, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        input_ids = torch.full((len(unique), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for r, p in enumerate(unique):  # left padding: every row's last prompt token is at column width-1
+            input_ids[r, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
             mask[r, width - len(p) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         # Positions count real tokens only, so a padded row sees the same positions as it would alone.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=getattr(self.model, "config", None))
-        logits = self._forward(input_ids, mask, positions, cache)
+        logits = self._forward(input_ids, mask, positions, cache)  # (distinct prompts, vocab)
+        if len(unique) < rows:
+            expand = torch.as_tensor(row_of, device=self.device)
+            cache.batch_select_indices(expand)
+            logits, mask, positions = logits[expand], mask[expand], positions[expand]
 
         token_ids: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]

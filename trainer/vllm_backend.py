@@ -29,10 +29,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
-from agentgym_opsd.trainer.generation import DEFAULT_STOP_STRINGS, chat_prompt_ids
 
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import ChatMessage
+from agentgym_opsd.trainer.generation import DEFAULT_STOP_STRINGS, chat_prompt_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
