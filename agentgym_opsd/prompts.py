@@ -21,6 +21,8 @@ SKILL_HEADER = "Skills that help with this task:"
 
 @dataclass(frozen=True)
 class HistoryItem:
+    """One past turn: the observation the agent saw, and the action it took after seeing it."""
+
     action: str
     observation: str
 
@@ -92,7 +94,7 @@ class PromptRenderer:
         parts = [f"Task: {task_text}"] if task_text else []
         if shown:
             first = num_past - len(shown) + 1
-            lines = [f"[Turn {first + i}] Action: {h.action}\nObservation: {h.observation}" for i, h in enumerate(shown)]
+            lines = [f"[Turn {first + i}] Observation: {h.observation}\nAction: {h.action}" for i, h in enumerate(shown)]
             parts.append("Recent turns:\n" + "\n".join(lines))
         parts.append(f"[Turn {turn_index + 1}] Current observation: {observation}")
         if admissible:

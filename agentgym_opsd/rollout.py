@@ -171,7 +171,9 @@ class RolloutRunner:
         traj.score = float(res.info.get(core.SCORE, traj.score))
         traj.terminated, traj.truncated = res.terminated, res.truncated
         traj.error = res.error
-        ep.history.append(HistoryItem(parsed.action or out.text[:200], res.observation))
+        # History pairs the observation the agent saw with the action it took there; the observation that
+        # action produced is the next prompt's current observation (shown once, not twice).
+        ep.history.append(HistoryItem(parsed.action or out.text[:200], ep.observation))
         ep.observation = res.observation
         ep.admissible = res.info.get(core.ADMISSIBLE_ACTIONS)
 

@@ -133,6 +133,9 @@ class AlgorithmConfig:
     kl_coef: float = _f(0.01, "low-variance (k3) KL to the reference policy; 0 disables the reference pass")
     entropy_coef: float = _f(0.001, "entropy bonus coefficient")
     ppo_epochs: int = _f(1, "passes over each step's turn rows")
+    recompute_old_logprobs: bool = _f(True, "recompute the old log-probs with the trainer model (needed for vLLM, "
+                                            "whose numerics differ); False reuses the HF sampler's own, which "
+                                            "are the same numbers, and saves one forward pass")
 
     def __post_init__(self) -> None:
         known = (*ESTIMATORS, "agentopsd-token")

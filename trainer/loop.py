@@ -261,7 +261,9 @@ class Trainer:
         rng = np.random.default_rng(self.cfg.trainer.seed)
         self.engine.set_lr(ws.lr)
         losses = []
-        for _ in range(ws.steps):
+        from tqdm.auto import tqdm
+
+        for _ in tqdm(range(ws.steps), desc="warm start (SFT)", unit="step", disable=not self.cfg.trainer.progress):
             losses.append(sft_step(self.engine, rows, rng, batch_rows=ws.batch_rows, pad_id=self.tokenizer.pad_token_id,
                                    max_tokens=self.cfg.optim.micro_batch_tokens, max_rows=self.cfg.optim.micro_batch_rows,
                                    device=self.device))
@@ -337,7 +339,7 @@ class Trainer:
         responses = [r.response_ids for r in rows]
 
         t0 = time.perf_counter()
-        old = self._logprobs(self.model, prompts, responses)
+        old = self._old_logprobs(rows, prompts, responses)
         ref = self._reference_logprobs(prompts, responses)
         seconds_logprobs = time.perf_counter() - t0
 
@@ -377,6 +379,15 @@ class Trainer:
         metrics[f"{env_key}/success_rate"] = batch.stats["success_rate"]
         metrics["loss/total"] = metrics["loss"]
         return metrics
+
+    def _old_logprobs(self, rows: list[Any], prompts: list[list[int]], responses: list[list[int]]) -> list[Tensor]:
+        """π_old of every response token: the sampler's own numbers when they are trustworthy (HF backend,
+        `recompute_old_logprobs=False`), else a teacher-forced pass of the trainer model."""
+        reuse = (not self.cfg.algorithm.recompute_old_logprobs and self.cfg.rollout.backend == "hf"
+                 and all(len(r.sample_logprobs) == len(r.response_ids) for r in rows))
+        if reuse:
+            return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in rows]
+        return self._logprobs(self.model, prompts, responses)
 
     def _reference_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[Tensor] | None:
         if self.cfg.algorithm.kl_coef <= 0:
