@@ -96,7 +96,10 @@ class ALFWorldEnv(TextEnv):
         self._game = game
         state = self.engine.reset()
         self._admissible = state.admissible_commands
-        self._plan = self.engine.plan()
+        # A generated game stores the planner's plan from this very state: no need to replan (and translate the
+        # problem for the planner) unless the agent leaves it. Real data has no walkthrough: plan now.
+        walkthrough = self.engine.walkthrough if self.data_source == "generated" else None
+        self._plan = list(walkthrough) if walkthrough is not None else self.engine.plan()
         match = _TASK_LINE.search(state.observation)
         info = {
             TASK_ID: game.task_id, TASK_TYPE: game.task_type, TASK_TEXT: match.group(1) if match else "",

@@ -1,6 +1,6 @@
 """Solvability check: fast-downward (through TextWorld's PDDL logic) plans a problem from its initial state.
 
-The domain and grammar are parsed once per checker (the slow part of loading a game), so checking a new
+The domain and grammar are parsed once per process (the slow part of loading a game), so checking a new
 problem only translates it and searches (a few tens of milliseconds).
 """
 
@@ -31,15 +31,18 @@ class PlanChecker:
         import fast_downward
         from textworld.envs.pddl import logic as pddl_logic
 
+        from agentgym_opsd.environments.alfworld.grammar import game_logic
+
         self._lib = fast_downward.load_lib()
         with PARSE_LOCK:  # TextWorld's grammar parser is not thread-safe
-            self._logic = pddl_logic.GameLogic(domain=domain_text(), grammar=grammar_text())
+            self._logic = game_logic(domain_text(), grammar_text())  # parsed once per process
         self._pddl_logic = pddl_logic
 
     def check(self, problem: str) -> PlanResult:
         from textworld.generator.game import EntityInfo
 
-        state = self._pddl_logic.PddlState(self._lib, problem, self._logic)
+        with PARSE_LOCK:  # fast-downward's translator sets module-wide options: one translation at a time
+            state = self._pddl_logic.PddlState(self._lib, problem, self._logic)
         if state.check_goal():
             return PlanResult(True, (), True)
         infos = {v.name: EntityInfo(v.name, v.type) for fact in state.facts for v in fact.arguments}
