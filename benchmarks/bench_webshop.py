@@ -18,14 +18,15 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from rich.console import Console
+from rich.table import Table
+
 from agentgym_opsd.environments.webshop.browser import browser_available
 from agentgym_opsd.environments.webshop.env import WebShopEnv
 from agentgym_opsd.environments.webshop.generator import generate_goals, generate_products
 from agentgym_opsd.environments.webshop.search import ProductSearch
 from agentgym_opsd.environments.webshop.server import ShopServer
 from agentgym_opsd.environments.webshop.shop import load_shop
-from rich.console import Console
-from rich.table import Table
 
 
 def bench_text(episodes: int) -> list[tuple[str, str, str]]:

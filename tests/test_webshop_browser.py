@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from test_webshop_helpers import SMALL, small_shop
+
 from agentgym_opsd.environments.webshop.browser import browser_available
 from agentgym_opsd.environments.webshop.env import WebShopEnv
 from agentgym_opsd.environments.webshop.server import ShopServer
 from agentgym_opsd.environments.webshop.session import ShopSession
-from test_webshop_helpers import SMALL, small_shop
 
 _OK, _WHY = browser_available()
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not _OK, reason=f"browser mode unavailable: {_WHY}")]

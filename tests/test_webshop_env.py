@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-from agentgym_opsd.environments.webshop.env import WebShopEnv
-from agentgym_opsd.environments.webshop.loaders import load_real_shop_data, parse_price
-from agentgym_opsd.environments.webshop.session import ShopSession
-from agentgym_opsd.environments.webshop.shop import Shop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_webshop_helpers import SMALL, small_shop
 
 from agentgym_opsd.core import INFO_KEYS, EpisodeEndedError
+from agentgym_opsd.environments.webshop.env import WebShopEnv
+from agentgym_opsd.environments.webshop.loaders import load_real_shop_data, parse_price
+from agentgym_opsd.environments.webshop.session import ShopSession
+from agentgym_opsd.environments.webshop.shop import Shop
 from agentgym_opsd.registry import env_profile, load_skill_library, make
 
 ENV_KW = {"num_products": SMALL}

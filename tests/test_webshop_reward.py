@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agentgym_opsd.environments.webshop.models import Goal, Product
 from agentgym_opsd.environments.webshop.reward import (
     attribute_matches,
@@ -14,8 +17,6 @@ from agentgym_opsd.environments.webshop.reward import (
     title_nouns,
     type_factor,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 PRODUCT = Product(
     asin="B0TEST0001", name="Northwind Classic T-Shirt - Cotton, Slim Fit", category="apparel",

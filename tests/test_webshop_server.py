@@ -10,10 +10,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from test_webshop_helpers import HOSTILE_NAME, small_shop
+
 from agentgym_opsd.environments.webshop.oracle import oracle_next_action
 from agentgym_opsd.environments.webshop.server import ShopServer, create_app
 from agentgym_opsd.environments.webshop.session import SessionView
-from test_webshop_helpers import HOSTILE_NAME, small_shop
 
 SHOP = small_shop(with_hostile=True)
 

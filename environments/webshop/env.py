@@ -14,11 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agentgym_opsd.environments.webshop.models import Goal
-from agentgym_opsd.environments.webshop.oracle import oracle_next_action
-from agentgym_opsd.environments.webshop.session import ActionResult, SessionView, ShopSession
-from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, Shop, load_shop
-
 from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
@@ -30,6 +25,10 @@ from agentgym_opsd.core import (
     EpisodeEndedError,
     TextEnv,
 )
+from agentgym_opsd.environments.webshop.models import Goal
+from agentgym_opsd.environments.webshop.oracle import oracle_next_action
+from agentgym_opsd.environments.webshop.session import ActionResult, SessionView, ShopSession
+from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, Shop, load_shop
 
 __all__ = ["WebShopEnv", "MODES"]
 

@@ -7,6 +7,7 @@ exactly those, which is what makes browser observations equal to text-mode obser
 from __future__ import annotations
 
 import jinja2
+
 from agentgym_opsd.environments.webshop.pages import Page
 
 __all__ = ["render_page", "render_message"]

@@ -4,9 +4,10 @@ results to the target, opens it, clicks each wanted option value and buys."""
 
 from __future__ import annotations
 
+from rapidfuzz import fuzz
+
 from agentgym_opsd.environments.webshop.models import Goal, Product
 from agentgym_opsd.environments.webshop.session import SessionView
-from rapidfuzz import fuzz
 
 __all__ = ["oracle_next_action", "wanted_option_values"]
 

@@ -27,9 +27,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from rapidfuzz import fuzz
+
 from agentgym_opsd.environments.webshop.models import CATEGORY_SEPARATOR, Goal, Product
 from agentgym_opsd.environments.webshop.vocabulary import COLORS, NON_NOUN_WORDS, PRODUCT_TYPE_NOUNS
-from rapidfuzz import fuzz
 
 __all__ = ["RewardBreakdown", "score_purchase", "attribute_matches", "option_matches", "price_ok",
            "type_factor", "title_nouns", "normalize_color", "FUZZY_THRESHOLD"]

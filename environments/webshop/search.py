@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import bm25s
+
 from agentgym_opsd.environments.webshop.models import Product
 
 __all__ = ["ProductSearch", "MAX_QUERY_TOKENS"]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 
+from werkzeug.serving import make_server
+
 from agentgym_opsd.environments.webshop.server import create_app
 from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, load_shop
-from werkzeug.serving import make_server
 
 __all__ = ["main"]
 

@@ -27,11 +27,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from flask import Flask, Response, abort, jsonify, redirect, request
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+
 from agentgym_opsd.environments.webshop.html import render_message, render_page
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
-from flask import Flask, Response, abort, jsonify, redirect, request
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 __all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer"]
 
