@@ -1,60 +1,97 @@
-"""Learning experiment: warm start, then RL with `grpo` and with `agentopsd` from the same seeds; validation
-success before and after; a PNG of both validation curves.
+"""Learning experiment: one warm start, then RL with `grpo` and with `agentopsd` from the same weights and
+seeds; validation success before and after; a PNG of both validation curves.
 
-    python benchmarks/bench_train_learning.py --config cpu-small --steps 5 --eval-every 5 --out runs/learning
+    python benchmarks/bench_train_learning.py --config cpu-small --steps 4 --out runs/learning
 
-Each estimator is a normal training run (`agentgym_opsd.train` code path) in `<out>/<estimator>`; the warm
-start is identical for both (same seed, same demonstrations). Long: the steps are configurable.
+Stage 1 is a normal training run with `trainer.total_steps=0` (warm start on oracle demonstrations, then
+the validation that gives the "before" number). Stage 2 starts one training run per estimator from the
+warm-started weights (`warm_start.steps=0`), in parallel processes with one torch thread each, so both see
+the same machine load. Each is the `python -m agentgym_opsd.train` code path. Long on a CPU: on 2 cores a
+`cpu-small` RL step takes several minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from agentgym_opsd.trainer.config import load_config
-from agentgym_opsd.trainer.loop import Trainer
+ESTIMATORS = ("grpo", "agentopsd")
 
 
-def run(config: str, estimator: str, out: Path, steps: int, eval_every: int, extra: list[str]) -> list[dict]:
-    cfg = load_config(config, [f"algorithm.estimator={estimator}", f"trainer.output_dir={out / estimator}",
-                               f"trainer.total_steps={steps}", f"trainer.eval_every={eval_every}",
-                               "trainer.eval_at_start=true", *extra])
-    trainer = Trainer(cfg)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return [json.loads(x) for x in (out / estimator / "metrics.jsonl").read_text().splitlines()]
+def train(out_dir: Path, config: str, overrides: list[str], threads: int) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = (out_dir.parent / f"{out_dir.name}.log").open("w")
+    cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config,
+           f"trainer.output_dir={out_dir}", "trainer.progress=false", *overrides]
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="cpu-small")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4, help="RL steps per estimator")
+    ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument("--out", default="runs/learning")
-    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per RL process")
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     out = Path(args.out)
-    curves: dict[str, list[tuple[int, float]]] = {}
-    table = Table(title=f"Validation success ({args.config}, {args.steps} RL steps after the warm start)")
-    for col in ("estimator", "val before", "val after", "train success (last step)", "wall s"):
+    evals = [f"trainer.eval_episodes={args.eval_episodes}"]
+
+    t0 = time.perf_counter()
+    warm = out / "warm"
+    if not (warm / "warm_start" / "model").is_dir():
+        proc = train(warm, args.config, ["trainer.total_steps=0", "trainer.eval_at_start=true", *evals,
+                                         *args.overrides], threads=2)
+        if proc.wait() != 0:
+            raise SystemExit(f"warm start failed, see {out / 'warm.log'}")
+    seconds_warm = time.perf_counter() - t0
+    before = [m["val/success_rate"] for m in metrics(warm) if "val/success_rate" in m]
+
+    t0 = time.perf_counter()
+    procs = {est: train(out / est, args.config, [
+        f"model.name_or_path={warm / 'warm_start' / 'model'}", "warm_start.steps=0", f"algorithm.estimator={est}",
+        f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.steps}", "trainer.eval_at_start=false",
+        *evals, *args.overrides], threads=args.threads) for est in ESTIMATORS}
+    for est, proc in procs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"{est} run failed, see {out / (est + '.log')}")
+    seconds_rl = time.perf_counter() - t0
+
+    table = Table(title=f"{args.config}: validation success (ALFWorld, {args.eval_episodes} episodes), "
+                        f"{args.steps} RL steps after one warm start")
+    for col in ("estimator", "val before RL", "val after RL", "train success per step", "evidence mean",
+                "s / step"):
         table.add_column(col, justify="right")
-    for est in ("grpo", "agentopsd"):
-        t0 = time.perf_counter()
-        lines = run(args.config, est, out, args.steps, args.eval_every, args.overrides)
-        curves[est] = [(x["step"], x["val/success_rate"]) for x in lines if "val/success_rate" in x]
-        train = [x for x in lines if "success_rate" in x]
-        table.add_row(est, f"{curves[est][0][1]:.3f}" if curves[est] else "-",
-                      f"{curves[est][-1][1]:.3f}" if curves[est] else "-",
-                      f"{train[-1]['success_rate']:.3f}" if train else "-", f"{time.perf_counter() - t0:.0f}")
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for est in ESTIMATORS:
+        lines = metrics(out / est)
+        steps = [m for m in lines if "success_rate" in m and "seconds_update" in m]
+        after = [m["val/success_rate"] for m in lines if "val/success_rate" in m]
+        curves[est] = [(0, before[-1])] if before else []
+        curves[est] += [(m["step"], m["val/success_rate"]) for m in lines if "val/success_rate" in m]
+        per_step = sum(m["seconds_rollout"] + m["seconds_teacher"] + m["seconds_update"] for m in steps) / max(len(steps), 1)
+        table.add_row(est, f"{before[-1]:.3f}" if before else "-", f"{after[-1]:.3f}" if after else "-",
+                      " ".join(f"{m['success_rate']:.2f}" for m in steps),
+                      f"{sum(m['evidence_mean'] for m in steps) / max(len(steps), 1):+.3f}", f"{per_step:.0f}")
     Console().print(table)
+    print(f"warm start + validation: {seconds_warm:.0f} s; both RL runs (parallel): {seconds_rl:.0f} s")
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,9 +99,9 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for est, pts in curves.items():
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=est)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("validation success rate")
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=est)
+    ax.set_xlabel("RL step (0 = after the warm start)")
+    ax.set_ylabel("validation success (%)")
     ax.set_title(f"{args.config}: GRPO vs AgentOPSD")
     ax.legend()
     fig.tight_layout()

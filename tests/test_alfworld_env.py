@@ -186,7 +186,7 @@ def test_registry_profile_and_make():
     profile = env_profile("ALFWorld-v0")
     assert profile.parser == "tag:action" and profile.history_turns == 2 and profile.max_turns == 50
     assert profile.invalid_action_penalty == 0.1 and profile.skill_library == "alfworld"
-    assert profile.splits == ("train", "valid_seen", "valid_unseen", "easy")
+    assert profile.splits == ("train", "valid_seen", "valid_unseen", "easy", "easy_valid")
     env = make("ALFWorld-v0:easy")
     assert env.unwrapped.split == "easy" and env.unwrapped.num_tasks == 120
 

@@ -26,7 +26,7 @@ PROFILE = EnvProfile(
     skill_library="alfworld",
     invalid_action_penalty=0.1,
     max_turns=50,
-    splits=("train", "valid_seen", "valid_unseen", "easy"),
+    splits=("train", "valid_seen", "valid_unseen", "easy", "easy_valid"),
     description="ALFWorld text games (six household task types); generated offline or real ALFWorld data.",
 )
 

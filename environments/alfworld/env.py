@@ -39,7 +39,7 @@ class ALFWorldEnv(TextEnv):
     """One ALFWorld game per episode.
 
     Args:
-        split: `train`, `valid_seen`, `valid_unseen` or `easy` (generated); for real data any folder name
+        split: `train`, `valid_seen`, `valid_unseen`, `easy` or `easy_valid` (generated); for real data any folder name
             under `json_2.1.1/`.
         data_source: `generated` (built-in splits, made on first use) or `real` (`data_root`, else
             `$ALFWORLD_DATA`).

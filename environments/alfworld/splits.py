@@ -54,15 +54,17 @@ class SplitConfig:
 
 
 _STANDARD = Horizon(num_receptacles=(6, 14), num_distractors=(2, 8))
+_EASY = Horizon(num_receptacles=(3, 5), num_distractors=(0, 2), allow_closed_start=False, max_plan_length=8)
 BUILTIN_SPLITS: dict[str, SplitConfig] = {
     "train": SplitConfig("train", 1000, 80, _STANDARD, SCENE_NUMBERS_SEEN),
     "valid_seen": SplitConfig("valid_seen", 2000, 24, _STANDARD, SCENE_NUMBERS_SEEN),
     "valid_unseen": SplitConfig("valid_unseen", 3000, 24, _STANDARD, SCENE_NUMBERS_UNSEEN),
-    "easy": SplitConfig("easy", 4000, 20, Horizon(num_receptacles=(3, 5), num_distractors=(0, 2),
-                                                 allow_closed_start=False, max_plan_length=8), SCENE_NUMBERS_SEEN),
+    "easy": SplitConfig("easy", 4000, 20, _EASY, SCENE_NUMBERS_SEEN),
+    "easy_valid": SplitConfig("easy_valid", 5000, 8, _EASY, SCENE_NUMBERS_UNSEEN),
 }
 """The built-in splits: train 480, valid_seen 144, valid_unseen 144 (rooms no train game uses), easy 120
-(3-5 receptacles, at most 2 distractors, optimal plans of at most 8 steps)."""
+(3-5 receptacles, at most 2 distractors, optimal plans of at most 8 steps) and easy_valid 48 (easy games in
+the unseen rooms: held-out validation for CPU runs that train on `easy`)."""
 
 
 @dataclass(frozen=True)
