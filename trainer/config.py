@@ -162,6 +162,8 @@ class OptimConfig:
     grad_clip: float = _f(1.0, "max gradient norm (0 = off)")
     micro_batch_tokens: int = _f(4096, "token budget of one log-prob / update micro-batch (prompt + response)")
     micro_batch_rows: int = _f(16, "max turn rows per micro-batch")
+    teacher_prefix_cache: bool = _f(True, "teacher pass: run each shared prompt prefix (system prompt + skill "
+                                          "block c+) once into a KV cache instead of once per row")
 
     def __post_init__(self) -> None:
         if not self.lr > 0:

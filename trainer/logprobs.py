@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["MicroBatch", "bucket_micro_batches", "collate", "response_logprobs", "batched_response_logprobs"]
+__all__ = [
+    "MicroBatch",
+    "batched_response_logprobs",
+    "bucket_micro_batches",
+    "collate",
+    "prefix_shared_response_logprobs",
+    "response_logprobs",
+    "shared_prefix_groups",
+]
 
 
 @dataclass
@@ -128,6 +136,95 @@ def batched_response_logprobs(
             for r, i in enumerate(idx):
                 n = len(responses[i])
                 results[i] = logp[r, logp.shape[1] - n:] if n else logp[r, :0]
+    finally:
+        model.train(was_training)
+    return [t if t is not None else torch.zeros(0) for t in results]
+
+
+def shared_prefix_groups(prompts: Sequence[Sequence[int]], *, min_prefix: int = 16) -> list[tuple[int, list[int]]]:
+    """Group rows whose prompts start with the same tokens: (prefix length, row indices) per group.
+
+    Rows are grouped by their first `min_prefix` tokens, and a group's prefix is the longest common prefix
+    of its prompts, stopping one token short of the shortest prompt so that every row keeps a suffix. Teacher
+    prompts of one task kind share the whole system message with its skill block `c+` — the longest part of
+    the prompt — so the prefix is worth computing once. Rows shorter than `min_prefix` form groups of their
+    own with prefix length 0.
+    """
+    buckets: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        key = tuple(p[:min_prefix]) if len(p) > min_prefix else ("row", i)  # type: ignore[assignment]
+        buckets.setdefault(key, []).append(i)
+    groups = []
+    for idx in buckets.values():
+        first = prompts[idx[0]]
+        n = min(len(prompts[i]) for i in idx) - 1
+        for i in idx[1:]:
+            other = prompts[i]
+            k = 0
+            while k < n and other[k] == first[k]:
+                k += 1
+            n = k
+        groups.append((max(n, 0), idx))
+    return groups
+
+
+@torch.no_grad()
+def prefix_shared_response_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    max_tokens: int = 4096,
+    max_rows: int = 16,
+    device: torch.device | str = "cpu",
+) -> list[Tensor]:
+    """Same numbers as `batched_response_logprobs`, computing each shared prompt prefix once.
+
+    For every group of rows with a common prefix, the prefix runs once (batch 1) into a KV cache; each
+    micro-batch then runs only its rows' suffixes (rest of the prompt + response, left-padded as usual)
+    against a copy of that cache repeated over the micro-batch. The attention mask spans prefix + suffix and
+    position ids continue after the prefix, so each row sees exactly the sequence it would see alone.
+    This is what makes the self-teacher pass cheap: its prompts differ from the student's by a long skill
+    block that every row of a task kind shares.
+    """
+    import copy
+
+    from transformers import DynamicCache
+
+    results: list[Tensor | None] = [None] * len(prompts)
+    was_training = model.training
+    model.eval()
+    try:
+        for prefix_len, idx in shared_prefix_groups(prompts):
+            if prefix_len == 0:
+                sub = batched_response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx],
+                                                pad_id=pad_id, temperature=temperature, max_tokens=max_tokens,
+                                                max_rows=max_rows, device=device)
+                for i, t in zip(idx, sub, strict=True):
+                    results[i] = t
+                continue
+            prefix = torch.tensor([list(prompts[idx[0]][:prefix_len])], dtype=torch.long, device=device)
+            prefix_cache = DynamicCache()
+            model(input_ids=prefix, use_cache=True, past_key_values=prefix_cache, logits_to_keep=1)
+            suffixes = [list(prompts[i][prefix_len:]) for i in idx]
+            lengths = [len(s) + len(responses[i]) for s, i in zip(suffixes, idx, strict=True)]
+            for local in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
+                rows = [idx[j] for j in local]
+                mb = collate(local, suffixes, [responses[i] for i in idx], pad_id).to(device)
+                cache = copy.deepcopy(prefix_cache)
+                cache.batch_repeat_interleave(len(rows))
+                ones = torch.ones(len(rows), prefix_len, dtype=mb.attention_mask.dtype, device=device)
+                out = model(input_ids=mb.input_ids, attention_mask=torch.cat([ones, mb.attention_mask], dim=1),
+                            position_ids=mb.position_ids + prefix_len, past_key_values=cache, use_cache=True,
+                            logits_to_keep=mb.response_ids.shape[1] + 1)
+                logits = out.logits[:, :-1, :].float() / temperature  # (rows, R, vocab)
+                logp = torch.log_softmax(logits, dim=-1).gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
+                logp = torch.where(mb.response_mask, logp, torch.zeros_like(logp)).cpu()
+                for r, i in enumerate(rows):
+                    n = len(responses[i])
+                    results[i] = logp[r, logp.shape[1] - n:] if n else logp[r, :0]
     finally:
         model.train(was_training)
     return [t if t is not None else torch.zeros(0) for t in results]

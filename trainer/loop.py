@@ -47,6 +47,7 @@ from agentgym_opsd.trainer.logprobs import (
     batched_response_logprobs,
     bucket_micro_batches,
     collate,
+    prefix_shared_response_logprobs,
     response_logprobs,
 )
 from agentgym_opsd.trainer.losses import policy_objective
@@ -344,7 +345,8 @@ class Trainer:
         seconds_logprobs = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        teacher = self.teacher_logprobs(batch, old) if a.needs_teacher else [torch.zeros_like(x) for x in old]
+        # GRPO reads no evidence: the teacher is the student itself, so every gap (and e_k) is exactly 0.
+        teacher = self.teacher_logprobs(batch, old) if a.needs_teacher else list(old)
         seconds_teacher = time.perf_counter() - t0
         gaps = [t - s for t, s in zip(teacher, old, strict=True)]  # per-token evidence (0 without c+)
         evidence = torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64)
@@ -405,8 +407,16 @@ class Trainer:
         idx = [i for i, r in enumerate(batch.rows) if r.teacher_prompt_ids is not None]
         out = list(student)
         if idx:
-            got = self._logprobs(self.model, [batch.rows[i].teacher_prompt_ids for i in idx],  # type: ignore[misc]
-                                 [batch.rows[i].response_ids for i in idx])
+            prompts = [batch.rows[i].teacher_prompt_ids for i in idx]
+            responses = [batch.rows[i].response_ids for i in idx]
+            if self.cfg.optim.teacher_prefix_cache:
+                o = self.cfg.optim
+                got = prefix_shared_response_logprobs(
+                    self.model, prompts, responses, pad_id=self.tokenizer.pad_token_id,  # type: ignore[arg-type]
+                    temperature=self.cfg.rollout.temperature, max_tokens=o.micro_batch_tokens,
+                    max_rows=o.micro_batch_rows, device=self.device)
+            else:
+                got = self._logprobs(self.model, prompts, responses)  # type: ignore[arg-type]
             for i, t in zip(idx, got, strict=True):
                 out[i] = t
         return out
