@@ -3,9 +3,9 @@ seeds; validation success before and after; a PNG of both validation curves.
 
     python benchmarks/bench_train_learning.py --config cpu-small --steps 4 --out runs/learning
 
-Stage 1 is a normal training run with `trainer.total_steps=0` (warm start on oracle demonstrations, then
-the validation that gives the "before" number). Stage 2 starts one training run per estimator from the
-warm-started weights (`warm_start.steps=0`), in parallel processes with one torch thread each, so both see
+Stage 1 is a normal training run with `trainer.total_steps=0` (the warm start on oracle demonstrations).
+Stage 2 starts one training run per estimator from the warm-started weights (`warm_start.steps=0`; the
+validation at step 0 is the "before" number), in parallel processes with one torch thread each, so both see
 the same machine load. Each is the `python -m agentgym_opsd.train` code path. Long on a CPU: on 2 cores a
 `cpu-small` RL step takes several minutes.
 """
@@ -61,12 +61,11 @@ def main() -> None:
         if proc.wait() != 0:
             raise SystemExit(f"warm start failed, see {out / 'warm.log'}")
     seconds_warm = time.perf_counter() - t0
-    before = [m["val/success_rate"] for m in metrics(warm) if "val/success_rate" in m]
 
     t0 = time.perf_counter()
     procs = {est: train(out / est, args.config, [
         f"model.name_or_path={warm / 'warm_start' / 'model'}", "warm_start.steps=0", f"algorithm.estimator={est}",
-        f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.steps}", "trainer.eval_at_start=false",
+        f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.steps}", "trainer.eval_at_start=true",
         *evals, *args.overrides], threads=args.threads) for est in ESTIMATORS}
     for est, proc in procs.items():
         if proc.wait() != 0:
@@ -81,10 +80,11 @@ def main() -> None:
     curves: dict[str, list[tuple[int, float]]] = {}
     for est in ESTIMATORS:
         lines = metrics(out / est)
+        # "before" is the run's own step-0 validation: the warm-started weights, the same validation seeds.
+        before = [m["val/success_rate"] for m in lines if m.get("step") == 0 and "val/success_rate" in m]
         steps = [m for m in lines if "success_rate" in m and "seconds_update" in m]
         after = [m["val/success_rate"] for m in lines if "val/success_rate" in m]
-        curves[est] = [(0, before[-1])] if before else []
-        curves[est] += [(m["step"], m["val/success_rate"]) for m in lines if "val/success_rate" in m]
+        curves[est] = [(m["step"], m["val/success_rate"]) for m in lines if "val/success_rate" in m]
         per_step = sum(m["seconds_rollout"] + m["seconds_teacher"] + m["seconds_update"] for m in steps) / max(len(steps), 1)
         table.add_row(est, f"{before[-1]:.3f}" if before else "-", f"{after[-1]:.3f}" if after else "-",
                       " ".join(f"{m['success_rate']:.2f}" for m in steps),
