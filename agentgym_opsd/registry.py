@@ -139,10 +139,18 @@ def discover_plugins() -> None:
     for ep in metadata.entry_points(group=ENV_ENTRY_POINT_GROUP):
         if ep.value.startswith("agentgym_opsd.environments:"):
             continue  # already registered above
-        ep.load()()
+        _load_plugin(ep)()
     for ep in metadata.entry_points(group=SKILL_ENTRY_POINT_GROUP):
         if ep.name not in _REGISTRY.skill_sources:
-            register_skill_library(ep.name, ep.load())
+            register_skill_library(ep.name, _load_plugin(ep))
+
+
+def _load_plugin(ep: metadata.EntryPoint) -> Any:
+    try:
+        return ep.load()
+    except (ImportError, AttributeError) as exc:
+        raise RegistryError(f"plugin {ep.name!r} = {ep.value!r} (entry-point group {ep.group}) cannot be loaded: "
+                            f"{exc}") from exc
 
 
 def registered_envs() -> list[str]:
