@@ -48,65 +48,75 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument("--out", default="runs/learning")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per RL process")
+    ap.add_argument("--report-only", action="store_true", help="only rebuild the table and plot from <out>")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     out = Path(args.out)
     evals = [f"trainer.eval_episodes={args.eval_episodes}"]
 
-    t0 = time.perf_counter()
-    warm = out / "warm"
-    if not (warm / "warm_start" / "model").is_dir():
-        proc = train(warm, args.config, ["trainer.total_steps=0", "trainer.eval_at_start=true", *evals,
-                                         *args.overrides], threads=2)
-        if proc.wait() != 0:
-            raise SystemExit(f"warm start failed, see {out / 'warm.log'}")
-    seconds_warm = time.perf_counter() - t0
+    if not args.report_only:
+        t0 = time.perf_counter()
+        warm = out / "warm"
+        if not (warm / "warm_start" / "model").is_dir():
+            proc = train(warm, args.config, ["trainer.total_steps=0", "trainer.eval_at_start=false",
+                                             *args.overrides], threads=2)
+            if proc.wait() != 0:
+                raise SystemExit(f"warm start failed, see {out / 'warm.log'}")
+        print(f"warm start: {time.perf_counter() - t0:.0f} s")
+        t0 = time.perf_counter()
+        procs = {est: train(out / est, args.config, [
+            f"model.name_or_path={warm / 'warm_start' / 'model'}", "warm_start.steps=0", f"algorithm.estimator={est}",
+            f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.steps}", "trainer.eval_at_start=true",
+            *evals, *args.overrides], threads=args.threads) for est in ESTIMATORS}
+        for est, proc in procs.items():
+            if proc.wait() != 0:
+                raise SystemExit(f"{est} run failed, see {out / (est + '.log')}")
+        print(f"both RL runs (parallel): {time.perf_counter() - t0:.0f} s")
+    report(out, args.config)
 
-    t0 = time.perf_counter()
-    procs = {est: train(out / est, args.config, [
-        f"model.name_or_path={warm / 'warm_start' / 'model'}", "warm_start.steps=0", f"algorithm.estimator={est}",
-        f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.steps}", "trainer.eval_at_start=true",
-        *evals, *args.overrides], threads=args.threads) for est in ESTIMATORS}
-    for est, proc in procs.items():
-        if proc.wait() != 0:
-            raise SystemExit(f"{est} run failed, see {out / (est + '.log')}")
-    seconds_rl = time.perf_counter() - t0
 
-    table = Table(title=f"{args.config}: validation success (ALFWorld, {args.eval_episodes} episodes), "
-                        f"{args.steps} RL steps after one warm start")
-    for col in ("estimator", "val before RL", "val after RL", "train success per step", "evidence mean",
-                "s / step"):
+def _before_after(val: list[dict], key: str) -> str:
+    return f"{val[0][key]:.3f} -> {val[-1][key]:.3f}" if val else "-"
+
+
+def report(out: Path, config: str) -> None:
+    """Table and PNG from the runs' metrics.jsonl (validation at step 0 = "before")."""
+    runs = {est: metrics(out / est) for est in ESTIMATORS}
+    table = Table(title=f"{config}: held-out validation after one warm start, then RL (same weights and seeds)")
+    for col in ("estimator", "val success before -> after", "val invalid actions before -> after",
+                "train success per step", "evidence mean", "s / step"):
         table.add_column(col, justify="right")
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for est in ESTIMATORS:
-        lines = metrics(out / est)
-        # "before" is the run's own step-0 validation: the warm-started weights, the same validation seeds.
-        before = [m["val/success_rate"] for m in lines if m.get("step") == 0 and "val/success_rate" in m]
-        steps = [m for m in lines if "success_rate" in m and "seconds_update" in m]
-        after = [m["val/success_rate"] for m in lines if "val/success_rate" in m]
-        curves[est] = [(m["step"], m["val/success_rate"]) for m in lines if "val/success_rate" in m]
+    for est, lines in runs.items():
+        val = [m for m in lines if "val/success_rate" in m]
+        steps = [m for m in lines if "seconds_update" in m]
         per_step = sum(m["seconds_rollout"] + m["seconds_teacher"] + m["seconds_update"] for m in steps) / max(len(steps), 1)
-        table.add_row(est, f"{before[-1]:.3f}" if before else "-", f"{after[-1]:.3f}" if after else "-",
+        table.add_row(est, _before_after(val, "val/success_rate"), _before_after(val, "val/invalid_action_rate"),
                       " ".join(f"{m['success_rate']:.2f}" for m in steps),
                       f"{sum(m['evidence_mean'] for m in steps) / max(len(steps), 1):+.3f}", f"{per_step:.0f}")
     Console().print(table)
-    print(f"warm start + validation: {seconds_warm:.0f} s; both RL runs (parallel): {seconds_rl:.0f} s")
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for est, pts in curves.items():
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=est)
-    ax.set_xlabel("RL step (0 = after the warm start)")
-    ax.set_ylabel("validation success (%)")
-    ax.set_title(f"{args.config}: GRPO vs AgentOPSD")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for est, lines in runs.items():
+        val = [m for m in lines if "val/success_rate" in m]
+        steps = [m["step"] for m in val]
+        axes[0].plot(steps, [100 * m["val/success_rate"] for m in val], marker="o", label=est)
+        axes[1].plot(steps, [100 * m["val/invalid_action_rate"] for m in val], marker="o", label=est)
+    axes[0].set_ylim(-2, 102)
+    axes[0].set_ylabel("validation success (%)")
+    axes[1].set_ylim(-2, 102)
+    axes[1].set_ylabel("validation invalid actions (%)")
+    for ax in axes:
+        ax.set_xlabel("RL step (0 = after the warm start)")
+        ax.legend()
+    fig.suptitle(f"{config}: GRPO vs AgentOPSD")
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=120)
-    (out / "learning_curves.json").write_text(json.dumps(curves, indent=2))
+    (out / "learning_curves.json").write_text(json.dumps(runs, indent=2))
     print(f"plot: {out / 'learning_curves.png'}")
 
 
