@@ -143,7 +143,7 @@ def print_table(args: BenchArgs, results: list[CaseResult]) -> None:
             f"{r.speedup_wall:.1f}×",
             f"{r.speedup_cpu:.1f}×",
             f"{r.max_abs_diff:.2e}",
-            "yes" if r.ok else "NO",
+            ("yes" if r.ok else "NO") if not _is_extra(r) else ("(yes)" if r.ok else "(no)"),
         )
         for r in results
     ]
@@ -164,6 +164,11 @@ def print_table(args: BenchArgs, results: list[CaseResult]) -> None:
     Console(width=120).print(table)
 
 
+def _is_extra(result: CaseResult) -> bool:
+    """Cases with other trajectory-id patterns than the rollout's (informational rows)."""
+    return result.case.endswith(" ids")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -176,11 +181,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     results = run(args)
     print_table(args, results)
-    worst_speedup = min(min(r.speedup_wall, r.speedup_cpu) for r in results)
+    # The target is stated for the trainer's workload (ids as rollout.py assigns them, every variant); the
+    # other id patterns are shown for information, in parentheses.
+    target = [r for r in results if not _is_extra(r)]
+    worst_speedup = min(min(r.speedup_wall, r.speedup_cpu) for r in target)
     worst_diff = max(r.max_abs_diff for r in results)
     print(
-        f"worst speedup {worst_speedup:.1f}× (target ≥ {TARGET_SPEEDUP:.0f}×), "
-        f"worst max |diff| {worst_diff:.2e} (target ≤ {TARGET_MAX_ABS_DIFF:.0e})"
+        f"rollout ids, all variants: worst speedup {worst_speedup:.1f}× (target ≥ {TARGET_SPEEDUP:.0f}×); "
+        f"all cases: worst max |diff| {worst_diff:.2e} (target ≤ {TARGET_MAX_ABS_DIFF:.0e})"
     )
     # Wall-clock numbers from a busy machine are slower for both paths alike; say how busy it was.
     load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
