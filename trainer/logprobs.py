@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,16 +89,28 @@ def collate(
 
 
 def response_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    prefix_cache: Any = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(rows, R) log-prob of each response token (0 where masked) and optionally its entropy (rows, R).
 
-    Gradients flow when the caller has them enabled (the update pass); log-prob passes wrap this in
-    `torch.no_grad()`.
+    With `prefix_cache` (a KV cache of a prompt prefix that every row shares, repeated over the rows), `mb`
+    holds only what follows the prefix: the attention mask is extended over the prefix and positions
+    continue after it. Gradients flow when the caller has them enabled (the update pass); log-prob passes
+    wrap this in `torch.no_grad()`.
     """
     resp_width = mb.response_ids.shape[1]
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                logits_to_keep=resp_width + 1, use_cache=False)
+    attention_mask, position_ids = mb.attention_mask, mb.position_ids
+    if prefix_cache is not None:
+        prefix_len = prefix_cache.get_seq_length()
+        ones = attention_mask.new_ones(attention_mask.shape[0], prefix_len)
+        attention_mask, position_ids = torch.cat([ones, attention_mask], dim=1), position_ids + prefix_len
+    out = model(input_ids=mb.input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                logits_to_keep=resp_width + 1, past_key_values=prefix_cache, use_cache=prefix_cache is not None)
     # Logits at position p predict token p+1: the last R+1 positions minus the final one predict the R
     # response slots.
     logits = out.logits[:, :-1, :].float() / temperature  # (rows, R, vocab)
@@ -132,13 +145,18 @@ def batched_response_logprobs(
         for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
             mb = collate(idx, prompts, responses, pad_id).to(device)
             logp, _ = response_logprobs(model, mb, temperature=temperature)
-            logp = logp.cpu()
-            for r, i in enumerate(idx):
-                n = len(responses[i])
-                results[i] = logp[r, logp.shape[1] - n:] if n else logp[r, :0]
+            _store_rows(results, idx, logp.cpu(), responses)
     finally:
         model.train(was_training)
     return [t if t is not None else torch.zeros(0) for t in results]
+
+
+def _store_rows(results: list[Tensor | None], rows: Sequence[int], logp: Tensor,
+                responses: Sequence[Sequence[int]]) -> None:
+    """Un-pad a (rows, R) right-aligned micro-batch result into per-row 1-D tensors at their indices."""
+    for r, i in enumerate(rows):
+        n = len(responses[i])
+        results[i] = logp[r, logp.shape[1] - n:] if n else logp[r, :0]
 
 
 def shared_prefix_groups(prompts: Sequence[Sequence[int]], *, min_prefix: int = 16) -> list[tuple[int, list[int]]]:
@@ -211,20 +229,11 @@ def prefix_shared_response_logprobs(
             suffixes = [list(prompts[i][prefix_len:]) for i in idx]
             lengths = [len(s) + len(responses[i]) for s, i in zip(suffixes, idx, strict=True)]
             for local in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
-                rows = [idx[j] for j in local]
                 mb = collate(local, suffixes, [responses[i] for i in idx], pad_id).to(device)
-                cache = copy.deepcopy(prefix_cache)
-                cache.batch_repeat_interleave(len(rows))
-                ones = torch.ones(len(rows), prefix_len, dtype=mb.attention_mask.dtype, device=device)
-                out = model(input_ids=mb.input_ids, attention_mask=torch.cat([ones, mb.attention_mask], dim=1),
-                            position_ids=mb.position_ids + prefix_len, past_key_values=cache, use_cache=True,
-                            logits_to_keep=mb.response_ids.shape[1] + 1)
-                logits = out.logits[:, :-1, :].float() / temperature  # (rows, R, vocab)
-                logp = torch.log_softmax(logits, dim=-1).gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
-                logp = torch.where(mb.response_mask, logp, torch.zeros_like(logp)).cpu()
-                for r, i in enumerate(rows):
-                    n = len(responses[i])
-                    results[i] = logp[r, logp.shape[1] - n:] if n else logp[r, :0]
+                cache = copy.deepcopy(prefix_cache)  # the forward appends to it: one fresh copy per micro-batch
+                cache.batch_repeat_interleave(len(local))
+                logp, _ = response_logprobs(model, mb, temperature=temperature, prefix_cache=cache)
+                _store_rows(results, [idx[j] for j in local], logp.cpu(), responses)
     finally:
         model.train(was_training)
     return [t if t is not None else torch.zeros(0) for t in results]
