@@ -17,3 +17,11 @@ def toy_env_ids() -> tuple[str, str]:
     register_skill_library("toy", SMALL_SKILLS, override=True)
     load_skill_library("toy")
     return "agentgym_opsd/ToyCounter-v0", "agentgym_opsd/ToyFlaky-v0"
+
+
+@pytest.fixture(scope="module")
+def fresh_cache_dir(tmp_path_factory):
+    """A private, empty `$AGENTGYM_OPSD_CACHE` for one test module (generated games, indexes, models)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield

@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import glob
 import json
-import os
 import random
 from pathlib import Path
 
@@ -25,15 +24,7 @@ from agentgym_opsd.environments.alfworld.splits import BUILTIN_SPLITS, Generated
 FIXTURE_GAMES = sorted(glob.glob("/work/shared/fixtures/alfworld/json_2.1.1/*/*/*/game.tw-pddl"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("AGENTGYM_OPSD_CACHE")
-    os.environ["AGENTGYM_OPSD_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("AGENTGYM_OPSD_CACHE", None)
-    else:
-        os.environ["AGENTGYM_OPSD_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("fresh_cache_dir")  # generated games go to a private, empty cache
 
 
 def generated_games(*picks: tuple[str, int]) -> list[str]:

@@ -22,15 +22,7 @@ FIXTURE_GAMES = sorted(glob.glob(str(FIXTURES / "json_2.1.1/*/*/*/game.tw-pddl")
 needs_fixtures = pytest.mark.skipif(not FIXTURE_GAMES, reason="ALFWorld fixture games not present")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    old = os.environ.get("AGENTGYM_OPSD_CACHE")
-    os.environ["AGENTGYM_OPSD_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("AGENTGYM_OPSD_CACHE", None)
-    else:
-        os.environ["AGENTGYM_OPSD_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("fresh_cache_dir")  # generated games go to a private, empty cache
 
 
 def play_oracle(env: ALFWorldEnv, **reset_kwargs) -> tuple[dict, int]:
