@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask, jsonify, request
-from werkzeug.serving import make_server
 
 from agentgym_opsd.policies import PolicyRequest
+from agentgym_opsd.serving import serve_until_interrupted
 
 __all__ = ["create_app", "main", "validate_chat_request"]
 
@@ -161,14 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model.removeprefix("hf:")
     policy = _build_policy(model, args)
     app = create_app(policy, args.model_name or model)
-    server = make_server(args.host, args.port, app, threaded=True)
-    print(f"serving {model} on http://{args.host}:{server.server_port}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}")
     return 0
 
 

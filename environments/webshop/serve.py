@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from werkzeug.serving import make_server
-
 from agentgym_opsd.environments.webshop.server import create_app
 from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, load_shop
+from agentgym_opsd.serving import serve_until_interrupted
 
 __all__ = ["main"]
 
@@ -27,14 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     shop = load_shop(args.num_products, args.seed, args.data_dir)
     app = create_app(shop, session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
-    server = make_server(args.host, args.port, app, threaded=True)
-    print(f"WebShop serving {len(shop.products)} products on http://{args.host}:{server.server_port}/", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    serve_until_interrupted(app, args.host, args.port, lambda url: f"WebShop serving {len(shop.products)} products on {url}/")
 
 
 if __name__ == "__main__":
