@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from agentgym_opsd import credit
 from agentgym_opsd.envpool import TaskSpec
@@ -222,8 +223,6 @@ class Trainer:
     # ---- the job ----------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
         """Warm start (once), then RL steps up to `total_steps`; returns this session's metric lines."""
-        from tqdm.auto import tqdm
-
         cfg = self.cfg.trainer
         if not self.warm_start_done:
             self.warm_start()
@@ -262,8 +261,6 @@ class Trainer:
         rng = np.random.default_rng(self.cfg.trainer.seed)
         self.engine.set_lr(ws.lr)
         losses = []
-        from tqdm.auto import tqdm
-
         for _ in tqdm(range(ws.steps), desc="warm start (SFT)", unit="step", disable=not self.cfg.trainer.progress):
             losses.append(sft_step(self.engine, rows, rng, batch_rows=ws.batch_rows, pad_id=self.tokenizer.pad_token_id,
                                    max_tokens=self.cfg.optim.micro_batch_tokens, max_rows=self.cfg.optim.micro_batch_rows,
