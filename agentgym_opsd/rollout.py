@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd import core
 from agentgym_opsd.envpool import EnvPool, StepResult, TaskSpec
-from agentgym_opsd.parsers import ActionParser, make_parser
-from agentgym_opsd.policies import Policy, PolicyRequest
+from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
+from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
 from agentgym_opsd.prompts import HistoryItem, PromptRenderer
 from agentgym_opsd.records import Trajectory, Turn
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
@@ -146,7 +146,7 @@ class RolloutRunner:
             if i not in failed:
                 self._record(episodes[i], req, out, parsed[i], results[i])
 
-    def _record(self, ep: _Episode, req: PolicyRequest, out: Any, parsed: Any, res: StepResult) -> None:
+    def _record(self, ep: _Episode, req: PolicyRequest, out: PolicyOutput, parsed: ParsedAction, res: StepResult) -> None:
         env_valid = bool(res.info.get(core.ACTION_VALID, True))
         reason = parsed.reason if not parsed.valid else (None if env_valid else "the environment refused the action")
         if res.error:
