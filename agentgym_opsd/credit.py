@@ -37,6 +37,7 @@ __all__ = [
     "agentopsd_advantages",
     "agentopsd_token_advantages",
     "grpo_advantages",
+    "grpo_turn_penalty_advantages",
     "reference_agentopsd_advantages",
     "register_estimator",
     "turn_advantages",
@@ -122,6 +123,49 @@ def grpo_advantages(
     sq = torch.zeros_like(count).index_add_(0, group, centred * centred)
     std = torch.sqrt(sq / (count - 1).clamp_min(1.0))  # a group of one: centred is exactly 0, std 0
     return centred / (std[group] + eps)
+
+
+def grpo_turn_penalty_advantages(
+    traj_rewards: Tensor,
+    traj_group_ids: Tensor,
+    row_traj_index: Tensor,
+    row_penalties: Tensor,
+    *,
+    cross_steps: bool = True,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """GRPO with the invalid-action penalty on the invalid turn's own row (the released code's semantics).
+
+    A turn row's score is its trajectory's reward minus its own penalty, ``s = R − p``. Normalised with its
+    group's statistics, ``(s − mean_g) / (std_g + eps)`` splits exactly into a trajectory part
+    ``(R − mean_g) / (std_g + eps)`` (constant over a trajectory: the A_seq a credit estimator reshapes) and
+    a row part ``−p / (std_g + eps)``; this returns the two as ``(A_seq (trajectories,), A_pen (rows,))``.
+    With ``cross_steps`` (released ``compute_mean_std_cross_steps=True``) mean and unbiased std run over all
+    turn rows of the group, so long trajectories weigh more; otherwise over one score per trajectory, its
+    reward without penalties. Without ``normalize_std`` the std is 1 (``eps`` dropped).
+    """
+    _check_1d_same_length(traj_rewards=traj_rewards, traj_group_ids=traj_group_ids)
+    _check_1d_same_length(row_traj_index=row_traj_index, row_penalties=row_penalties)
+    _check_floating("traj_rewards", traj_rewards)
+    _check_integer("traj_group_ids", traj_group_ids)
+    _, group = torch.unique(traj_group_ids, return_inverse=True)
+    num_groups = int(group.max()) + 1 if group.numel() else 0
+    penalties = row_penalties.to(traj_rewards.dtype)
+    if cross_steps:
+        values, value_group = traj_rewards[row_traj_index] - penalties, group[row_traj_index]
+    else:
+        values, value_group = traj_rewards, group
+    count = traj_rewards.new_zeros(num_groups).index_add_(0, value_group, torch.ones_like(values))
+    mean = traj_rewards.new_zeros(num_groups).index_add_(0, value_group, values) / count.clamp_min(1.0)
+    if normalize_std:
+        centred = values - mean[value_group]
+        sq = traj_rewards.new_zeros(num_groups).index_add_(0, value_group, centred * centred)
+        scale = torch.sqrt(sq / (count - 1).clamp_min(1.0)) + eps
+    else:
+        scale = traj_rewards.new_ones(num_groups)
+    seq = (traj_rewards - mean[group]) / scale[group]
+    return seq, -penalties / scale[group[row_traj_index]]
 
 
 # --------------------------------------------------------------------------------------------------------

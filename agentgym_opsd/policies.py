@@ -36,12 +36,17 @@ class PolicyRequest:
 class PolicyOutput:
     """One answer. `error` is set (and `text` ignored) when the policy could not answer this request at all
     (a remote endpoint that timed out or sent garbage): the rollout then ends that episode flagged with the
-    reason instead of sending an action, and the other episodes of the batch go on."""
+    reason instead of sending an action, and the other episodes of the batch go on.
+
+    `finish_reason` says why generation ended: "stop" (a stop string, e.g. the closing tag), "eos" (the model
+    ended its turn; the end-of-sequence token is the last of `token_ids` so the trainer can push it down,
+    `text` leaves it out) or "length" (cut at `max_new_tokens`); None for policies that do not generate."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     error: str | None = None
+    finish_reason: str | None = None
 
 
 @runtime_checkable

@@ -17,7 +17,22 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl"]
+__all__ = ["Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
+           "invalid_rates"]
+
+INVALID_KINDS = ("no_tag", "not_admissible", "truncated")
+"""Why a turn was invalid: no parsable action in a reply that ended by itself (`no_tag`), a parsed action
+the environment refused or failed on (`not_admissible`), a reply cut at `max_new_tokens` before its action
+was complete (`truncated`)."""
+
+
+def classify_invalid(*, parsed: bool, accepted: bool, finish_reason: str | None) -> str | None:
+    """The `INVALID_KINDS` entry of a turn, or None when the action was valid."""
+    if parsed and accepted:
+        return None
+    if parsed:
+        return "not_admissible"
+    return "truncated" if finish_reason == "length" else "no_tag"
 
 ChatMessage = dict[str, str]
 
@@ -47,6 +62,16 @@ class Turn:
     @property
     def num_response_tokens(self) -> int:
         return len(self.response_token_ids)
+
+    @property
+    def invalid_kind(self) -> str | None:
+        """`INVALID_KINDS` entry (recorded by the rollout; older records fall back on the action text)."""
+        if self.action_valid:
+            return None
+        kind = self.info.get("invalid_kind")
+        if kind in INVALID_KINDS:
+            return str(kind)
+        return classify_invalid(parsed=bool(self.action), accepted=False, finish_reason=self.info.get("finish_reason"))
 
 
 @dataclass
@@ -101,6 +126,20 @@ class Trajectory:
         data = dict(data)
         data["turns"] = [Turn(**t) for t in data.get("turns", [])]
         return cls(**data)
+
+
+def invalid_rates(trajectories: Iterable[Trajectory]) -> dict[str, float]:
+    """`invalid/<kind>`: the fraction of all turns that were invalid for that reason (they sum to the
+    invalid-action rate)."""
+    counts = dict.fromkeys(INVALID_KINDS, 0)
+    total = 0
+    for traj in trajectories:
+        for turn in traj.turns:
+            total += 1
+            kind = turn.invalid_kind
+            if kind is not None:
+                counts[kind] += 1
+    return {f"invalid/{k}": v / total if total else 0.0 for k, v in counts.items()}
 
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> Path:

@@ -20,7 +20,7 @@ from agentgym_opsd.envpool import EnvPool, StepResult, TaskSpec
 from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
 from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
 from agentgym_opsd.prompts import HistoryItem, PromptRenderer
-from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.records import Trajectory, Turn, classify_invalid
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
 
 __all__ = ["RolloutRunner"]
@@ -164,6 +164,12 @@ class RolloutRunner:
             invalid_reason=reason,
             info={k: res.info[k] for k in (core.SCORE, core.WON) if k in res.info},
         )
+        kind = classify_invalid(parsed=parsed.valid, accepted=env_valid and res.error is None,
+                                finish_reason=out.finish_reason)
+        if out.finish_reason is not None:
+            turn.info["finish_reason"] = out.finish_reason
+        if kind is not None:
+            turn.info["invalid_kind"] = kind
         traj = ep.traj
         traj.turns.append(turn)
         traj.total_reward += res.reward

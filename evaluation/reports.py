@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.evaluation.runner import EvalSummary
+from agentgym_opsd.records import INVALID_KINDS
 
 __all__ = [
     "RESULTS_FILE",
@@ -62,13 +63,21 @@ def _ci(stats: Mapping[str, Any]) -> str:
     return f"{_pct(stats['success_rate'])} [{_pct(stats['ci_low'])}, {_pct(stats['ci_high'])}]"
 
 
+def _invalid_split(stats: Mapping[str, Any]) -> str:
+    kinds = stats.get("invalid_by_kind") or {}
+    if not kinds:
+        return "-"
+    return " / ".join(_pct(kinds.get(f"invalid/{k}", 0.0)) for k in INVALID_KINDS)
+
+
 def _row(name: str, stats: Mapping[str, Any]) -> str:
     return (f"| {name} | {stats['episodes']} | {_ci(stats)} | {stats['score_mean']:.3f} | "
-            f"{stats['turns_mean']:.1f} | {_pct(stats['invalid_action_rate'])} |")
+            f"{stats['turns_mean']:.1f} | {_pct(stats['invalid_action_rate'])} | {_invalid_split(stats)} |")
 
 
-_HEADER = ("| {first} | episodes | success % [95% CI] | score | mean turns | invalid actions % |\n"
-           "|---|---:|---|---:|---:|---:|")
+_HEADER = ("| {first} | episodes | success % [95% CI] | score | mean turns | invalid actions % | "
+           "no tag / not admissible / cut off % |\n"
+           "|---|---:|---|---:|---:|---:|---:|")
 
 
 def format_summary_table(summaries: Sequence[EvalSummary]) -> str:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.evaluation.metrics import fit_horizon, group_stats, horizon_of, stats_by_task_type
 from agentgym_opsd.policies import OraclePolicy, Policy
-from agentgym_opsd.records import Trajectory
+from agentgym_opsd.records import Trajectory, invalid_rates
 from agentgym_opsd.rollout import RolloutRunner
 
 __all__ = [
@@ -122,6 +122,7 @@ class EvalSummary:
     policy: str = ""
     seconds: float = 0.0
     episodes_played: int = 0
+    invalid_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
     def episodes_per_minute(self) -> float:
@@ -139,6 +140,7 @@ class EvalSummary:
             "score_mean": self.score_mean,
             "turns_mean": self.turns_mean,
             "invalid_action_rate": self.invalid_action_rate,
+            "invalid_by_kind": self.invalid_by_kind,
             "failed_episodes": self.failed_episodes,
             "failure_reasons": self.failure_reasons,
             "by_task_type": self.by_task_type,
@@ -150,6 +152,7 @@ class EvalSummary:
         base = f"{prefix}/{self.env_spec}"
         out = {f"{base}/success_rate": self.success_rate, f"{base}/score": self.score_mean,
                f"{base}/turns": self.turns_mean, f"{base}/invalid_action_rate": self.invalid_action_rate}
+        out.update({f"{prefix}/{kind}": rate for kind, rate in self.invalid_by_kind.items()})
         for task_type, stats in self.by_task_type.items():
             out[f"{base}/{task_type}/success_rate"] = float(stats["success_rate"])
         return out
@@ -167,6 +170,7 @@ def summarize(env_spec: str, trajectories: Sequence[Trajectory], *, policy: str 
         score_mean=stats.score_mean,
         turns_mean=stats.turns_mean,
         invalid_action_rate=stats.invalid_action_rate,
+        invalid_by_kind=invalid_rates(trajectories),
         by_task_type={k: v.to_dict() for k, v in stats_by_task_type(trajectories).items()},
         trajectories=list(trajectories),
         ci_low=stats.ci_low,

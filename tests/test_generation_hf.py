@@ -99,7 +99,7 @@ def test_generation_stops_at_the_closing_tag(tiny):
     assert len(stopped.token_ids) <= 6
 
 
-def test_end_of_sequence_ends_the_answer_and_is_not_returned(tiny):
+def test_end_of_sequence_ends_the_answer_is_kept_as_a_token_but_not_in_the_text(tiny):
     model, tok = tiny
     request = _request(PROMPTS[1])
     free = HFPolicy(model, tok, max_new_tokens=6, seed=5).act([request])[0]
@@ -107,7 +107,20 @@ def test_end_of_sequence_ends_the_answer_and_is_not_returned(tiny):
     assert free.token_ids[2] not in free.token_ids[:2]
     policy.eos_ids = {free.token_ids[2]}  # pretend the third sampled token is end-of-sequence
     out = policy.act([request])[0]
-    assert out.token_ids == free.token_ids[:2] and len(out.logprobs) == 2
+    # the EOS token is a sampled token the trainer must be able to push down, so it stays in the ids
+    assert out.token_ids == free.token_ids[:3] and len(out.logprobs) == 3
+    assert out.text == tok.decode(free.token_ids[:2], skip_special_tokens=False)
+    assert out.finish_reason == "eos" and free.finish_reason == "length"
+
+
+def test_an_immediately_ended_reply_still_has_its_token(tiny):
+    model, tok = tiny
+    request = _request(PROMPTS[1])
+    first = HFPolicy(model, tok, max_new_tokens=6, seed=5).act([request])[0].token_ids[0]
+    policy = HFPolicy(model, tok, max_new_tokens=6, seed=5)
+    policy.eos_ids = {first}
+    out = policy.act([request])[0]
+    assert out.text == "" and out.token_ids == [first] and len(out.logprobs) == 1 and out.finish_reason == "eos"
 
 
 def test_copies_of_one_prompt_sample_independently(tiny):
@@ -201,7 +214,8 @@ def test_embedded_smollm2_answers_with_a_closing_tag():
                                     "Example reply: <action>go to table 1</action>"},
     ])
     out = policy.act([request])[0]
-    assert tok.decode(out.token_ids, skip_special_tokens=False) == out.text
+    text_ids = out.token_ids[:-1] if out.finish_reason == "eos" else out.token_ids
+    assert tok.decode(text_ids, skip_special_tokens=False) == out.text
     if "</action>" in out.text:  # the 135M model usually closes the tag; when it does, nothing follows
         assert "</action>" not in tok.decode(out.token_ids[:-1], skip_special_tokens=False)
     expected = _teacher_forced(model, policy.prompt_ids(request.messages), out.token_ids, 0.0)

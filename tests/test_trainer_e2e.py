@@ -22,11 +22,14 @@ from agentgym_opsd.trainer.loop import METRIC_KEYS
 
 TESTS = Path(__file__).parent
 TOY = ["env.id=ToyCounter-v0"]
-# A child process registers the toy env the way a plugin would, then runs the real CLI.
+# A child process registers the toy env the way a plugin would, then runs the real CLI. Its second step is
+# slowed down (a sleep before the rollout), so the kill surely lands inside that step, however fast the toy is.
 CHILD = (
-    "import sys; sys.path.insert(0, {tests!r}); from pathlib import Path; from toy_envs import register_toy_envs; "
+    "import sys, time; sys.path.insert(0, {tests!r}); from pathlib import Path; from toy_envs import register_toy_envs; "
     "from agentgym_opsd.registry import register_skill_library; register_toy_envs(); "
     "register_skill_library('toy', Path({skills!r}), override=True); "
+    "from agentgym_opsd.trainer.loop import Trainer; collect = Trainer.collect; "
+    "Trainer.collect = lambda self: (time.sleep(60) if self.step_done == 1 else None, collect(self))[1]; "
     "from agentgym_opsd.train import main; raise SystemExit(main(sys.argv[1:]))"
 ).format(tests=str(TESTS), skills=str(TESTS / "data" / "skills_small"))
 

@@ -63,10 +63,13 @@ class ModelConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout")
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA adapts")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (saves memory)")
+    trainable_layers: int = _f(0, "train only the top N decoder layers and the final norm; embeddings and the "
+                                  "layers below are frozen, so the backward pass stops there (0 = train all)")
 
     def __post_init__(self) -> None:
         _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _check_positive("model.lora_r", self.lora_r)
+        _check_nonneg("model.trainable_layers", self.trainable_layers)
 
 
 @dataclass
@@ -133,6 +136,20 @@ class AlgorithmConfig:
     kl_coef: float = _f(0.01, "low-variance (k3) KL to the reference policy; 0 disables the reference pass")
     entropy_coef: float = _f(0.001, "entropy bonus coefficient")
     ppo_epochs: int = _f(1, "passes over each step's turn rows")
+    ppo_mini_batch_rows: int = _f(0, "turn rows per optimiser step: the step's rows are shuffled and cut into "
+                                     "mini-batches, one optimiser step each, pi_old fixed for the whole RL step "
+                                     "(released recipe: 256; 0 = all rows in one optimiser step)")
+    clip_ratio_c: float = _f(3.0, "dual clip for negative advantages: the per-token loss is at most "
+                                  "clip_ratio_c * |A| (verl's default 3; 0 = off)")
+    penalty_mode: str = _f("trajectory", "where the invalid-action penalty goes: 'trajectory' = subtracted from "
+                                         "the episode reward once per invalid turn; 'turn' = subtracted from the "
+                                         "invalid turn's own row only (released code)")
+    penalize: str = _f("any", "which invalid turns are penalised: 'any' (no tag, refused by the environment, "
+                              "cut off) or 'format' (only replies without a parsable action; released code)")
+    grpo_cross_steps: bool = _f(False, "penalty_mode=turn: GRPO mean/std of a group over all its turn rows "
+                                       "(released compute_mean_std_cross_steps=True) instead of one score per "
+                                       "trajectory")
+    lam_warmdown_steps: int = _f(0, "λ decays linearly to 0 over the last N RL steps (0 = constant λ)")
     recompute_old_logprobs: bool = _f(True, "recompute the old log-probs with the trainer model (needed for vLLM, "
                                             "whose numerics differ); False reuses the HF sampler's own, which "
                                             "are the same numbers, and saves one forward pass")
@@ -144,6 +161,12 @@ class AlgorithmConfig:
         _check_choice("algorithm.success_source", self.success_source, ("won", "reward"))
         _check_nonneg("algorithm.kl_coef", self.kl_coef)
         _check_positive("algorithm.ppo_epochs", self.ppo_epochs)
+        _check_nonneg("algorithm.ppo_mini_batch_rows", self.ppo_mini_batch_rows)
+        _check_nonneg("algorithm.lam_warmdown_steps", self.lam_warmdown_steps)
+        _check_choice("algorithm.penalty_mode", self.penalty_mode, ("trajectory", "turn"))
+        _check_choice("algorithm.penalize", self.penalize, ("any", "format"))
+        if self.clip_ratio_c and not self.clip_ratio_c > 1:
+            raise ConfigError(f"algorithm.clip_ratio_c: expected > 1 (or 0 = off), got {self.clip_ratio_c}")
         for name in ("clip_low", "clip_high"):
             if not 0 < getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name}: expected 0 < value < 1, got {getattr(self, name)}")
@@ -187,8 +210,13 @@ class DeepSpeedConfig:
 
 @dataclass
 class WarmStartConfig:
-    steps: int = _f(0, "supervised steps on oracle demonstrations before RL (0 = no warm start)")
-    episodes: int = _f(32, "oracle episodes collected for the warm start")
+    steps: int = _f(0, "supervised steps on oracle demonstrations before RL (0 = none unless epochs > 0)")
+    epochs: float = _f(0.0, "passes over the demonstration rows; overrides `steps` when > 0")
+    episodes: int = _f(32, "oracle episodes collected for the warm start (0 = one per training game)")
+    heldout_episodes: int = _f(0, "demonstration episodes kept out of SFT and scored by greedy exact match of "
+                                  "the action after it")
+    cache: str = _f("auto", "auto = reuse a warm start with the same model, environment, demonstrations, SFT "
+                            "settings and seed from $AGENTGYM_OPSD_CACHE/warm_start; off = always train")
     lr: float = _f(1e-4, "warm-start learning rate")
     batch_rows: int = _f(8, "turn rows per warm-start step")
     thought: str = _f("", "optional canned text put before the oracle's action in the demonstrations")
@@ -196,8 +224,15 @@ class WarmStartConfig:
 
     def __post_init__(self) -> None:
         _check_nonneg("warm_start.steps", self.steps)
-        _check_positive("warm_start.episodes", self.episodes)
+        _check_nonneg("warm_start.epochs", self.epochs)
+        _check_nonneg("warm_start.episodes", self.episodes)
+        _check_nonneg("warm_start.heldout_episodes", self.heldout_episodes)
+        _check_choice("warm_start.cache", self.cache, ("auto", "off"))
         _check_positive("warm_start.batch_rows", self.batch_rows)
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0 or self.epochs > 0
 
 
 @dataclass
@@ -213,6 +248,8 @@ class TrainerConfig:
     eval_episodes: int = _f(32, "validation episodes")
     eval_temperature: float = _f(0.4, "validation sampling temperature (paper: 0.4)")
     eval_at_start: bool = _f(False, "also validate before the first RL step (after the warm start)")
+    eval_pool_rollouts: int = _f(0, "validation also samples every game of the training pool (env.num_train_tasks) "
+                                    "this many times at the rollout temperature: pool/success_rate (0 = off)")
     save_trajectories: bool = _f(True, "write each step's trajectories to trajectories/step_N.jsonl")
     tensorboard: bool = _f(True, "write TensorBoard events")
     progress: bool = _f(True, "progress bars")
@@ -224,6 +261,7 @@ class TrainerConfig:
         _check_nonneg("trainer.save_every", self.save_every)
         _check_positive("trainer.keep_checkpoints", self.keep_checkpoints)
         _check_nonneg("trainer.eval_every", self.eval_every)
+        _check_nonneg("trainer.eval_pool_rollouts", self.eval_pool_rollouts)
         if not 0 <= self.eval_temperature:
             raise ConfigError(f"trainer.eval_temperature: expected >= 0, got {self.eval_temperature}")
 
@@ -351,6 +389,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         return value
     if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
+    if origin is str and isinstance(value, bool):
+        return "on" if value else "off"  # YAML 1.1 reads a bare off / on (e.g. warm_start.cache=off) as a bool
     if origin is list and isinstance(value, list):
         return list(value)
     if origin is dict and isinstance(value, dict):

@@ -226,17 +226,22 @@ class HFPolicy(Policy):
 
         token_ids: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows  # rows still alive when the budget runs out were cut off
         alive = list(range(rows))  # original row of each row still in the batch tensors
         for step in range(self.max_new_tokens):
             tokens, token_lps = self._sample(logits)
             keep: list[int] = []
             for j, (tok, lp) in enumerate(zip(tokens.tolist(), token_lps.tolist(), strict=True)):
                 r = alive[j]
-                if tok in self.eos_ids:
-                    continue  # end of sequence: not part of the answer
+                # The end-of-sequence token is kept as a sampled token (its log-prob is trained like any
+                # other: an empty reply is a row the gradient can push down), but never part of the text.
                 token_ids[r].append(tok)
                 logprobs[r].append(lp)
-                if not self._hit_stop(token_ids[r]):
+                if tok in self.eos_ids:
+                    finish[r] = "eos"
+                elif self._hit_stop(token_ids[r]):
+                    finish[r] = "stop"
+                else:
                     keep.append(j)
             if not keep or step == self.max_new_tokens - 1:
                 break
@@ -250,8 +255,9 @@ class HFPolicy(Policy):
             logits = self._forward(tokens[:, None], mask, positions, cache)
 
         return [
-            PolicyOutput(self.tokenizer.decode(ids, skip_special_tokens=False), ids, lps)
-            for ids, lps in zip(token_ids, logprobs, strict=True)
+            PolicyOutput(self.tokenizer.decode(ids[:-1] if why == "eos" else ids, skip_special_tokens=False), ids,
+                         lps, finish_reason=why)
+            for ids, lps, why in zip(token_ids, logprobs, finish, strict=True)
         ]
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:

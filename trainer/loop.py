@@ -9,8 +9,9 @@ then `trainer.total_steps` RL steps. One RL step (`Trainer.step`):
              teacher log-probs of the same responses under the prompt with `c+` (no grad; rows without
              skill text are skipped, their evidence is exactly 0);
 4. credit    A_seq = GRPO over each group, then the configured estimator reshapes it per turn (or token);
-5. update    clipped policy loss + k3 KL − entropy bonus, token-mean, micro-batched, one optimiser step
-             per epoch through the engine (DeepSpeed or torch);
+5. update    clipped (and dual-clipped) policy loss + k3 KL − entropy bonus, token-mean per PPO mini-batch:
+             the rows are shuffled and cut into `ppo_mini_batch_rows`, one optimiser step each, for
+             `ppo_epochs` passes, π_old fixed for the whole step; micro-batched inside for memory;
 6. log       metrics.jsonl, TensorBoard, trajectories, periodic validation and atomic checkpoints.
 
 Old log-probs: the rollout's sampling log-probs are kept in the trajectories, but the ratio uses the
@@ -20,12 +21,16 @@ recomputed ones are the consistent reference for the trainer's own forward pass)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import random
 import resource
+import shutil
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,7 +58,14 @@ from agentgym_opsd.trainer.logprobs import (
 )
 from agentgym_opsd.trainer.losses import policy_objective
 from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
-from agentgym_opsd.trainer.warm_start import collect_demonstrations, demonstration_rows, sft_step
+from agentgym_opsd.trainer.warm_start import (
+    action_exact_match,
+    collect_demonstrations,
+    demonstration_rows,
+    sft_schedule,
+    sft_step,
+    warm_start_key,
+)
 
 __all__ = ["Trainer", "seed_everything", "METRIC_KEYS", "train_task_specs"]
 
@@ -61,7 +73,8 @@ log = logging.getLogger(__name__)
 
 METRIC_KEYS = (
     "step", "success_rate", "reward_mean", "turns_mean", "invalid_action_rate", "loss", "kl", "entropy",
-    "clip_fraction", "evidence_mean", "evidence_std", "advantage_mean", "seconds_rollout", "seconds_teacher",
+    "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps", "invalid/no_tag", "invalid/not_admissible",
+    "invalid/truncated", "evidence_mean", "evidence_std", "advantage_mean", "seconds_rollout", "seconds_teacher",
     "seconds_update",
 )
 """Plain keys every metrics.jsonl line has (namespaced duplicates and extras come beside them)."""
@@ -114,7 +127,7 @@ class Trainer:
         seed_everything(cfg.trainer.seed)
         self.step_done = self.state.step if self.state else 0
         self.task_cursor = self.state.task_cursor if self.state else 0
-        self.warm_start_done = self.state.warm_start_done if self.state else cfg.warm_start.steps == 0
+        self.warm_start_done = self.state.warm_start_done if self.state else not cfg.warm_start.enabled
 
         self.model, self.tokenizer = self._load_model(resume_from)
         self.model.to(self.device)
@@ -124,7 +137,8 @@ class Trainer:
         self.invalid_penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty >= 0
                                 else self.profile.invalid_action_penalty)
         self.runner = self._make_runner(cfg.env.id, cfg.rollout.tasks_per_step * cfg.rollout.group_size)
-        self.num_tasks = self._num_tasks(self.runner)
+        self.env_num_tasks = self._num_tasks(self.runner)
+        self.num_tasks = cfg.env.num_train_tasks or self.env_num_tasks
         self.policy = self._make_policy(cfg.rollout.temperature, cfg.trainer.seed)
         self.reference: torch.nn.Module | None = None
         self._val_runner: RolloutRunner | None = None
@@ -145,14 +159,18 @@ class Trainer:
         return path
 
     def _load_model(self, resume_from: Path | None) -> tuple[Any, Any]:
-        from agentgym_opsd.trainer.models import LoraSettings, load_policy_model
+        from agentgym_opsd.trainer.models import LoraSettings, freeze_lower_layers, load_policy_model
 
         m = self.cfg.model
         if resume_from is not None:
-            return load_policy_model(str(resume_from / "model"), dtype=m.dtype, trainable=True)
-        lora = LoraSettings(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                            target_modules=tuple(m.lora_target_modules)) if m.lora else None
-        model, tok = load_policy_model(m.name_or_path, dtype=m.dtype, lora=lora, trainable=True)
+            model, tok = load_policy_model(str(resume_from / "model"), dtype=m.dtype, trainable=True)
+        else:
+            lora = LoraSettings(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
+                                target_modules=tuple(m.lora_target_modules)) if m.lora else None
+            model, tok = load_policy_model(m.name_or_path, dtype=m.dtype, lora=lora, trainable=True)
+        if m.trainable_layers:
+            trainable = freeze_lower_layers(model, m.trainable_layers)
+            log.info("training the top %d layers: %.1fM trainable parameters", m.trainable_layers, trainable / 1e6)
         if m.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         return model, tok
@@ -250,45 +268,191 @@ class Trainer:
         return lines
 
     def warm_start(self) -> dict[str, float]:
-        """Supervised steps on oracle demonstrations (seeds from warm_start.seed_offset)."""
-        ws = self.cfg.warm_start
+        """The supervised stage: oracle demonstrations of the training games, epochs of SFT, greedy action
+        exact match on held-out demonstration episodes; reused from the cache when nothing that determines
+        it changed (`warm_start.cache=auto`)."""
         t0 = time.perf_counter()
-        tasks = train_task_specs(ws.seed_offset, ws.episodes, num_tasks=self.num_tasks, seed=self.cfg.trainer.seed + 1)
-        demos = collect_demonstrations(self.runner, tasks, thought=ws.thought, batch=self.runner.pool.num_envs)
-        rows = demonstration_rows(demos, self._encode, self.tokenizer)
-        if not rows:
-            raise RuntimeError(f"the warm start found no won oracle episodes in {ws.episodes} tasks of {self.cfg.env.id}")
-        rng = np.random.default_rng(self.cfg.trainer.seed)
-        self.engine.set_lr(ws.lr)
-        losses = []
-        for _ in tqdm(range(ws.steps), desc="warm start (SFT)", unit="step", disable=not self.cfg.trainer.progress):
-            losses.append(sft_step(self.engine, rows, rng, batch_rows=ws.batch_rows, pad_id=self.tokenizer.pad_token_id,
-                                   max_tokens=self.cfg.optim.micro_batch_tokens, max_rows=self.cfg.optim.micro_batch_rows,
-                                   device=self.device))
-        self.engine.set_lr(self.cfg.optim.lr)
-        optimizer = getattr(self.engine, "optimizer", None)
-        if isinstance(optimizer, torch.optim.Optimizer):
-            optimizer.state.clear()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
+        folder = self.out / "warm_start"
+        folder.mkdir(parents=True, exist_ok=True)
+        cached = self._warm_start_cache_dir()
+        if cached is not None and (cached / "summary.json").is_file():
+            self._load_weights(cached / "model")
+            summary = json.loads((cached / "summary.json").read_text(encoding="utf-8"))
+            summary.update({"warm_start/cache_hit": 1.0, "warm_start/sft_steps_this_run": 0.0,
+                            "warm_start/seconds_this_run": time.perf_counter() - t0})
+            log.info("warm start: reused %s", cached)
+        else:
+            summary = self._train_warm_start(cached)
+            summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
+        self._reset_optimizer_moments()
         self.warm_start_done = True
-        self._save_model(self.out / "warm_start" / "model")
-        summary = {"warm_start/loss_first": losses[0] if losses else math.nan,
-                   "warm_start/loss_last": losses[-1] if losses else math.nan,
-                   "warm_start/demonstrations": float(len(demos)), "warm_start/rows": float(len(rows)),
-                   "warm_start/seconds": time.perf_counter() - t0}
-        (self.out / "warm_start" / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         log.info("warm start: %s", summary)
         return summary
 
+    def _warm_start_settings(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"model": asdict(c.model), "env": {k: v for k, v in asdict(c.env).items()
+                                                  if k not in ("val_id", "use_skills", "step_timeout_s")},
+                "system_prompt": self.profile.system_prompt, "warm_start": {k: v for k, v in asdict(c.warm_start).items()
+                                                                            if k != "cache"},
+                "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
+                "env_num_tasks": self.env_num_tasks, "seed": c.trainer.seed}
+
+    def _warm_start_cache_dir(self) -> Path | None:
+        if self.cfg.warm_start.cache == "off":
+            return None
+        from agentgym_opsd.trainer.models import cache_root
+
+        return cache_root().parent / "warm_start" / warm_start_key(self._warm_start_settings())
+
+    def warm_start_model_dir(self) -> Path | None:
+        """Where the warm-started weights of this run are (the run folder, or the shared cache)."""
+        summary = self.out / "warm_start" / "summary.json"
+        if summary.is_file():
+            where = json.loads(summary.read_text(encoding="utf-8")).get("warm_start/model_dir")
+            if where and Path(where).is_dir():
+                return Path(where)
+        local = self.out / "warm_start" / "model"
+        return local if local.is_dir() else None
+
+    def _train_warm_start(self, cache_dir: Path | None) -> dict[str, Any]:
+        ws, t = self.cfg.warm_start, self.cfg.trainer
+        t0 = time.perf_counter()
+        if ws.episodes == 0 and self.env_num_tasks:
+            # one demonstration per training game, in a seeded order (the held-out slice is its tail)
+            order = np.random.default_rng(t.seed + 1).permutation(self.env_num_tasks)
+            tasks = [TaskSpec((ws.seed_offset + j) % TRAIN_SEED_LIMIT, {"task_index": int(k)})
+                     for j, k in enumerate(order)]
+        else:
+            tasks = train_task_specs(ws.seed_offset, ws.episodes or 32, num_tasks=self.env_num_tasks, seed=t.seed + 1)
+        demos = collect_demonstrations(self.runner, tasks, thought=ws.thought, batch=self.runner.pool.num_envs)
+        heldout = demos[len(demos) - ws.heldout_episodes:] if 0 < ws.heldout_episodes < len(demos) else []
+        train_demos = demos[: len(demos) - len(heldout)]
+        rows = demonstration_rows(train_demos, self._encode, self.tokenizer)
+        if not rows:
+            raise RuntimeError(f"the warm start found no won oracle episodes in {len(tasks)} tasks of {self.cfg.env.id}")
+        seconds_demos = time.perf_counter() - t0
+        rng = np.random.default_rng(t.seed)
+        epochs = ws.epochs if ws.epochs > 0 else ws.steps * ws.batch_rows / len(rows)
+        schedule = sft_schedule(len(rows), batch_rows=ws.batch_rows, epochs=epochs, rng=rng)
+        if ws.epochs == 0:
+            schedule = schedule[: ws.steps]
+        self.engine.set_lr(ws.lr)
+        losses = []
+        for pick in tqdm(schedule, desc="warm start (SFT)", unit="step", disable=not t.progress):
+            losses.append(sft_step(self.engine, rows, pick, pad_id=self.tokenizer.pad_token_id,
+                                   max_tokens=self.cfg.optim.micro_batch_tokens,
+                                   max_rows=self.cfg.optim.micro_batch_rows, device=self.device))
+        self.engine.set_lr(self.cfg.optim.lr)
+        seconds_sft = time.perf_counter() - t0 - seconds_demos
+        exact = math.nan
+        if heldout:
+            from agentgym_opsd.trainer.generation import make_policy_backend
+
+            greedy = make_policy_backend("hf", model=self.model, tokenizer=self.tokenizer,
+                                         max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0,
+                                         batch_size=self.cfg.rollout.batch_size, seed=t.seed)
+            self.model.eval()
+            exact = action_exact_match(greedy, heldout, self.runner.parser)
+        target = cache_dir if cache_dir is not None else self.out / "warm_start"
+        summary: dict[str, Any] = {
+            "warm_start/loss_first": losses[0] if losses else math.nan,
+            "warm_start/loss_last": float(np.mean(losses[-10:])) if losses else math.nan,
+            "warm_start/demonstrations": float(len(train_demos)), "warm_start/rows": float(len(rows)),
+            "warm_start/heldout_episodes": float(len(heldout)), "warm_start/epochs": float(epochs),
+            "warm_start/sft_steps": float(len(schedule)), "warm_start/sft_steps_this_run": float(len(schedule)),
+            "warm_start/heldout_action_exact_match": exact, "warm_start/seconds_demonstrations": seconds_demos,
+            "warm_start/seconds_sft": seconds_sft, "warm_start/seconds": time.perf_counter() - t0,
+            "warm_start/cache_hit": 0.0, "warm_start/model_dir": str(target / "model"),
+        }
+        self._save_atomically(target, summary)
+        return summary
+
+    def _save_atomically(self, target: Path, summary: dict[str, Any]) -> None:
+        """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.mkdir()
+        self._save_model(tmp / "model")
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        if target.exists() and target != self.out / "warm_start":
+            shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        for item in ("model", "summary.json"):
+            if (target / item).is_dir():
+                shutil.rmtree(target / item)
+            os.replace(tmp / item, target / item)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def _load_weights(self, folder: Path) -> None:
+        """Load saved weights (a full model or a LoRA adapter folder) into the live model, in place, so the
+        engine's optimiser keeps its parameters."""
+        from safetensors.torch import load_file
+
+        state: dict[str, Tensor] = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        if not state:
+            raise ckpt.CheckpointError(f"{folder}: no safetensors weights to load")
+        if self.cfg.model.lora:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, state)
+            unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        else:
+            result = self.model.load_state_dict(state, strict=False)
+            tied = {k for k in result.missing_keys if "lm_head" in k}
+            missing = [k for k in result.missing_keys if k not in tied]
+            if missing:
+                raise ckpt.CheckpointError(f"{folder}: weights missing for {missing[:5]}")
+            unexpected = list(result.unexpected_keys)
+        if unexpected:
+            raise ckpt.CheckpointError(f"{folder}: unexpected weights {unexpected[:5]}")
+
+    def _reset_optimizer_moments(self) -> None:
+        optimizer = getattr(self.engine, "optimizer", None)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            optimizer.state.clear()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
+
     def _setup_reference(self) -> None:
-        """The frozen reference for the KL term: the policy at RL start (after any warm start)."""
-        if self.cfg.algorithm.kl_coef <= 0 or self.cfg.model.lora:
-            return  # no KL, or LoRA: the adapter-disabled base is the reference (no copy)
+        """The frozen reference for the KL term: the policy at RL start (after any warm start). With LoRA it
+        is a second, frozen adapter holding the warm-started adapter (the base model alone, without any
+        adapter, when there was no warm start); otherwise a frozen copy of the model."""
+        if self.cfg.algorithm.kl_coef <= 0:
+            return
+        source = self.warm_start_model_dir()
+        if self.cfg.model.lora:
+            if source is not None and "reference" not in self.model.peft_config:
+                with self._keep_requires_grad():
+                    self.model.load_adapter(str(source), adapter_name="reference", is_trainable=False)
+                    self.model.set_adapter("default")
+            return
         from agentgym_opsd.trainer.models import load_policy_model
 
-        source = self.out / "warm_start" / "model" if (self.out / "warm_start" / "model").is_dir() \
-            else self.cfg.model.name_or_path
-        self.reference, _ = load_policy_model(str(source), dtype=self.cfg.model.dtype, trainable=False)
+        self.reference, _ = load_policy_model(str(source or self.cfg.model.name_or_path), dtype=self.cfg.model.dtype,
+                                              trainable=False)
         self.reference.to(self.device)
+
+    @contextlib.contextmanager
+    def _keep_requires_grad(self):
+        """PEFT's set_adapter marks the active adapter trainable everywhere; keep our frozen layers frozen."""
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        try:
+            yield
+        finally:
+            for p, flag in flags:
+                p.requires_grad_(flag)
+
+    @contextlib.contextmanager
+    def _reference_adapter(self):
+        with self._keep_requires_grad():
+            self.model.set_adapter("reference")
+            try:
+                yield
+            finally:
+                self.model.set_adapter("default")
 
     # ---- one RL step ------------------------------------------------------------------------------------
     def collect(self) -> list[Trajectory]:
@@ -320,7 +484,7 @@ class Trainer:
         return build_turn_batch(trajs, encode_prompt=self._encode,
                                 teacher_messages=self.runner.teacher_messages if a.needs_teacher else None,
                                 reward_scale=self.cfg.env.reward_scale, invalid_penalty=self.invalid_penalty,
-                                success_source=a.success_source)
+                                success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize)
 
     def _logprobs(self, model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]]) -> list[Tensor]:
         o = self.cfg.optim
@@ -364,6 +528,7 @@ class Trainer:
             "advantage_abs_mean": float(tok_adv.abs().mean()) if tok_adv.numel() else 0.0,
             "seq_advantage_std": float(seq_adv.std(unbiased=False)) if seq_adv.numel() else 0.0,
             "teacher_rows": float(sum(r.teacher_prompt_ids is not None for r in rows)),
+            "lam": self.current_lam(),
             "response_tokens": float(batch.num_response_tokens),
             "sample_logprob_gap": self._sampling_gap(rows, old),
             "seconds_teacher": seconds_teacher,
@@ -392,7 +557,12 @@ class Trainer:
         if self.cfg.algorithm.kl_coef <= 0:
             return None
         if self.cfg.model.lora:
-            with self.model.disable_adapter():
+            if "reference" not in self.model.peft_config:
+                self._setup_reference()
+            if "reference" in self.model.peft_config:
+                with self._reference_adapter():
+                    return self._logprobs(self.model, prompts, responses)
+            with self.model.disable_adapter():  # no warm start: the base model is where RL started
                 return self._logprobs(self.model, prompts, responses)
         if self.reference is None:
             self._setup_reference()
@@ -418,44 +588,82 @@ class Trainer:
                 out[i] = t
         return out
 
+    def current_lam(self) -> float:
+        """λ of this step: constant, or decaying linearly to 0 over the last `lam_warmdown_steps` steps."""
+        a, total = self.cfg.algorithm, self.cfg.trainer.total_steps
+        if not a.lam_warmdown_steps:
+            return a.lam
+        start = max(total - a.lam_warmdown_steps, 0)
+        done = min(max(self.step_done - start + 1, 0), a.lam_warmdown_steps)
+        return a.lam * (1.0 - done / a.lam_warmdown_steps)
+
     def advantages(self, batch: TurnBatch, evidence: Tensor, gaps: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-        """Per-row token advantages (1-D, one per response token) and the per-trajectory A_seq."""
+        """Per-row token advantages (1-D, one per response token) and the per-trajectory A_seq.
+
+        With `penalty_mode=turn` the GRPO row advantage splits into A_seq (reshaped by the estimator) plus
+        the row's own penalty term, which is added after the reshaping (`credit.grpo_turn_penalty_advantages`).
+        """
         a = self.cfg.algorithm
-        seq_adv = credit.grpo_advantages(batch.traj_rewards, batch.traj_group_ids, eps=a.eps,
-                                         normalize_std=a.normalize_std)
+        if batch.penalty_mode == "turn":
+            seq_adv, penalty_adv = credit.grpo_turn_penalty_advantages(
+                batch.traj_rewards, batch.traj_group_ids, batch.traj_index, batch.row_penalties,
+                cross_steps=a.grpo_cross_steps, eps=a.eps, normalize_std=a.normalize_std)
+        else:
+            seq_adv = credit.grpo_advantages(batch.traj_rewards, batch.traj_group_ids, eps=a.eps,
+                                             normalize_std=a.normalize_std)
+            penalty_adv = torch.zeros(len(batch.rows), dtype=torch.float64)
         if not batch.rows:
             return [], seq_adv
         row_adv = seq_adv[batch.traj_index]
         lengths = [len(r.response_ids) for r in batch.rows]
+        lam = self.current_lam()
         if a.estimator == "agentopsd-token":
             width = max(lengths)
             gap_grid = _pad_left(gaps, width).to(torch.float64)
             mask = _pad_left([torch.ones(n) for n in lengths], width).bool()
-            grid = credit.agentopsd_token_advantages(row_adv, gap_grid, mask, batch.success_rate, lam=a.lam,
+            grid = credit.agentopsd_token_advantages(row_adv, gap_grid, mask, batch.success_rate, lam=lam,
                                                      band=a.band, gamma=a.gamma, eps0=a.eps0, eps=a.eps)
-            return [grid[i, width - n:].float() for i, n in enumerate(lengths)], seq_adv
-        cc = credit.CreditConfig(lam=a.lam, band=a.band, gamma=a.gamma, eps0=a.eps0, eps=a.eps, variant=a.variant)
+            return [(grid[i, width - n:] + penalty_adv[i]).float() for i, n in enumerate(lengths)], seq_adv
+        cc = credit.CreditConfig(lam=lam, band=a.band, gamma=a.gamma, eps0=a.eps0, eps=a.eps, variant=a.variant)
         turn_adv = credit.turn_advantages(a.estimator, row_adv, evidence, batch.traj_ids, batch.turn_ids,
-                                          batch.success_rate, cc)
+                                          batch.success_rate, cc) + penalty_adv
         return [torch.full((n,), float(v), dtype=torch.float32) for n, v in zip(lengths, turn_adv.tolist(), strict=True)], seq_adv
+
+    def mini_batches(self, num_rows: int) -> list[list[int]]:
+        """Row indices of each optimiser step of this RL step: `ppo_epochs` passes, each a fresh shuffle
+        cut into `ppo_mini_batch_rows` (all rows at once when 0); seeded by the step, so a resumed run
+        replays the same order."""
+        a = self.cfg.algorithm
+        size = a.ppo_mini_batch_rows or num_rows
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.step_done)
+        out = []
+        for _ in range(a.ppo_epochs):
+            order = torch.randperm(num_rows, generator=gen).tolist() if size < num_rows else list(range(num_rows))
+            out += [order[i:i + size] for i in range(0, num_rows, size)]
+        return out
 
     def update(self, batch: TurnBatch, old: list[Tensor], ref: list[Tensor] | None,
                advantages: list[Tensor]) -> dict[str, float]:
-        """`ppo_epochs` optimiser steps over all rows, micro-batched by length; token-mean objective."""
+        """PPO: one optimiser step per mini-batch (`mini_batches`), token-mean objective inside each,
+        micro-batched by length; π_old stays the rollout policy for every mini-batch of the step."""
         a, o = self.cfg.algorithm, self.cfg.optim
         rows = batch.rows
-        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        keys = ("loss", "policy_loss", "kl", "entropy", "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps")
         if not rows:
-            return totals
+            return dict.fromkeys(keys, 0.0)
         prompts = [r.prompt_ids for r in rows]
         responses = [r.response_ids for r in rows]
-        num_tokens = batch.num_response_tokens
-        batches = bucket_micro_batches([len(p) + len(r) for p, r in zip(prompts, responses, strict=True)],
-                                       max_tokens=o.micro_batch_tokens, max_rows=o.micro_batch_rows)
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+        sums = dict.fromkeys(("policy", "kl", "entropy", "clipped", "approx_kl", "tokens"), 0.0)
+        losses, grad_norms = [], []
         self.model.train()
-        for _ in range(a.ppo_epochs):
-            sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0}
-            for k, idx in enumerate(batches):
+        for chosen in self.mini_batches(len(rows)):
+            num_tokens = sum(len(responses[i]) for i in chosen)
+            local = bucket_micro_batches([lengths[i] for i in chosen], max_tokens=o.micro_batch_tokens,
+                                         max_rows=o.micro_batch_rows)
+            loss = 0.0
+            for k, part in enumerate(local):
+                idx = [chosen[j] for j in part]
                 mb = collate(idx, prompts, responses, self.tokenizer.pad_token_id).to(self.device)
                 width = mb.response_ids.shape[1]
                 logp, entropy = response_logprobs(self.model, mb, temperature=self.cfg.rollout.temperature,
@@ -464,19 +672,21 @@ class Trainer:
                     logp, _pad_left([old[i] for i in idx], width).to(self.device),
                     _pad_left([advantages[i] for i in idx], width).to(self.device), mb.response_mask,
                     entropy=entropy, ref_logp=_pad_left([ref[i] for i in idx], width).to(self.device) if ref else None,
-                    clip_low=a.clip_low, clip_high=a.clip_high, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                    num_tokens=num_tokens)
-                self.engine.backward(terms.loss, is_last=k == len(batches) - 1)
-                sums["loss"] += float(terms.loss.detach())
-                sums["policy"] += float(terms.policy)
-                sums["kl"] += float(terms.kl)
-                sums["entropy"] += float(terms.entropy)
-                sums["clipped"] += float(terms.clipped_tokens)
-            grad_norm = self.engine.step()
-        # Metrics of the last epoch (the only one with the default ppo_epochs=1).
-        return {"loss": sums["loss"], "policy_loss": sums["policy"] / num_tokens, "kl": sums["kl"] / num_tokens,
-                "entropy": sums["entropy"] / num_tokens, "clip_fraction": sums["clipped"] / num_tokens,
-                "grad_norm": grad_norm}
+                    clip_low=a.clip_low, clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c, kl_coef=a.kl_coef,
+                    entropy_coef=a.entropy_coef, num_tokens=num_tokens)
+                self.engine.backward(terms.loss, is_last=k == len(local) - 1)
+                loss += float(terms.loss.detach())
+                for key, value in (("policy", terms.policy), ("kl", terms.kl), ("entropy", terms.entropy),
+                                   ("clipped", terms.clipped_tokens), ("approx_kl", terms.approx_kl)):
+                    sums[key] += float(value)
+            sums["tokens"] += num_tokens
+            losses.append(loss)
+            grad_norms.append(self.engine.step())
+        tokens = max(sums["tokens"], 1.0)
+        return {"loss": float(np.mean(losses)), "policy_loss": sums["policy"] / tokens, "kl": sums["kl"] / tokens,
+                "entropy": sums["entropy"] / tokens, "clip_fraction": sums["clipped"] / tokens,
+                "approx_kl": sums["approx_kl"] / tokens, "grad_norm": float(np.nanmean(grad_norms)),
+                "optimizer_steps": float(len(grad_norms))}
 
     @staticmethod
     def _sampling_gap(rows: list[Any], recomputed: list[Tensor]) -> float:
@@ -511,7 +721,28 @@ class Trainer:
                "val/turns_mean": summary.turns_mean, "val/invalid_action_rate": summary.invalid_action_rate,
                "time/validation": time.perf_counter() - t0}
         out.update(summary.metrics("val"))
+        if t.eval_pool_rollouts and self.cfg.env.num_train_tasks:
+            out.update(self.pool_success())
         return out
+
+    def pool_success(self) -> dict[str, float]:
+        """Sampled success on the fixed training pool (`env.num_train_tasks` games, `eval_pool_rollouts`
+        copies each, at the rollout temperature): the direct check that the optimiser improves the policy
+        on the games it trains on. Reset seeds sit above the training range, so no training episode repeats."""
+        t, r = self.cfg.trainer, self.cfg.rollout
+        copies = t.eval_pool_rollouts
+        per_call = max(self.runner.pool.num_envs // copies, 1)
+        policy = self._make_policy(r.temperature, seed=2 * TRAIN_SEED_LIMIT + self.step_done)
+        self.model.eval()
+        t0 = time.perf_counter()
+        trajs: list[Trajectory] = []
+        tasks = [TaskSpec(TRAIN_SEED_LIMIT + i, {"task_index": i}) for i in range(self.cfg.env.num_train_tasks)]
+        for start in range(0, len(tasks), per_call):
+            trajs += self.runner.run(policy, tasks[start:start + per_call], group_size=copies)
+        turns = max(sum(x.num_turns for x in trajs), 1)
+        return {"pool/success_rate": sum(x.won for x in trajs) / max(len(trajs), 1),
+                "pool/invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns,
+                "pool/episodes": float(len(trajs)), "time/pool": time.perf_counter() - t0}
 
     def _log(self, metrics: dict[str, Any], *, step: int) -> None:
         line = {"step": step, **{k: v for k, v in metrics.items() if k != "step"}}
@@ -528,7 +759,10 @@ class Trainer:
 
     def _save_model(self, folder: Path) -> None:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(folder), safe_serialization=True)
+        if hasattr(self.model, "peft_config"):  # the trained adapter only, never the frozen reference copy
+            self.model.save_pretrained(str(folder), safe_serialization=True, selected_adapters=["default"])
+        else:
+            self.model.save_pretrained(str(folder), safe_serialization=True)
         self.tokenizer.save_pretrained(str(folder))
 
     def save(self) -> Path:

@@ -16,18 +16,33 @@ __all__ = ["LossTerms", "clipped_policy_loss", "kl_k3", "policy_objective"]
 
 
 def clipped_policy_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, clip_low: float, clip_high: float
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Sum over tokens of −min(r·A, clip(r, 1−clip_low, 1+clip_high)·A) and the number of clipped tokens.
 
-    `advantages` is (rows, R) (a turn's advantage broadcast over its tokens, or per token).
+    `advantages` is (rows, R) (a turn's advantage broadcast over its tokens, or per token). With
+    `clip_ratio_c` > 1 (dual clip, verl's `clip_ratio_c`) a token with A < 0 loses at most `clip_ratio_c·|A|`:
+    a ratio that has run far above 1 on a bad action no longer drives an unbounded update. A token counts as
+    clipped when either clip chose the branch whose gradient is zero.
     """
     ratio = torch.exp(logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped) & mask.bool()  # the min picked the clipped branch (gradient is zero there)
-    return (per_token * mask).sum(), was_clipped.sum()
+    unclipped = -ratio * advantages
+    clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    per_token = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped  # the max picked the clipped branch (gradient is zero there)
+    if clip_ratio_c > 0:
+        cap = -clip_ratio_c * advantages  # > 0 where A < 0
+        capped = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(capped, cap, per_token)
+        was_clipped = was_clipped | capped
+    return (per_token * mask).sum(), (was_clipped & mask.bool()).sum()
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
@@ -45,6 +60,7 @@ class LossTerms:
     kl: Tensor
     entropy: Tensor
     clipped_tokens: Tensor
+    approx_kl: Tensor  # sum of (old − new) log-prob over the tokens: verl's ppo_kl, the drift from pi_old
 
 
 def policy_objective(
@@ -60,12 +76,14 @@ def policy_objective(
     kl_coef: float,
     entropy_coef: float,
     num_tokens: int,
+    clip_ratio_c: float = 0.0,
 ) -> LossTerms:
     """Micro-batch contribution to the token-mean loss: (policy + kl_coef·KL − entropy_coef·H) / num_tokens."""
     mask = mask.to(logp.dtype)
-    policy, clipped = clipped_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high)
+    policy, clipped = clipped_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                                          clip_ratio_c=clip_ratio_c)
     kl = kl_k3(logp, ref_logp, mask) if ref_logp is not None and kl_coef > 0 else logp.new_zeros(())
     ent = (entropy * mask).sum() if entropy is not None else logp.new_zeros(())
     loss = (policy + kl_coef * kl - entropy_coef * ent) / max(num_tokens, 1)
     return LossTerms(loss=loss, policy=policy.detach(), kl=kl.detach(), entropy=ent.detach(),
-                     clipped_tokens=clipped.detach())
+                     clipped_tokens=clipped.detach(), approx_kl=((old_logp - logp.detach()) * mask).sum())

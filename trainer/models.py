@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # keep `import agentgym_opsd.trainer.models` light: transformers loads on first use
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "embedded_gguf_file",
     "embedded_model_path",
     "embedded_tokenizer_path",
+    "freeze_lower_layers",
     "load_policy_model",
     "load_tokenizer",
     "resolve_model_dir",
@@ -349,6 +351,42 @@ def apply_lora(model: PreTrainedModel, lora: LoraSettings) -> PreTrainedModel:
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)
+
+
+def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The stack of transformer blocks (the longest ModuleList named `layers` or `h`; PEFT-wrapped too)."""
+    import torch
+
+    stacks = [m for name, m in model.named_modules()
+              if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h")]
+    if not stacks:
+        raise ValueError(f"{type(model).__name__}: no decoder layer stack (a ModuleList named 'layers' or 'h')")
+    return max(stacks, key=len)
+
+
+def freeze_lower_layers(model: torch.nn.Module, trainable_layers: int) -> int:
+    """Freeze everything except the top `trainable_layers` decoder blocks, the final norm and an untied LM
+    head; returns the number of trainable parameters left. Autograd then stops at the lowest trainable
+    block, which is where the saving is: the backward pass costs ~2x the forward pass per trained layer.
+    With LoRA only the adapters inside the kept blocks stay trainable (the rest was frozen already)."""
+    layers = _decoder_layers(model)
+    if not 0 < trainable_layers <= len(layers):
+        raise ValueError(f"trainable_layers must be in 1..{len(layers)} for this model, got {trainable_layers}")
+    was_trainable = {id(p): p.requires_grad for p in model.parameters()}
+    model.requires_grad_(False)
+    keep: list[Any] = list(layers[len(layers) - trainable_layers:])
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("norm", "final_layernorm", "ln_f") and not any(module is m for m in layers.modules()):
+            keep.append(module)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and embeddings is not None and head.weight is not embeddings.weight:
+        keep.append(head)
+    for module in keep:
+        for p in module.parameters():
+            p.requires_grad_(was_trainable[id(p)])
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _load_base(name: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

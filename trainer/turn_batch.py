@@ -6,9 +6,12 @@ message; None when the task has no skill text, so the evidence is exactly zero a
 the row), the sampled response ids and their sampling log-probs. `build_turn_batch` also scores each
 trajectory (reward, group success rate) so that the credit estimator gets everything as flat tensors.
 
-Reward of a trajectory (documented choice): `reward_scale * won - invalid_action_penalty * num_invalid`,
-i.e. binary success (paper; reward_scale 10 reproduces the released code's 0/10 scale) minus the
-per-invalid-action penalty. The group success rate R̄ (the belief's prior) is the fraction of the group's
+Reward of a trajectory: `reward_scale * won` (binary success, paper; reward_scale 10 reproduces the
+released code's 0/10 scale). The invalid-action penalty goes either into that reward once per penalised turn
+(`penalty_mode="trajectory"`, every turn of the trajectory shares it) or onto the penalised turn's own row
+(`penalty_mode="turn"`, the released code; `row_penalties`). `penalize="any"` penalises every invalid turn,
+`"format"` only replies without a parsable action (the released code lets a well-formed but inadmissible
+action waste its turn unpunished). The group success rate R̄ (the belief's prior) is the fraction of the group's
 trajectories that were won (`success_source="won"`, paper), or the group mean of the raw reward without
 the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
 """
@@ -21,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from agentgym_opsd.records import ChatMessage, Trajectory, Turn
+from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates
 
-__all__ = ["TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates"]
+__all__ = ["TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised"]
 
 PromptEncoder = Callable[[list[ChatMessage]], list[int]]
 TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
@@ -41,6 +44,7 @@ class TurnRow:
     response_ids: list[int]
     sample_logprobs: list[float]
     action_valid: bool
+    penalty: float = 0.0  # this row's own invalid-action penalty (penalty_mode="turn"), else 0
 
     @property
     def num_tokens(self) -> int:
@@ -62,6 +66,12 @@ class TurnBatch:
     traj_group_ids: Tensor  # (trajectories,)
     traj_index: Tensor  # (rows,) index into the trajectory tensors
     stats: dict[str, float] = field(default_factory=dict)
+    penalty_mode: str = "trajectory"
+
+    @property
+    def row_penalties(self) -> Tensor:
+        """(rows,) each row's own penalty (all zero with penalty_mode="trajectory")."""
+        return torch.tensor([r.penalty for r in self.rows], dtype=torch.float64)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -83,10 +93,22 @@ class TurnBatch:
         return sum(len(r.response_ids) for r in self.rows)
 
 
-def trajectory_rewards(trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: float) -> Tensor:
-    """(trajectories,) `reward_scale * won - invalid_penalty * num_invalid_actions` (float64)."""
+PENALISED_KINDS = {"any": frozenset(INVALID_KINDS), "format": frozenset({"no_tag", "truncated"})}
+
+
+def is_penalised(turn: Turn, penalize: str = "any") -> bool:
+    """Whether the invalid-action penalty applies to this turn (`penalize`: "any" | "format")."""
+    kind = turn.invalid_kind
+    return kind is not None and kind in PENALISED_KINDS[penalize]
+
+
+def trajectory_rewards(
+    trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: float, penalize: str = "any"
+) -> Tensor:
+    """(trajectories,) `reward_scale * won - invalid_penalty * penalised turns` (float64)."""
     return torch.tensor(
-        [reward_scale * float(t.won) - invalid_penalty * t.num_invalid_actions for t in trajectories],
+        [reward_scale * float(t.won) - invalid_penalty * sum(is_penalised(x, penalize) for x in t.turns)
+         for t in trajectories],
         dtype=torch.float64,
     )
 
@@ -112,6 +134,8 @@ def build_turn_batch(
     reward_scale: float = 1.0,
     invalid_penalty: float = 0.0,
     success_source: str = "won",
+    penalty_mode: str = "trajectory",
+    penalize: str = "any",
 ) -> TurnBatch:
     """One row per turn that produced tokens; trajectories keep their order, turns their index.
 
@@ -119,7 +143,13 @@ def build_turn_batch(
     `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or an empty
     skill context) the row has no teacher prompt and its evidence is zero.
     """
-    rewards = trajectory_rewards(trajectories, reward_scale=reward_scale, invalid_penalty=invalid_penalty)
+    if penalty_mode not in ("trajectory", "turn"):
+        raise ValueError(f"penalty_mode must be 'trajectory' or 'turn', got {penalty_mode!r}")
+    if penalize not in PENALISED_KINDS:
+        raise ValueError(f"penalize must be one of {sorted(PENALISED_KINDS)}, got {penalize!r}")
+    per_turn = penalty_mode == "turn"
+    rewards = trajectory_rewards(trajectories, reward_scale=reward_scale,
+                                 invalid_penalty=0.0 if per_turn else invalid_penalty, penalize=penalize)
     rates = group_success_rates(trajectories, source=success_source, reward_scale=reward_scale)
     rows: list[TurnRow] = []
     row_traj: list[int] = []
@@ -142,6 +172,7 @@ def build_turn_batch(
                 response_ids=list(turn.response_token_ids),
                 sample_logprobs=list(turn.response_logprobs),
                 action_valid=turn.action_valid,
+                penalty=invalid_penalty if per_turn and is_penalised(turn, penalize) else 0.0,
             ))
             row_traj.append(ti)
     traj_index = torch.tensor(row_traj, dtype=torch.long)
@@ -155,6 +186,7 @@ def build_turn_batch(
         "score_mean": sum(t.score for t in trajectories) / max(n, 1),
         "env_errors": float(sum(t.error is not None for t in trajectories)),
         "num_rows": float(len(rows)),
+        **invalid_rates(trajectories),
     }
     return TurnBatch(
         rows=rows,
@@ -164,4 +196,5 @@ def build_turn_batch(
         traj_group_ids=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
         traj_index=traj_index,
         stats=stats,
+        penalty_mode=penalty_mode,
     )

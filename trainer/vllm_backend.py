@@ -260,9 +260,11 @@ class VLLMPolicy:
             completion = result.outputs[0]
             ids = list(completion.token_ids)
             lps = [float(step[tok].logprob) for tok, step in zip(ids, completion.logprobs or [], strict=False)]
-            if ids and ids[-1] in self.eos_ids:  # same convention as HFPolicy: no end-of-sequence token
-                ids, lps = ids[:-1], lps[: len(ids) - 1]
-            outputs.append(PolicyOutput(self.tokenizer.decode(ids, skip_special_tokens=False), ids, lps))
+            # Same convention as HFPolicy: an end-of-sequence token stays in the ids (trainable), not the text.
+            ended = bool(ids) and ids[-1] in self.eos_ids
+            why = "eos" if ended else ("length" if completion.finish_reason == "length" else "stop")
+            text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+            outputs.append(PolicyOutput(text, ids, lps[: len(ids)], finish_reason=why))
         return outputs
 
     def sync_weights(self, model: torch.nn.Module) -> int:

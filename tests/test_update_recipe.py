@@ -1,0 +1,322 @@
+"""The released update recipe: PPO mini-batches, dual clip, per-turn invalid-action penalty with cross-step
+group statistics, rows for empty replies, the LoRA reference, λ warm-down, layer freezing and the cached,
+epoch-based warm start (toy counter env, tiny random model, torch backend: seconds on a CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentgym_opsd import credit
+from agentgym_opsd.records import Trajectory, Turn, classify_invalid, invalid_rates
+from agentgym_opsd.trainer.config import load_config
+from agentgym_opsd.trainer.logprobs import batched_response_logprobs
+from agentgym_opsd.trainer.loop import Trainer
+from agentgym_opsd.trainer.losses import clipped_policy_loss
+from agentgym_opsd.trainer.models import freeze_lower_layers, load_policy_model
+from agentgym_opsd.trainer.turn_batch import build_turn_batch
+from agentgym_opsd.trainer.warm_start import sft_schedule
+
+
+def make_trainer(tmp_path, *overrides: str) -> Trainer:
+    cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
+                                   "trainer.tensorboard=false", *overrides])
+    return Trainer(cfg)
+
+
+# ---- PPO mini-batches and the dual clip -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mini", "epochs"), [(0, 1), (3, 1), (4, 2), (1000, 3)])
+def test_optimizer_steps_are_ceil_rows_over_mini_batch_times_epochs(tmp_path, toy_env_ids, mini, epochs) -> None:
+    trainer = make_trainer(tmp_path, f"algorithm.ppo_mini_batch_rows={mini}", f"algorithm.ppo_epochs={epochs}")
+    try:
+        calls = []
+        step = trainer.engine.step
+        trainer.engine.step = lambda: calls.append(1) or step()
+        trajs = trainer.collect()
+        metrics = trainer.step_on(trajs)
+        rows = int(metrics["num_rows"])
+        expected = math.ceil(rows / (mini or rows)) * epochs
+        assert len(calls) == metrics["optimizer_steps"] == expected
+    finally:
+        trainer.close()
+
+
+def test_mini_batches_cover_every_row_once_per_epoch_in_a_seeded_shuffle(tmp_path, toy_env_ids) -> None:
+    trainer = make_trainer(tmp_path, "algorithm.ppo_mini_batch_rows=4", "algorithm.ppo_epochs=2")
+    try:
+        batches = trainer.mini_batches(10)
+        assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
+        assert sorted(sum(batches[:3], [])) == sorted(sum(batches[3:], [])) == list(range(10))
+        assert batches[:3] != batches[3:]  # each epoch reshuffles
+        assert trainer.mini_batches(10) == batches  # the same step replays the same order (resume)
+    finally:
+        trainer.close()
+
+
+def test_after_the_first_mini_batch_the_ratio_moves_and_clipping_acts(tmp_path, toy_env_ids) -> None:
+    # A constructed batch: real rows with advantages of ±1, one row per optimiser step and a large learning
+    # rate. The later mini-batches are evaluated by a policy that already moved away from pi_old, so the
+    # ratio is no longer 1 and the clip has work to do.
+    trainer = make_trainer(tmp_path, "algorithm.ppo_mini_batch_rows=1", "optim.lr=0.05", "algorithm.ppo_epochs=2")
+    try:
+        batch = trainer.score(trainer.collect())
+        old = [torch.tensor(r.sample_logprobs) for r in batch.rows]
+        adv = [torch.full((len(r.response_ids),), 1.0 if i % 2 else -1.0) for i, r in enumerate(batch.rows)]
+        metrics = trainer.update(batch, old, None, adv)
+        assert metrics["optimizer_steps"] == 2 * len(batch.rows)
+        assert abs(metrics["approx_kl"]) > 1e-4
+        assert metrics["clip_fraction"] > 0
+    finally:
+        trainer.close()
+
+
+def test_one_mini_batch_keeps_the_ratio_at_one(tmp_path, toy_env_ids) -> None:
+    trainer = make_trainer(tmp_path, "algorithm.ppo_mini_batch_rows=0", "optim.lr=0.05")
+    try:
+        metrics = trainer.step_on(trainer.collect())
+        assert metrics["optimizer_steps"] == 1
+        assert abs(metrics["approx_kl"]) < 1e-5 and metrics["clip_fraction"] == 0
+    finally:
+        trainer.close()
+
+
+def _loss(ratio: float, adv: float, c: float) -> tuple[float, int]:
+    logp = torch.tensor([[math.log(ratio)]])
+    total, clipped = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1),
+                                         clip_low=0.2, clip_high=0.24, clip_ratio_c=c)
+    return float(total), int(clipped)
+
+
+def test_dual_clip_by_hand() -> None:
+    # A < 0 with a ratio far above 1: PPO's loss is r·|A| = 5; the dual clip caps it at c·|A| = 3.
+    assert _loss(5.0, -1.0, 0.0) == pytest.approx((5.0, 0))
+    assert _loss(5.0, -1.0, 3.0) == pytest.approx((3.0, 1))
+    assert _loss(2.0, -1.0, 3.0) == pytest.approx((2.0, 0))  # under the cap: plain PPO
+    # A > 0: the dual clip never acts; the upper clip does (−1.24·A).
+    assert _loss(5.0, 2.0, 3.0) == pytest.approx((-2.48, 1))
+    # A < 0 with the ratio below 1 − ε: the lower clip picks −(0.8)·A = 0.8.
+    assert _loss(0.5, -1.0, 3.0) == pytest.approx((0.8, 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-4, 4), st.floats(-5, 5), st.floats(1.01, 10))
+def test_dual_clip_bounds_the_loss_of_negative_advantages(log_ratio: float, adv: float, c: float) -> None:
+    ratio = math.exp(log_ratio)
+    plain, _ = _loss(ratio, adv, 0.0)
+    dual, _ = _loss(ratio, adv, c)
+    if adv < 0:
+        assert dual <= c * -adv + 1e-6 and dual <= plain + 1e-6
+    else:
+        assert dual == pytest.approx(plain)
+
+
+# ---- invalid actions: kinds, the per-turn penalty, cross-step statistics ---------------------------------
+
+
+def test_invalid_kinds() -> None:
+    assert classify_invalid(parsed=True, accepted=True, finish_reason="stop") is None
+    assert classify_invalid(parsed=True, accepted=False, finish_reason="stop") == "not_admissible"
+    assert classify_invalid(parsed=False, accepted=False, finish_reason="eos") == "no_tag"
+    assert classify_invalid(parsed=False, accepted=False, finish_reason="length") == "truncated"
+
+
+def _turn(i: int, kind: str | None, tokens=(5, 6)) -> Turn:
+    info = {"invalid_kind": kind} if kind else {}
+    return Turn(index=i, prompt=[{"role": "user", "content": f"turn {i}"}], response_text="x",
+                action="" if kind in ("no_tag", "truncated") else "go", action_valid=kind is None, observation="",
+                reward=0.0, response_token_ids=list(tokens), response_logprobs=[-1.0] * len(tokens), info=info)
+
+
+def _traj(traj_id: int, won: bool, kinds: list[str | None], group: int = 0) -> Trajectory:
+    return Trajectory(env_id="toy", task_id="t", task_type="", group_id=group, traj_id=traj_id, seed=0, won=won,
+                      turns=[_turn(i, k) for i, k in enumerate(kinds)])
+
+
+def _encode(messages) -> list[int]:
+    return [1, 2, 3]
+
+
+def test_invalid_rates_split_the_invalid_action_rate() -> None:
+    trajs = [_traj(0, True, [None, "no_tag", "not_admissible"]), _traj(1, False, ["truncated", None])]
+    rates = invalid_rates(trajs)
+    assert rates == pytest.approx({"invalid/no_tag": 0.2, "invalid/not_admissible": 0.2, "invalid/truncated": 0.2})
+    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None)
+    assert sum(rates.values()) == pytest.approx(batch.stats["invalid_action_rate"])
+
+
+def test_trajectory_penalty_by_hand() -> None:
+    trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, ["not_admissible"])]
+    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1)
+    assert batch.traj_rewards.tolist() == pytest.approx([0.9, -0.1])
+    assert batch.row_penalties.tolist() == [0.0, 0.0, 0.0]
+    fmt = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1, penalize="format")
+    assert fmt.traj_rewards.tolist() == pytest.approx([0.9, 0.0])  # a refused but well-formed action is free
+
+
+def test_turn_penalty_and_cross_step_statistics_by_hand() -> None:
+    # Group 0: trajectory 0 won in two turns, the second one invalid; trajectory 1 lost in one valid turn.
+    trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, [None])]
+    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1,
+                             penalty_mode="turn")
+    assert batch.traj_rewards.tolist() == [1.0, 0.0]
+    assert batch.row_penalties.tolist() == [0.0, 0.1, 0.0]
+    eps = 1e-6
+    # cross steps: row scores 1.0, 0.9, 0.0 -> mean 0.6333.., unbiased std over the three rows
+    scores = np.array([1.0, 0.9, 0.0])
+    mean, std = scores.mean(), scores.std(ddof=1)
+    seq, pen = credit.grpo_turn_penalty_advantages(batch.traj_rewards, batch.traj_group_ids, batch.traj_index,
+                                                   batch.row_penalties, cross_steps=True, eps=eps)
+    assert seq.tolist() == pytest.approx([(1 - mean) / (std + eps), (0 - mean) / (std + eps)])
+    assert pen.tolist() == pytest.approx([0.0, -0.1 / (std + eps), 0.0])
+    row = seq[batch.traj_index] + pen
+    assert row.tolist() == pytest.approx(((scores - mean) / (std + eps)).tolist())  # verl's row advantage
+    # one score per trajectory: mean 0.5, std 0.7071 over the rewards 1 and 0
+    seq, pen = credit.grpo_turn_penalty_advantages(batch.traj_rewards, batch.traj_group_ids, batch.traj_index,
+                                                   batch.row_penalties, cross_steps=False, eps=eps)
+    s = math.sqrt(0.5)
+    assert seq.tolist() == pytest.approx([0.5 / (s + eps), -0.5 / (s + eps)])
+    assert pen.tolist() == pytest.approx([0.0, -0.1 / (s + eps), 0.0])
+
+
+def test_turn_penalty_without_any_signal_is_zero() -> None:
+    trajs = [_traj(0, True, [None]), _traj(1, True, [None])]
+    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, penalty_mode="turn",
+                             invalid_penalty=0.1)
+    seq, pen = credit.grpo_turn_penalty_advantages(batch.traj_rewards, batch.traj_group_ids, batch.traj_index,
+                                                   batch.row_penalties)
+    assert seq.abs().max() == 0 and pen.abs().max() == 0
+
+
+def test_trainer_adds_the_row_penalty_after_the_reshaping(tmp_path, toy_env_ids) -> None:
+    trainer = make_trainer(tmp_path, "algorithm.penalty_mode=turn", "algorithm.grpo_cross_steps=true",
+                           "algorithm.estimator=grpo")
+    try:
+        trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, [None])]
+        batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1,
+                                 penalty_mode="turn")
+        adv, _ = trainer.advantages(batch, torch.zeros(3, dtype=torch.float64), [torch.zeros(2)] * 3)
+        scores = np.array([1.0, 0.9, 0.0])
+        expected = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)
+        assert [float(a[0]) for a in adv] == pytest.approx(expected.tolist(), abs=1e-6)
+    finally:
+        trainer.close()
+
+
+def test_an_empty_reply_is_a_trainable_row() -> None:
+    # The HF sampler keeps the end-of-sequence token of an empty reply (tests/test_generation_hf.py), so the
+    # turn has one token and becomes a row the gradient can push down.
+    traj = _traj(0, False, ["no_tag"])
+    traj.turns[0].response_text = ""
+    traj.turns[0].response_token_ids = [2]
+    traj.turns[0].response_logprobs = [-0.1]
+    batch = build_turn_batch([traj], encode_prompt=_encode, teacher_messages=None)
+    assert len(batch.rows) == 1 and batch.rows[0].response_ids == [2]
+
+
+# ---- λ warm-down ---------------------------------------------------------------------------------------
+
+
+def test_lam_warmdown(tmp_path, toy_env_ids) -> None:
+    trainer = make_trainer(tmp_path, "algorithm.lam=0.5", "algorithm.lam_warmdown_steps=2", "trainer.total_steps=4")
+    try:
+        lams = []
+        for step in range(4):
+            trainer.step_done = step
+            lams.append(trainer.current_lam())
+        assert lams == pytest.approx([0.5, 0.5, 0.25, 0.0])
+    finally:
+        trainer.close()
+
+
+# ---- layer freezing --------------------------------------------------------------------------------------
+
+
+def test_freeze_lower_layers_trains_only_the_top(toy_env_ids) -> None:
+    model, _ = load_policy_model("tiny-random", trainable=True)
+    layers = model.model.layers
+    freeze_lower_layers(model, 1)
+    assert all(p.requires_grad for p in layers[-1].parameters())
+    assert not any(p.requires_grad for layer in layers[:-1] for p in layer.parameters())
+    assert not model.get_input_embeddings().weight.requires_grad
+    assert all(p.requires_grad for p in model.model.norm.parameters())
+    with pytest.raises(ValueError, match="trainable_layers"):
+        freeze_lower_layers(model, len(layers) + 1)
+
+
+# ---- warm start: epochs, cache, LoRA reference -----------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3))
+def test_sft_schedule_visits_every_row_once_per_epoch(rows: int, batch: int, epochs: int) -> None:
+    schedule = sft_schedule(rows, batch_rows=batch, epochs=epochs, rng=np.random.default_rng(0))
+    seen = np.concatenate(schedule)
+    assert np.bincount(seen, minlength=rows).tolist() == [epochs] * rows
+    assert all(len(b) <= batch for b in schedule)
+
+
+WARM = ["warm_start.epochs=2", "warm_start.episodes=6", "warm_start.heldout_episodes=2", "warm_start.batch_rows=4",
+        "warm_start.lr=1e-3", "trainer.total_steps=0"]
+
+
+def test_second_run_reuses_the_warm_start_cache(tmp_path, toy_env_ids, monkeypatch) -> None:
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "cache"))
+    first = make_trainer(tmp_path / "a", *WARM)
+    try:
+        s1 = first.warm_start()
+        weights = {k: v.clone() for k, v in first.model.state_dict().items()}
+    finally:
+        first.close()
+    assert s1["warm_start/cache_hit"] == 0 and s1["warm_start/sft_steps_this_run"] > 0
+    assert 0 <= s1["warm_start/heldout_action_exact_match"] <= 1
+    second = make_trainer(tmp_path / "b", *WARM)
+    try:
+        calls = []
+        second.engine.step = lambda: calls.append(1)
+        s2 = second.warm_start()
+        assert s2["warm_start/cache_hit"] == 1 and s2["warm_start/sft_steps_this_run"] == 0 and not calls
+        assert all(torch.equal(weights[k], v) for k, v in second.model.state_dict().items())
+    finally:
+        second.close()
+    other = make_trainer(tmp_path / "c", *WARM, "warm_start.lr=2e-3")  # another setting: another entry
+    try:
+        assert other._warm_start_cache_dir() != first._warm_start_cache_dir()
+    finally:
+        other.close()
+
+
+def test_lora_reference_is_the_warm_started_policy(tmp_path, toy_env_ids) -> None:
+    trainer = make_trainer(tmp_path, *WARM, "warm_start.cache=off", "model.lora=true", "algorithm.kl_coef=0.1",
+                           "optim.lr=0.05", "trainer.total_steps=1")
+    try:
+        base = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
+        trainer.warm_start()
+        trainer._setup_reference()
+        assert any(not torch.equal(a, p) for a, p in zip(base, [p for p in trainer.model.parameters()
+                                                                 if p.requires_grad], strict=True))
+        batch = trainer.score(trainer.collect())
+        prompts = [r.prompt_ids for r in batch.rows]
+        responses = [r.response_ids for r in batch.rows]
+        policy = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id)
+        ref = trainer._reference_logprobs(prompts, responses)
+        for a, b in zip(policy, ref, strict=True):
+            torch.testing.assert_close(a, b)  # RL starts exactly at the reference
+        with trainer.model.disable_adapter():
+            plain = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id)
+        assert any(not torch.allclose(a, b) for a, b in zip(plain, ref, strict=True))  # not the pre-SFT base
+        trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+        assert trainable and not any(".reference." in n for n in trainable)
+        trainer.step()
+        after = trainer._reference_logprobs(prompts, responses)
+        for a, b in zip(ref, after, strict=True):
+            torch.testing.assert_close(a, b)  # the reference stays frozen while the policy trains
+        assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
+    finally:
+        trainer.close()
