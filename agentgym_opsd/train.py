@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-__all__ = ["main", "build_arg_parser"]
+__all__ = ["main", "build_arg_parser", "learning_summary"]
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -70,7 +70,33 @@ def main(argv: list[str] | None = None) -> int:
         last = lines[-1]
         print(f"done: step {last['step']} success_rate {last['success_rate']:.3f} loss {last['loss']:.4f} "
               f"-> {cfg.trainer.output_dir}")
+    for line in learning_summary(trainer.out / "metrics.jsonl"):
+        print(line)
     return 0
+
+
+def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:
+    """'before -> after' lines for held-out validation and the training pool, from a run's metrics.jsonl
+    (the first and the last line that has each number; nothing when a run validated once or never)."""
+    import json
+    from pathlib import Path
+
+    path = Path(metrics_path)
+    if not path.is_file():
+        return []
+    rows = []
+    for text in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(text))
+        except json.JSONDecodeError:
+            continue
+    out = []
+    for key, label in (("val/success_rate", "held-out success"), ("pool/success_rate", "training-pool success")):
+        seen = [(r.get("step", 0), r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if len(seen) >= 2:
+            (s0, v0), (s1, v1) = seen[0], seen[-1]
+            out.append(f"{label}: {100 * v0:.1f}% (step {s0}) -> {100 * v1:.1f}% (step {s1})")
+    return out
 
 
 if __name__ == "__main__":

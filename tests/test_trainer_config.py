@@ -26,6 +26,15 @@ def test_paper_and_release_numbers() -> None:
     assert paper.optim.lr == 1e-6 and paper.trainer.total_steps == 150 and paper.trainer.eval_temperature == 0.4
     assert (release.algorithm.gamma, release.algorithm.eps0, release.algorithm.success_source) == (1.0, 1e-4, "reward")
     assert release.env.reward_scale == 10.0
+    # the released update: verl's clip, dual clip, 256-row mini-batches, per-turn format penalty, cross-step stats
+    r = release.algorithm
+    assert (r.clip_low, r.clip_high, r.clip_ratio_c, r.ppo_mini_batch_rows) == (0.2, 0.2, 3.0, 256)
+    assert (r.penalty_mode, r.penalize, r.grpo_cross_steps) == ("turn", "format", True)
+    assert (paper.algorithm.penalty_mode, paper.algorithm.ppo_mini_batch_rows) == ("trajectory", 256)
+
+
+def test_yaml_off_reads_as_the_string_off() -> None:
+    assert load_config("cpu-tiny", ["warm_start.cache=off"]).warm_start.cache == "off"
 
 
 def test_overrides_parse_values() -> None:

@@ -320,3 +320,17 @@ def test_lora_reference_is_the_warm_started_policy(tmp_path, toy_env_ids) -> Non
         assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
     finally:
         trainer.close()
+
+
+def test_learning_summary_reports_before_and_after(tmp_path) -> None:
+    import json
+
+    from agentgym_opsd.train import learning_summary
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 0, "val/success_rate": 0.25, "pool/success_rate": 0.5}, {"step": 1, "success_rate": 0.4},
+             {"step": 2, "val/success_rate": 0.375, "pool/success_rate": 0.75}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + "{cut by a kill")
+    assert learning_summary(path) == ["held-out success: 25.0% (step 0) -> 37.5% (step 2)",
+                                      "training-pool success: 50.0% (step 0) -> 75.0% (step 2)"]
+    assert learning_summary(tmp_path / "missing.jsonl") == []
