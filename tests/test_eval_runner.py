@@ -105,3 +105,21 @@ def test_summary_serialises(toy_env_ids):
     assert data["success_rate"] == 1.0 and "trajectories" not in data
     with pytest.raises(ValueError, match="episodes"):
         evaluate_policy(OraclePolicy(), "ToyCounter-v0:test", episodes=0)
+
+
+def test_invalid_actions_are_split_by_kind_in_summary_metrics_and_report(toy_env_ids):
+    from agentgym_opsd.evaluation.reports import format_summary_table
+
+    class NoTag:
+        """Replies without any action tag: every turn is invalid of kind no_tag."""
+
+        def act(self, requests):
+            return [PolicyOutput("I am not sure.", finish_reason="eos") for _ in requests]
+
+    summary = evaluate_policy(NoTag(), "ToyCounter-v0:test", episodes=2, num_envs=2)
+    assert summary.invalid_action_rate == 1.0
+    assert summary.invalid_by_kind == {"invalid/no_tag": 1.0, "invalid/not_admissible": 0.0,
+                                       "invalid/truncated": 0.0}
+    assert summary.metrics()["val/invalid/no_tag"] == 1.0
+    assert summary.to_dict()["invalid_by_kind"]["invalid/no_tag"] == 1.0
+    assert "| 100.0 / 0.0 / 0.0 |" in format_summary_table([summary])
