@@ -122,7 +122,8 @@ def test_warm_start_teaches_the_action_format(tmp_path, toy_env_ids) -> None:
     out = tmp_path / "ws"
     assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=1",
                  "trainer.backend=torch", "trainer.tensorboard=false", "warm_start.steps=40",
-                 "warm_start.episodes=5", "warm_start.lr=3e-3", "warm_start.batch_rows=8", "env.max_turns=3"]) == 0
+                 "warm_start.episodes=5", "warm_start.lr=3e-3", "warm_start.batch_rows=8", "env.max_turns=3",
+                 "warm_start.cache=off"]) == 0
     summary = json.loads((out / "warm_start" / "summary.json").read_text())
     assert summary["warm_start/loss_last"] < 0.25 * summary["warm_start/loss_first"]
     line = metrics_lines(out)[0]
