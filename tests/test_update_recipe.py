@@ -334,3 +334,23 @@ def test_learning_summary_reports_before_and_after(tmp_path) -> None:
     assert learning_summary(path) == ["held-out success: 25.0% (step 0) -> 37.5% (step 2)",
                                       "training-pool success: 50.0% (step 0) -> 75.0% (step 2)"]
     assert learning_summary(tmp_path / "missing.jsonl") == []
+
+
+def test_warm_start_can_leave_the_rl_pool_to_rl(tmp_path, toy_env_ids, monkeypatch) -> None:
+    import agentgym_opsd.trainer.loop as loop
+
+    seen = []
+    real = loop.collect_demonstrations
+
+    def spy(runner, tasks, **kwargs):
+        seen.extend(t.options["task_index"] for t in tasks)
+        return real(runner, tasks, **kwargs)
+
+    monkeypatch.setattr(loop, "collect_demonstrations", spy)
+    trainer = make_trainer(tmp_path, "warm_start.steps=1", "warm_start.episodes=0", "warm_start.cache=off",
+                           "warm_start.exclude_rl_pool=true", "env.num_train_tasks=2")
+    try:
+        trainer.warm_start()
+    finally:
+        trainer.close()
+    assert seen and sorted(seen) == list(range(2, trainer.env_num_tasks))  # every game but the pool, once

@@ -215,6 +215,8 @@ class WarmStartConfig:
     episodes: int = _f(32, "oracle episodes collected for the warm start (0 = one per training game)")
     heldout_episodes: int = _f(0, "demonstration episodes kept out of SFT and scored by greedy exact match of "
                                   "the action after it")
+    exclude_rl_pool: bool = _f(False, "episodes=0: no demonstrations of the RL pool's games (task indices below "
+                                      "env.num_train_tasks), so RL has to learn those games itself")
     cache: str = _f("auto", "auto = reuse a warm start with the same model, environment, demonstrations, SFT "
                             "settings and seed from $AGENTGYM_OPSD_CACHE/warm_start; off = always train")
     lr: float = _f(1e-4, "warm-start learning rate")

@@ -322,6 +322,8 @@ class Trainer:
         if ws.episodes == 0 and self.env_num_tasks:
             # one demonstration per training game, in a seeded order (the held-out slice is its tail)
             order = np.random.default_rng(t.seed + 1).permutation(self.env_num_tasks)
+            if ws.exclude_rl_pool and self.cfg.env.num_train_tasks:
+                order = order[order >= self.cfg.env.num_train_tasks]
             tasks = [TaskSpec((ws.seed_offset + j) % TRAIN_SEED_LIMIT, {"task_index": int(k)})
                      for j, k in enumerate(order)]
         else:
