@@ -130,3 +130,28 @@ def test_warm_start_teaches_the_action_format(tmp_path, toy_env_ids) -> None:
     assert line["invalid_action_rate"] < 1.0  # the random model was invalid on every turn before
     state = load_trainer_state(latest_checkpoint(out / "checkpoints"))
     assert state.warm_start_done
+
+
+class _Exploit:
+    """Unpickling this would run a shell command (what a hostile trainer_state.pt can do)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, toy_env_ids, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=1",
+                 "trainer.backend=torch", "trainer.tensorboard=false"]) == 0
+    ckpt = latest_checkpoint(out / "checkpoints")
+    marker = tmp_path / "pwned"
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=True)
+    state["extra"] = {"payload": _Exploit(str(marker))}
+    torch.save(state, ckpt / "trainer_state.pt")
+    assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=2",
+                 "trainer.backend=torch", "trainer.tensorboard=false", "--resume", "auto"]) == 2
+    assert "refusing" in capsys.readouterr().err
+    assert not marker.exists()

@@ -3,7 +3,8 @@
 Layout of one checkpoint (`<output_dir>/checkpoints/step_000010/`)::
 
     model/               save_pretrained: safetensors weights (or the LoRA adapter) + config + tokenizer
-    trainer_state.pt     optimiser state, RNG states (python, numpy, torch, sampler), step, task cursor
+    trainer_state.pt     optimiser state, RNG states (python, numpy, torch, sampler), step, task cursor: tensors
+                         and plain data only, read with torch.load(weights_only=True)
     deepspeed/           the DeepSpeed engine checkpoint (only with ZeRO stage > 0)
     config.yaml          the resolved run config
     COMPLETE             written last; a folder without it is not a checkpoint
@@ -64,7 +65,11 @@ class TrainerState:
 
 
 def capture_rng(sampler_state: torch.Tensor | None = None) -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG state as tensors and plain data (what `torch.load(weights_only=True)` reads back)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     if sampler_state is not None:
@@ -74,8 +79,10 @@ def capture_rng(sampler_state: torch.Tensor | None = None) -> dict[str, Any]:
 
 def restore_rng(state: dict[str, Any]) -> torch.Tensor | None:
     """Restore global RNGs; returns the sampler's generator state (if saved) for the policy to load."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -165,8 +172,13 @@ def load_trainer_state(folder: str | os.PathLike[str]) -> TrainerState:
     if not (folder / "model").is_dir():
         raise CheckpointError(f"checkpoint {folder} is corrupt: the model/ folder is missing")
     try:
-        data = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        # Tensors and plain data only: a pickle that would construct arbitrary objects (and so run code) is
+        # refused before anything in it executes.
+        data = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"checkpoint {folder}: {STATE_FILE} holds more than tensors and plain data; refusing "
+                              f"to load it (a checkpoint must never run code): {str(exc).splitlines()[0]}") from exc
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {folder} is corrupt: cannot read {STATE_FILE} ({exc})") from exc
     missing = {"step", "task_cursor", "warm_start_done", "engine", "rng"} - set(data if isinstance(data, dict) else ())
     if missing:
