@@ -155,3 +155,16 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, 
                  "trainer.backend=torch", "trainer.tensorboard=false", "--resume", "auto"]) == 2
     assert "refusing" in capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_resume_auto_without_a_checkpoint_starts_the_metrics_over(tmp_path, toy_env_ids) -> None:
+    out = tmp_path / "run"
+    args = ["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.save_every=0",
+            "trainer.backend=torch", "trainer.tensorboard=false"]
+    assert main(args) == 0
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "COMPLETE").unlink()  # as if every save had been cut short
+    assert main([*args, "--resume", "auto"]) == 0
+    assert [x["step"] for x in metrics_lines(out)] == [1, 2]
+    kept = list(out.glob("metrics.*.jsonl"))
+    assert len(kept) == 1 and [json.loads(x)["step"] for x in kept[0].read_text().splitlines()] == [1, 2]

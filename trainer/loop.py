@@ -145,6 +145,8 @@ class Trainer:
         self._writer: Any = None
         if self.state is not None:
             self._restore(resume_from)
+        else:
+            self._set_aside_old_metrics()
         self.out.joinpath("config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
 
     # ---- setup ------------------------------------------------------------------------------------------
@@ -218,6 +220,13 @@ class Trainer:
         if sampler is not None and hasattr(self.policy, "set_rng_state"):
             self.policy.set_rng_state(sampler)
         self._truncate_metrics(self.state.step)
+
+    def _set_aside_old_metrics(self) -> None:
+        """A run that starts from step 0 (fresh, or `--resume auto` without a finished checkpoint) begins a
+        new metrics.jsonl; the old one is kept beside it, not appended to (steps would read 1, 1, 2, ...)."""
+        path = self.out / "metrics.jsonl"
+        if path.is_file() and path.stat().st_size:
+            os.replace(path, path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metric lines of steps after the checkpoint (they will be replayed exactly)."""
