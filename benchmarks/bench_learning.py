@@ -178,7 +178,16 @@ def plot(out: Path, config: str) -> None:
             if key == "val/success_rate":
                 points = [(0, before[key])] + [(m["step"], m[key]) for m in lines if key in m]
             elif key == "success_rate":
-                points = [(0, before["pool/success_rate"])] + [(m["step"], m[key]) for m in lines if "seconds_update" in m]
+                # thin: each step's own 8 training episodes (2 pool games); markers: the whole pool evaluated
+                steps = [(m["step"], m[key]) for m in lines if "seconds_update" in m]
+                evals = [(0, before["pool/success_rate"])] + [(m["step"], m["pool/success_rate"]) for m in lines
+                                                              if "pool/success_rate" in m]
+                line, = ax.plot([p[0] for p in steps], [scale * p[1] for p in steps], lw=0.8, alpha=0.5)
+                ax.plot([p[0] for p in evals], [scale * p[1] for p in evals], marker="s", ms=7, ls="--",
+                        color=line.get_color(), label=est)
+                ax.set_title("pool success: whole pool (squares), step batch (thin)", fontsize=9)
+                ax.set_xlabel("RL step (0 = warm start)")
+                continue
             else:
                 points = [(m["step"], m[key]) for m in lines if key in m and "seconds_update" in m]
             if points:
