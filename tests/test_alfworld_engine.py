@@ -21,7 +21,7 @@ from agentgym_opsd.environments.alfworld.grammar import game_logic, goal_of  # n
 from agentgym_opsd.environments.alfworld.names import display_names  # noqa: E402
 from agentgym_opsd.environments.alfworld.splits import BUILTIN_SPLITS, GeneratedSplit  # noqa: E402
 
-FIXTURE_GAMES = sorted(glob.glob("/work/shared/fixtures/alfworld/json_2.1.1/*/*/*/game.tw-pddl"))
+FIXTURE_GAMES = sorted(glob.glob(str(Path(__file__).parent / "data" / "alfworld" / "json_2.1.1/*/*/*/game.tw-pddl")))
 
 
 pytestmark = pytest.mark.usefixtures("fresh_cache_dir")  # generated games go to a private, empty cache

@@ -17,7 +17,7 @@ from agentgym_opsd.environments.alfworld.env import ALFWorldEnv  # noqa: E402
 from agentgym_opsd.environments.alfworld.splits import NoGamesError  # noqa: E402
 from agentgym_opsd.environments.alfworld.vocabulary import TASK_TYPES  # noqa: E402
 
-FIXTURES = Path("/work/shared/fixtures/alfworld")
+FIXTURES = Path(__file__).parent / "data" / "alfworld"  # 7 ALFWorld games in its on-disk layout
 FIXTURE_GAMES = sorted(glob.glob(str(FIXTURES / "json_2.1.1/*/*/*/game.tw-pddl")))
 needs_fixtures = pytest.mark.skipif(not FIXTURE_GAMES, reason="ALFWorld fixture games not present")
 

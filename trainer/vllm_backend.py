@@ -4,7 +4,7 @@ vLLM is imported only when a `VLLMPolicy` is built; without it `require_vllm()` 
 says to install the `gpu` extra. The pure helpers (`sampling_params_kwargs`, `hf_weight_items`) need no
 vLLM and are unit-tested on the CPU.
 
-How it is used (see /work/shared/GPU-FACTS.md §1, §3 for the API facts):
+How it is used (vLLM's current `LLM` / `SamplingParams` / sleep-mode API):
 
 - Engine: `LLM(model=path, distributed_executor_backend="external_launcher", ...)` — one vLLM worker inside
   each trainer process (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT must be set first; the
