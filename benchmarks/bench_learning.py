@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -96,8 +97,9 @@ def summarize(out: Path) -> dict:
         raise SystemExit(f"{out / 'warm'} has no metrics: run the experiment first")
     before = warm_lines[0]
     ws = json.loads((out / "warm" / "warm_start" / "summary.json").read_text())
-    val_n = before.get("val/ALFWorld-v0:easy_valid/episodes", 48.0)
-    pool_n = before.get("pool/episodes", 64.0)
+    config = yaml.safe_load((out / "warm" / "config.yaml").read_text())
+    val_n = float(config["trainer"]["eval_episodes"])
+    pool_n = before["pool/episodes"]
     result: dict = {"warm_start": {
         "minutes": ws.get("warm_start/seconds", float("nan")) / 60,
         "easy_valid_success": before["val/success_rate"],
@@ -119,7 +121,7 @@ def summarize(out: Path) -> dict:
         result[est] = {
             "pool_success_before": before["pool/success_rate"], "pool_success_after": after["pool/success_rate"],
             "valid_success_before": before["val/success_rate"], "valid_success_after": after["val/success_rate"],
-            "pool_after": _rate(after["pool/success_rate"], after.get("pool/episodes", pool_n)),
+            "pool_after": _rate(after["pool/success_rate"], after["pool/episodes"]),
             "valid_after": _rate(after["val/success_rate"], val_n),
             "valid_invalid_rate_before": before["val/invalid_action_rate"],
             "valid_invalid_rate_after": after["val/invalid_action_rate"],
