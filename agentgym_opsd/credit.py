@@ -113,16 +113,20 @@ def grpo_advantages(
     _check_floating("rewards", rewards)
     _check_integer("group_ids", group_ids)
     _, group = torch.unique(group_ids, return_inverse=True)  # (trajectories,) dense 0..G-1
-    num_groups = int(group.max()) + 1 if group.numel() else 0
-    count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device)
-    count.index_add_(0, group, torch.ones_like(rewards))
-    total = torch.zeros_like(count).index_add_(0, group, rewards)
-    centred = rewards - (total / count)[group]
+    mean, std = _group_mean_std(rewards, group, int(group.max()) + 1 if group.numel() else 0)
+    centred = rewards - mean[group]
     if not normalize_std:
         return centred
-    sq = torch.zeros_like(count).index_add_(0, group, centred * centred)
-    std = torch.sqrt(sq / (count - 1).clamp_min(1.0))  # a group of one: centred is exactly 0, std 0
     return centred / (std[group] + eps)
+
+
+def _group_mean_std(values: Tensor, group: Tensor, num_groups: int) -> tuple[Tensor, Tensor]:
+    """(groups,) mean and unbiased (n − 1) std of `values` by dense `group` index (a group of one: std 0)."""
+    count = values.new_zeros(num_groups).index_add_(0, group, torch.ones_like(values))
+    mean = values.new_zeros(num_groups).index_add_(0, group, values) / count.clamp_min(1.0)
+    centred = values - mean[group]
+    sq = values.new_zeros(num_groups).index_add_(0, group, centred * centred)
+    return mean, torch.sqrt(sq / (count - 1).clamp_min(1.0))
 
 
 def grpo_turn_penalty_advantages(
@@ -156,14 +160,8 @@ def grpo_turn_penalty_advantages(
         values, value_group = traj_rewards[row_traj_index] - penalties, group[row_traj_index]
     else:
         values, value_group = traj_rewards, group
-    count = traj_rewards.new_zeros(num_groups).index_add_(0, value_group, torch.ones_like(values))
-    mean = traj_rewards.new_zeros(num_groups).index_add_(0, value_group, values) / count.clamp_min(1.0)
-    if normalize_std:
-        centred = values - mean[value_group]
-        sq = traj_rewards.new_zeros(num_groups).index_add_(0, value_group, centred * centred)
-        scale = torch.sqrt(sq / (count - 1).clamp_min(1.0)) + eps
-    else:
-        scale = traj_rewards.new_ones(num_groups)
+    mean, std = _group_mean_std(values, value_group, num_groups)
+    scale = std + eps if normalize_std else torch.ones_like(std)
     seq = (traj_rewards - mean[group]) / scale[group]
     return seq, -penalties / scale[group[row_traj_index]]
 

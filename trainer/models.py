@@ -375,9 +375,10 @@ def freeze_lower_layers(model: torch.nn.Module, trainable_layers: int) -> int:
     was_trainable = {id(p): p.requires_grad for p in model.parameters()}
     model.requires_grad_(False)
     keep: list[Any] = list(layers[len(layers) - trainable_layers:])
+    inside_blocks = {id(m) for m in layers.modules()}
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("norm", "final_layernorm", "ln_f") and not any(module is m for m in layers.modules()):
+        if leaf in ("norm", "final_layernorm", "ln_f") and id(module) not in inside_blocks:
             keep.append(module)
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
