@@ -54,3 +54,12 @@ def test_bad_actions_are_answered(env, action):
     env.reset(seed=1)
     obs, reward, terminated, truncated, info = env.step(action)
     assert isinstance(obs, str) and isinstance(info["action_valid"], bool)
+
+
+@pytest.mark.parametrize("index", [-1, "end"])
+def test_task_index_out_of_range_is_refused_alike(env, index):
+    # every environment refuses an index outside [0, num_tasks) instead of wrapping it to another task
+    bad = env.unwrapped.num_tasks if index == "end" else index
+    with pytest.raises(ValueError, match="task_index"):
+        env.reset(options={"task_index": bad})
+    env.reset(options={"task_index": env.unwrapped.num_tasks - 1})  # the last one is fine

@@ -85,7 +85,10 @@ class ALFWorldEnv(TextEnv):
         if options.get("task_id") is not None:
             return self.games.index_of(str(options["task_id"]))
         if options.get("task_index") is not None:
-            return int(options["task_index"]) % self.num_tasks
+            index = int(options["task_index"])
+            if not 0 <= index < self.num_tasks:  # the other environments refuse it too; wrapping hid bugs
+                raise ValueError(f"task_index must be in [0, {self.num_tasks}), got {index}")
+            return index
         return int(self.np_random.integers(self.num_tasks))
 
     def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
