@@ -138,8 +138,8 @@ def create_app(policy: Any, model_name: str) -> Flask:
 
 def _build_policy(model: str, args: argparse.Namespace) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download
-    from agentgym_opsd.trainer.generation import HFPolicy
-    from agentgym_opsd.trainer.models import load_policy_model
+    from agentgym_opsd.models.hf_policy import HFPolicy
+    from agentgym_opsd.models.loading import load_policy_model
 
     lm, tokenizer = load_policy_model(model, dtype=args.dtype, trainable=False)
     return HFPolicy(lm, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -21,13 +21,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from agentgym_opsd.models.hf_policy import chat_prompt_ids
+from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.registry import env_profile
 from agentgym_opsd.rollout import RolloutRunner
-from agentgym_opsd.trainer.generation import chat_prompt_ids
 from agentgym_opsd.trainer.logprobs import collate, response_logprobs
 from agentgym_opsd.trainer.loop import train_task_specs
-from agentgym_opsd.trainer.models import freeze_lower_layers, load_policy_model
 from agentgym_opsd.trainer.warm_start import collect_demonstrations
 
 ENV = "ALFWorld-v0:easy"

@@ -28,12 +28,12 @@ from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 from agentgym_opsd.core import TextEnv  # noqa: E402
 from agentgym_opsd.envpool import TaskSpec  # noqa: E402
+from agentgym_opsd.models.hf_policy import DEFAULT_STOP_STRINGS, HFPolicy  # noqa: E402
+from agentgym_opsd.models.loading import EMBEDDED_NAME, load_policy_model  # noqa: E402
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest  # noqa: E402
 from agentgym_opsd.records import Trajectory  # noqa: E402
 from agentgym_opsd.registry import EnvProfile, register_env  # noqa: E402
 from agentgym_opsd.rollout import RolloutRunner  # noqa: E402
-from agentgym_opsd.trainer.generation import DEFAULT_STOP_STRINGS, HFPolicy  # noqa: E402
-from agentgym_opsd.trainer.models import EMBEDDED_NAME, load_policy_model  # noqa: E402
 
 
 class HallwayEnv(TextEnv):

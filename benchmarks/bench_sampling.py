@@ -20,12 +20,12 @@ from rich.table import Table
 
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.models.hf_policy import make_policy_backend
+from agentgym_opsd.models.loading import load_policy_model
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import invalid_rates
 from agentgym_opsd.registry import env_profile, parse_env_spec
 from agentgym_opsd.rollout import RolloutRunner
-from agentgym_opsd.trainer.generation import make_policy_backend
-from agentgym_opsd.trainer.models import load_policy_model
 
 
 def model_dir(path: str) -> str:

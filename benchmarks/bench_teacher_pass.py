@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.models.hf_policy import chat_prompt_ids
+from agentgym_opsd.models.loading import load_policy_model
 from agentgym_opsd.policies import OraclePolicy
 from agentgym_opsd.rollout import RolloutRunner
-from agentgym_opsd.trainer.generation import chat_prompt_ids
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs, prefix_shared_response_logprobs
-from agentgym_opsd.trainer.models import load_policy_model
 
 
 def main() -> None:

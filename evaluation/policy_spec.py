@@ -47,8 +47,8 @@ def _pick(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 
 def _build_hf(argument: str, options: dict[str, Any]) -> Policy:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this project never downloads weights
-    from agentgym_opsd.trainer.generation import HFPolicy
-    from agentgym_opsd.trainer.models import load_policy_model
+    from agentgym_opsd.models.hf_policy import HFPolicy
+    from agentgym_opsd.models.loading import load_policy_model
 
     model, tokenizer = load_policy_model(argument, dtype=str(options.get("dtype") or "float32"), trainable=False)
     adapter = options.get("adapter")
@@ -70,8 +70,8 @@ def _build_vllm(argument: str, options: dict[str, Any]) -> Policy:
             "(pip install 'agentgym-opsd[gpu]') on a machine with a CUDA device, or use 'hf:PATH' on CPU"
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from agentgym_opsd.trainer.generation import make_policy_backend
-    from agentgym_opsd.trainer.models import EMBEDDED_NAME, embedded_model_path, resolve_model_dir
+    from agentgym_opsd.models.hf_policy import make_policy_backend
+    from agentgym_opsd.models.loading import EMBEDDED_NAME, embedded_model_path, resolve_model_dir
 
     # vLLM loads folders and hub names: map our own names onto the folders that hold the weights.
     if argument in (EMBEDDED_NAME, "embedded"):
@@ -87,7 +87,7 @@ def _build_vllm(argument: str, options: dict[str, Any]) -> Policy:
 
 
 def _build_openai(argument: str, options: dict[str, Any]) -> Policy:
-    from agentgym_opsd.evaluation.openai_client import OpenAIChatPolicy
+    from agentgym_opsd.models.openai_client import OpenAIChatPolicy
 
     kwargs = _pick(options, ("model", "api_key", "temperature", "top_p", "timeout_s", "max_retries",
                              "concurrency", "stop"))

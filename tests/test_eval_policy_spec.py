@@ -5,8 +5,8 @@ import importlib.util
 import pytest
 
 from agentgym_opsd.evaluation import evaluate_policy, make_policy, parse_policy_spec
-from agentgym_opsd.evaluation.openai_client import OpenAIChatPolicy, chat_completions_url
 from agentgym_opsd.evaluation.policy_spec import PolicySpecError
+from agentgym_opsd.models.openai_client import OpenAIChatPolicy, chat_completions_url
 from agentgym_opsd.policies import OraclePolicy, Policy, RandomPolicy
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.models.hf_policy import BACKENDS, HFPolicy, make_policy_backend
+from agentgym_opsd.models.loading import LoraSettings, load_policy_model
 from agentgym_opsd.policies import Policy, PolicyRequest
 from agentgym_opsd.rollout import RolloutRunner
-from agentgym_opsd.trainer.generation import BACKENDS, HFPolicy, make_policy_backend
-from agentgym_opsd.trainer.models import LoraSettings, load_policy_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

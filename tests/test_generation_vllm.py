@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from agentgym_opsd.trainer import vllm_backend
-from agentgym_opsd.trainer.generation import make_policy_backend
-from agentgym_opsd.trainer.models import LoraSettings, load_policy_model
-from agentgym_opsd.trainer.vllm_backend import hf_weight_items, sampling_params_kwargs, vllm_weight_name
+from agentgym_opsd.models import vllm_policy as vllm_backend
+from agentgym_opsd.models.hf_policy import make_policy_backend
+from agentgym_opsd.models.loading import LoraSettings, load_policy_model
+from agentgym_opsd.models.vllm_policy import hf_weight_items, sampling_params_kwargs, vllm_weight_name
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym_opsd.trainer import models
-from agentgym_opsd.trainer.models import (
+from agentgym_opsd.models import loading as models
+from agentgym_opsd.models.loading import (
     EMBEDDED_NAME,
     LoraSettings,
     load_policy_model,

@@ -57,7 +57,7 @@ def test_cpu_tiny_two_steps_with_deepspeed(tmp_path, toy_env_ids) -> None:
     state = load_trainer_state(ckpt)
     assert state.step == 2 and state.task_cursor == 4
     # The parameters moved away from the initial tiny random model.
-    from agentgym_opsd.trainer.models import load_policy_model
+    from agentgym_opsd.models.loading import load_policy_model
 
     init, _ = load_policy_model("tiny-random")
     trained = load_file(str(ckpt / "model" / "model.safetensors"))

@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 
+from agentgym_opsd.models.hf_policy import chat_prompt_ids
 from agentgym_opsd.trainer.config import load_config
-from agentgym_opsd.trainer.generation import chat_prompt_ids
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs, bucket_micro_batches
 from agentgym_opsd.trainer.loop import METRIC_KEYS, Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss, kl_k3, policy_objective

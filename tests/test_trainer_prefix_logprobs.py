@@ -14,7 +14,7 @@ from agentgym_opsd.trainer.logprobs import (
 
 @pytest.fixture(scope="module")
 def tiny():
-    from agentgym_opsd.trainer.models import load_policy_model
+    from agentgym_opsd.models.loading import load_policy_model
 
     return load_policy_model("tiny-random")
 

@@ -161,7 +161,7 @@ class Trainer:
         return path
 
     def _load_model(self, resume_from: Path | None) -> tuple[Any, Any]:
-        from agentgym_opsd.trainer.models import LoraSettings, freeze_lower_layers, load_policy_model
+        from agentgym_opsd.models.loading import LoraSettings, freeze_lower_layers, load_policy_model
 
         m = self.cfg.model
         if resume_from is not None:
@@ -193,7 +193,7 @@ class Trainer:
         return int(value) if isinstance(value, int) and value > 0 else None
 
     def _make_policy(self, temperature: float, seed: int) -> Any:
-        from agentgym_opsd.trainer.generation import make_policy_backend
+        from agentgym_opsd.models.hf_policy import make_policy_backend
 
         r = self.cfg.rollout
         if r.backend == "hf":
@@ -243,7 +243,7 @@ class Trainer:
         path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
-        from agentgym_opsd.trainer.generation import chat_prompt_ids
+        from agentgym_opsd.models.hf_policy import chat_prompt_ids
 
         return chat_prompt_ids(self.tokenizer, messages)
 
@@ -311,7 +311,7 @@ class Trainer:
     def _warm_start_cache_dir(self) -> Path | None:
         if self.cfg.warm_start.cache == "off":
             return None
-        from agentgym_opsd.trainer.models import cache_root
+        from agentgym_opsd.models.loading import cache_root
 
         return cache_root().parent / "warm_start" / warm_start_key(self._warm_start_settings())
 
@@ -359,7 +359,7 @@ class Trainer:
         seconds_sft = time.perf_counter() - t0 - seconds_demos
         exact = math.nan
         if heldout:
-            from agentgym_opsd.trainer.generation import make_policy_backend
+            from agentgym_opsd.models.hf_policy import make_policy_backend
 
             greedy = make_policy_backend("hf", model=self.model, tokenizer=self.tokenizer,
                                          max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0,
@@ -440,7 +440,7 @@ class Trainer:
                     self.model.load_adapter(str(source), adapter_name="reference", is_trainable=False)
                     self.model.set_adapter("default")
             return
-        from agentgym_opsd.trainer.models import load_policy_model
+        from agentgym_opsd.models.loading import load_policy_model
 
         self.reference, _ = load_policy_model(str(source or self.cfg.model.name_or_path), dtype=self.cfg.model.dtype,
                                               trainable=False)

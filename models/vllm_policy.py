@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentgym_opsd.models.hf_policy import DEFAULT_STOP_STRINGS, chat_prompt_ids
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import ChatMessage
-from agentgym_opsd.trainer.generation import DEFAULT_STOP_STRINGS, chat_prompt_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -206,7 +206,7 @@ class VLLMPolicy:
     ) -> None:
         vllm = require_vllm()
         if tokenizer is None:
-            from agentgym_opsd.trainer.models import load_tokenizer
+            from agentgym_opsd.models.loading import load_tokenizer
 
             tokenizer = load_tokenizer(model_path)
         self.tokenizer = tokenizer

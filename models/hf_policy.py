@@ -110,7 +110,7 @@ class HFPolicy(Policy):
         if isinstance(stop_strings, str) or any(not s for s in stop_strings):
             raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}")
         if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no pad token; load it with agentgym_opsd.trainer.models.load_policy_model")
+            raise ValueError("the tokenizer has no pad token; load it with agentgym_opsd.models.loading.load_policy_model")
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -292,7 +292,7 @@ def make_policy_backend(
         if model is None:
             if model_path is None:
                 raise ValueError("the hf backend needs a model and tokenizer, or a model_path to load")
-            from agentgym_opsd.trainer.models import load_policy_model
+            from agentgym_opsd.models.loading import load_policy_model
 
             model, tokenizer = load_policy_model(model_path, trainable=False)
         if tokenizer is None:
@@ -301,7 +301,7 @@ def make_policy_backend(
     if name == "vllm":
         if model_path is None:
             raise ValueError("the vllm backend needs model_path (a folder or hub name vLLM can load)")
-        from agentgym_opsd.trainer.vllm_backend import VLLMPolicy, require_vllm
+        from agentgym_opsd.models.vllm_policy import VLLMPolicy, require_vllm
 
         require_vllm()
         return VLLMPolicy(model_path, tokenizer=tokenizer, **options)

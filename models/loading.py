@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # keep `import agentgym_opsd.trainer.models` light: transformers loads on first use
+if TYPE_CHECKING:  # keep `import agentgym_opsd.models.loading` light: transformers loads on first use
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
