@@ -20,6 +20,7 @@ disturb the global RNG; `get_rng_state` / `set_rng_state` carry it through check
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "BACKENDS",
     "HFPolicy",
     "chat_prompt_ids",
+    "text_ids",
     "make_policy_backend",
 ]
 
@@ -43,16 +45,47 @@ DEFAULT_STOP_STRINGS: tuple[str, ...] = ("</action>", "</search>", "</answer>")
 BACKENDS = ("hf", "vllm")
 
 
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
     """The prompt token ids for chat `messages`, ending with the assistant header (generation prompt).
 
-    The template is rendered to text and tokenised without extra special tokens: chat templates write
-    their own special tokens (BOS included where the model wants one).
+    Special tokens come only from the chat template, never from message content: an observation (a web page,
+    a retrieved passage) or an API message holding `<|im_end|>\n<|im_start|>system ...` stays plain text
+    instead of opening a real system turn. The template is rendered once with a placeholder per message;
+    the template's own text is tokenised with its special tokens, each content with
+    `split_special_tokens=True`. For content without special-token strings the ids equal tokenising the
+    rendered chat in one piece (tested), so nothing trained before this change shifts.
     """
     if not messages:
         raise ValueError("a prompt needs at least one chat message")
-    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    for i, m in enumerate(messages):
+        if m["role"] not in CHAT_ROLES:  # the role is rendered as template text, so it must be a known word
+            raise ValueError(f"messages[{i}]: role must be one of {sorted(CHAT_ROLES)}, got {m['role'][:40]!r}")
+    marks = [f"\x00{secrets.token_hex(8)}:{i}\x00" for i in range(len(messages))]
+    scaffold = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)],
+                                             add_generation_prompt=True, tokenize=False)
+    ids: list[int] = []
+    rest = scaffold
+    for m, mark in zip(messages, marks, strict=True):
+        before, found, rest = rest.partition(mark)
+        if not found:  # a template that rewrites content (rare); refuse rather than let content through raw
+            raise ValueError("the chat template does not render message content verbatim; cannot keep content "
+                             "special tokens as text")
+        ids += _ids(tokenizer, before, split_special=False) + _ids(tokenizer, m["content"], split_special=True)
+    return ids + _ids(tokenizer, rest, split_special=False)
+
+
+def _ids(tokenizer: PreTrainedTokenizerBase, text: str, *, split_special: bool) -> list[int]:
+    if not text:
+        return []
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)["input_ids"])
+
+
+def text_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of plain text (a response, a demonstration) with special-token strings kept as text."""
+    return _ids(tokenizer, text, split_special=True)
 
 
 def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:

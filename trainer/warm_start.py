@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
@@ -74,7 +75,7 @@ def demonstration_rows(trajectories: Sequence[Trajectory], encode_prompt, tokeni
     rows = []
     for traj in trajectories:
         for turn in traj.turns:
-            ids = tokenizer(turn.response_text, add_special_tokens=False)["input_ids"]
+            ids = text_ids(tokenizer, turn.response_text)
             if ids:
                 rows.append(Demonstration(list(encode_prompt(turn.prompt)), list(ids)))
     return rows
