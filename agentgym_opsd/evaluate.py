@@ -7,7 +7,10 @@
     python -m agentgym_opsd.evaluate curves runs/train-agentopsd          # training curves from metrics.jsonl
     python -m agentgym_opsd.evaluate report runs/smol                     # rebuild reports from episodes.jsonl
 
-Rerunning the same command resumes: finished episodes in OUT/episodes.jsonl are skipped.
+Rerunning the same command resumes: finished episodes in OUT/episodes.jsonl are skipped. Episodes that could
+not run (an environment crashed or hung, the policy endpoint was down, after `--max-retries` replays) are
+not results: they are left out of the statistics, reported, and played by the next run; the command then
+exits with status 3 (2 is a usage error).
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ def _print_summaries(summaries: Sequence[Any], policy: str) -> None:
     console.print(table)
 
 
+EXIT_INFRASTRUCTURE_FAILURE = 3
+"""Exit status when some episodes could not run (environment or policy endpoint down); 2 is a usage error."""
+
+
 def _run(argv: Sequence[str]) -> int:
     from agentgym_opsd.evaluation.policy_spec import PolicySpecError, make_policy
     from agentgym_opsd.evaluation.suite import SuiteOptions, expand_env_specs, run_suite
@@ -108,6 +115,12 @@ def _run(argv: Sequence[str]) -> int:
     summaries = run_suite(policy, suite, args.out, progress=not args.no_progress)
     _print_summaries(summaries, args.policy)
     print(f"reports written to {args.out}/ (results.json, report.md, success_by_task_type.png, horizon.png)")
+    failed = sum(s.failed_episodes for s in summaries)
+    if failed:  # infrastructure failures are not results: say so and let scripts notice
+        reasons = sorted({r for s in summaries for r in s.failure_reasons})
+        print(f"error: {failed} episode(s) did not run ({'; '.join(reasons[:3])}); they are not in the results. "
+              f"Fix the cause and run the same command again: only those episodes are played.", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE_FAILURE
     return 0
 
 

@@ -50,10 +50,11 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
 class GroupStats:
     """Aggregates over a set of episodes.
 
-    `success_rate` is the fraction won (episodes that failed to run count as not won); `ci_low`/`ci_high`
-    its Wilson 95% interval; `score_mean` mean partial credit in [0, 1]; `turns_mean` mean turns per
-    episode; `invalid_action_rate` invalid actions / all turns; `failed_episodes` episodes that ended with
-    an error (environment or policy failure) even after retries.
+    `episodes` counts the episodes that ran to an end; `success_rate` is the fraction of them won,
+    `ci_low`/`ci_high` its Wilson 95% interval; `score_mean` mean partial credit in [0, 1]; `turns_mean`
+    mean turns per episode; `invalid_action_rate` invalid actions / all turns. `failed_episodes` ended with
+    an infrastructure error (environment crash or hang, policy endpoint down) even after retries: they are
+    not results, so they are left out of every statistic above and reported on their own.
     """
 
     episodes: int = 0
@@ -71,10 +72,12 @@ class GroupStats:
 
 
 def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
+    failed = sum(t.error is not None for t in trajectories)
+    trajectories = [t for t in trajectories if t.error is None]
     n = len(trajectories)
     if n == 0:
-        return GroupStats()
-    wins = sum(bool(t.won) and t.error is None for t in trajectories)
+        return GroupStats(failed_episodes=failed)
+    wins = sum(bool(t.won) for t in trajectories)
     total_turns = sum(t.num_turns for t in trajectories)
     low, high = wilson_interval(wins, n)
     return GroupStats(
@@ -86,7 +89,7 @@ def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
         score_mean=sum(float(t.score) for t in trajectories) / n,
         turns_mean=total_turns / n,
         invalid_action_rate=(sum(t.num_invalid_actions for t in trajectories) / total_turns) if total_turns else 0.0,
-        failed_episodes=sum(t.error is not None for t in trajectories),
+        failed_episodes=failed,
     )
 
 
@@ -125,7 +128,7 @@ def fit_horizon(trajectories: Sequence[Trajectory]) -> HorizonFit:
 
     Fitting on episodes, not on the per-horizon means, weights each horizon by how many episodes it has.
     """
-    pairs = [(h, 100.0 * (bool(t.won) and t.error is None)) for t in trajectories if (h := horizon_of(t)) is not None]
+    pairs = [(h, 100.0 * bool(t.won)) for t in trajectories if t.error is None and (h := horizon_of(t)) is not None]
     fit = HorizonFit(episodes_with_horizon=len(pairs))
     by_h: dict[int, list[float]] = {}
     for h, s in pairs:

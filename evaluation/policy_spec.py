@@ -93,7 +93,10 @@ def _build_openai(argument: str, options: dict[str, Any]) -> Policy:
                              "concurrency", "stop"))
     if options.get("max_new_tokens") is not None:
         kwargs["max_tokens"] = int(options["max_new_tokens"])
-    return OpenAIChatPolicy(argument, **kwargs)
+    try:
+        return OpenAIChatPolicy(argument, **kwargs)
+    except ValueError as exc:  # a non-http URL or a bad option value is a usage error, not a traceback
+        raise PolicySpecError(f"openai:{argument}: {exc}") from None
 
 
 def _build_random(argument: str, options: dict[str, Any]) -> Policy:

@@ -9,8 +9,10 @@ convention, disjoint from training seeds (< 10_000).
 With `results_path`, each finished episode is appended to a JSONL file as soon as its batch ends, and
 episodes already in the file (same env spec, seed and policy name) are skipped: rerunning resumes.
 Episodes that end with an error (the environment crashed or hung, or a remote policy timed out / sent
-garbage) are replayed up to `max_retries` times; then they are kept as failed, with the reason, and count
-as not won. The run goes on.
+garbage) are replayed up to `max_retries` times. An episode still failing then is an infrastructure
+failure, not a result: it is reported in `failed_episodes` / `failure_reasons`, left out of every
+statistic, and not written to the results file, so the next run plays it again (a record of a failed
+episode left by an older version is replayed too). The run goes on; the CLI exits non-zero.
 """
 
 from __future__ import annotations
@@ -265,7 +267,8 @@ def evaluate_policy(
         if results_path is not None:
             wanted = {t.seed for t in tasks}
             for rec in load_episode_records(results_path):
-                if rec.env_spec == env_spec and rec.policy == name and rec.seed in wanted:
+                if (rec.env_spec == env_spec and rec.policy == name and rec.seed in wanted
+                        and rec.trajectory.error is None):
                     done[rec.seed] = rec.trajectory
         pending = [t for t in tasks if t.seed not in done]
         bar = tqdm(total=len(tasks), initial=len(tasks) - len(pending), desc=f"eval {env_spec}", unit="ep",
@@ -278,13 +281,14 @@ def evaluate_policy(
                     _fill_oracle_horizon(runner, policy, batch, finished)
                 for task, (traj, attempts) in zip(batch, finished, strict=True):
                     done[task.seed] = traj
-                    if results_path is not None:
+                    if results_path is not None and traj.error is None:
                         record = EpisodeRecord(env_spec, name, task.seed, task.options.get("task_index"),
                                                attempts, traj if keep_prompts else _strip(_copy(traj)))
                         _append_line(results_path, record.to_json())
                 bar.update(len(batch))
-                won = sum(t.won for t in done.values())
-                bar.set_postfix(success=f"{won / len(done):.2f}")
+                ran = [t for t in done.values() if t.error is None]
+                bar.set_postfix(success=f"{sum(t.won for t in ran) / max(len(ran), 1):.2f}",
+                                failed=len(done) - len(ran))
         finally:
             bar.close()
         seconds = time.perf_counter() - start
@@ -325,7 +329,7 @@ def _play_with_retries(
         todo = retry
         if not todo:
             break
-    for i in todo:  # still failing after every retry: recorded as failed, with the attempts in the reason
+    for i in todo:  # still failing after every retry: an infrastructure failure, with the attempts in the reason
         traj, attempts = results[i]  # type: ignore[misc]
         traj.error = f"{traj.error} (after {attempts} attempts)"
         traj.won = False

@@ -110,3 +110,25 @@ def test_cli_errors_list_what_exists(toy_env_ids, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["compare", str(tmp_path / "missing")])
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1:8000"])
+def test_cli_refuses_endpoints_that_are_not_http_as_usage_errors(toy_env_ids, tmp_path, capsys, url):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--policy", f"openai:{url}", "--model", "m", "--env", "ToyCounter-v0", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "http" in capsys.readouterr().err
+
+
+def test_cli_exits_non_zero_when_episodes_could_not_run(toy_env_ids, tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: the policy endpoint is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(["--policy", f"openai:http://127.0.0.1:{port}", "--model", "m", "--env", "ToyCounter-v0:test",
+                 "--episodes", "2", "--max-retries", "0", "--out", str(tmp_path), "--no-progress",
+                 "--policy-option", "timeout_s=0.5", "--policy-option", "max_retries=0"])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "2 episode(s) did not run" in err and "cannot connect" in err
+    assert not (tmp_path / "episodes.jsonl").exists() or not (tmp_path / "episodes.jsonl").read_text().strip()
