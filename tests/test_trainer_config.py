@@ -81,3 +81,9 @@ def test_cli_reports_config_errors(capsys) -> None:
     assert "trainer.nope" in capsys.readouterr().err
     assert main(["--config", "cpu-tiny", "--print-config", "trainer.total_steps=9"]) == 0
     assert "total_steps: 9" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", ["env.id", "env.val_id"])
+def test_an_unknown_environment_is_refused_at_config_load_naming_the_key(key):
+    with pytest.raises(ConfigError, match=rf"{key}: unknown environment .*registered: .*ALFWorld-v0"):
+        load_config("cpu-tiny", [f"{key}=Nope-v0"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,6 +109,13 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, toy_env_ids, capsys) -> N
     assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=1",
                  "trainer.backend=torch", "trainer.tensorboard=false"]) == 0
     ckpt = latest_checkpoint(out / "checkpoints")
+    damaged = tmp_path / "damaged" / ckpt.name  # the same checkpoint with its weights cut in half
+    shutil.copytree(ckpt, damaged)
+    weights = damaged / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=2",
+                 "trainer.backend=torch", "--resume", str(damaged)]) == 2
+    assert "saved model cannot be loaded" in capsys.readouterr().err
     (ckpt / "trainer_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="corrupt"):
         load_trainer_state(ckpt)

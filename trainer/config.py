@@ -72,6 +72,17 @@ class ModelConfig:
         _check_nonneg("model.trainable_layers", self.trainable_layers)
 
 
+def _check_registered_env(key: str, spec: str) -> None:
+    from agentgym_opsd.registry import RegistryError, env_profile, parse_env_spec
+
+    if not spec:
+        return
+    try:
+        env_profile(parse_env_spec(spec)[0])
+    except RegistryError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
 @dataclass
 class EnvConfig:
     id: str = _f("ALFWorld-v0", "registered environment id, optionally with a split: 'ALFWorld-v0:easy'")
@@ -90,6 +101,8 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if not self.id:
             raise ConfigError("env.id: must name an environment, e.g. 'ALFWorld-v0:easy'")
+        for key in ("id", "val_id"):  # refused here, before any model is loaded
+            _check_registered_env(f"env.{key}", getattr(self, key))
         _check_nonneg("env.max_turns", self.max_turns)
         _check_nonneg("env.num_train_tasks", self.num_train_tasks)
         _check_positive("env.reward_scale", self.reward_scale)

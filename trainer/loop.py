@@ -165,7 +165,12 @@ class Trainer:
 
         m = self.cfg.model
         if resume_from is not None:
-            model, tok = load_policy_model(str(resume_from / "model"), dtype=m.dtype, trainable=True)
+            try:
+                model, tok = load_policy_model(str(resume_from / "model"), dtype=m.dtype, trainable=True)
+            except Exception as exc:  # a truncated safetensors file, a missing config: the checkpoint is unusable
+                raise ckpt.CheckpointError(f"{resume_from / 'model'}: the saved model cannot be loaded "
+                                           f"({type(exc).__name__}: {str(exc)[:200]}); resume from an earlier "
+                                           "checkpoint or start over") from exc
         else:
             lora = LoraSettings(r=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout,
                                 target_modules=tuple(m.lora_target_modules)) if m.lora else None
