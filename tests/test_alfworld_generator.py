@@ -11,7 +11,7 @@ pytest.importorskip("textworld")
 pytest.importorskip("alfworld")
 
 from agentgym_opsd.environments.alfworld.generate import main as generate_main  # noqa: E402
-from agentgym_opsd.environments.alfworld.generator import GameGenerator, Horizon, layout  # noqa: E402
+from agentgym_opsd.environments.alfworld.generator import GameGenerator, Horizon, layout, write_game  # noqa: E402
 from agentgym_opsd.environments.alfworld.names import display_names, position_id, sink_id  # noqa: E402
 from agentgym_opsd.environments.alfworld.splits import BUILTIN_SPLITS  # noqa: E402
 from agentgym_opsd.environments.alfworld.vocabulary import (  # noqa: E402
@@ -76,6 +76,17 @@ def test_cli_writes_alfworld_layout(tmp_path):
         assert set(game) >= {"pddl_domain", "grammar", "pddl_problem", "solvable"} and game["solvable"] is True
         assert "UNKNOWN GOAL" not in game["grammar"]
         assert json.loads((trial / "traj_data.json").read_text())["agentgym"]["optimal_plan_length"] > 0
+
+
+@pytest.mark.parametrize("split", ["../../x", "a/b", "..", "/tmp/evil", ""])
+def test_split_names_are_names_not_paths(tmp_path, capsys, split):
+    out = tmp_path / "data"
+    with pytest.raises(SystemExit) as exit_:
+        generate_main(["--out", str(out), "--per-type", "1", "--split", split])
+    assert exit_.value.code == 2 and "plain name" in capsys.readouterr().err
+    assert list(tmp_path.rglob("*")) == []  # nothing written anywhere
+    with pytest.raises(ValueError, match="plain name"):
+        write_game(GameGenerator().generate("pick_and_place_simple", "k", Horizon()), out, split)
 
 
 def _alfworld_config(data_path: str) -> dict:

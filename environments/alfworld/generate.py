@@ -13,7 +13,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from agentgym_opsd.environments.alfworld.generator import GameGenerator, Horizon, write_game
+from agentgym_opsd.environments.alfworld.generator import GameGenerator, Horizon, check_split_name, write_game
 from agentgym_opsd.environments.alfworld.vocabulary import (
     SCENE_NUMBERS_SEEN,
     SCENE_NUMBERS_UNSEEN,
@@ -23,12 +23,19 @@ from agentgym_opsd.environments.alfworld.vocabulary import (
 __all__ = ["main", "build_parser"]
 
 
+def _split_name(text: str) -> str:
+    try:
+        return check_split_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="data root (json_2.1.1/ is created inside)")
     parser.add_argument("--per-type", type=int, required=True, help="games per task type (six types)")
     parser.add_argument("--seed", type=int, default=0, help="generation seed")
-    parser.add_argument("--split", default="train", help="split folder name under json_2.1.1/")
+    parser.add_argument("--split", default="train", type=_split_name, help="split folder name under json_2.1.1/")
     parser.add_argument("--receptacles", type=int, nargs=2, default=(6, 14), metavar=("LOW", "HIGH"),
                         help="receptacles per room (inclusive range)")
     parser.add_argument("--distractors", type=int, nargs=2, default=(2, 8), metavar=("LOW", "HIGH"),
@@ -43,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.per_type < 1:
-        raise SystemExit(f"--per-type must be >= 1, got {args.per_type}")
+        build_parser().error(f"--per-type must be >= 1, got {args.per_type}")
     horizon = Horizon(num_receptacles=tuple(args.receptacles), num_distractors=tuple(args.distractors),
                       allow_closed_start=not args.no_closed_start, max_plan_length=args.max_plan_length)
     scenes = SCENE_NUMBERS_UNSEEN if args.unseen_scenes else SCENE_NUMBERS_SEEN

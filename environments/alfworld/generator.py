@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import tempfile
 import zlib
 from dataclasses import dataclass
@@ -243,10 +244,22 @@ class GameGenerator:
                         num_distractors=num_distractors)
 
 
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+def check_split_name(split: str) -> str:
+    """`split` if it is a plain folder name (letters, digits, `_.-`; no `/`, no `..`), else ValueError:
+    `--split ../../x` must not write outside the data root."""
+    if not _SPLIT_NAME.fullmatch(split) or ".." in split:
+        raise ValueError(f"split must be a plain name (letters, digits, '_', '.', '-'; no path), got {split!r}")
+    return split
+
+
 def write_game(game: GeneratedGame, data_root: str | os.PathLike[str], split: str) -> Path:
     """Write `data_root/json_2.1.1/<split>/<folder>/trial_<id>/{traj_data.json, game.tw-pddl}` atomically
     (a temporary folder renamed into place, so a concurrent reader never sees half a game). Returns the
-    path of `game.tw-pddl`; an existing identical game is kept."""
+    path of `game.tw-pddl`; an existing identical game is kept. `split` is a folder name, never a path."""
+    check_split_name(split)
     parent = Path(data_root) / "json_2.1.1" / split / game.spec.folder_name
     final = parent / f"trial_{game.spec.trial_id}"
     if (final / "game.tw-pddl").is_file():
