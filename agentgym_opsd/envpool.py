@@ -16,7 +16,10 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["EnvPool", "StepResult", "TaskSpec"]
+__all__ = ["EVAL_SEED", "EnvPool", "StepResult", "TaskSpec"]
+
+EVAL_SEED = 10_000
+"""The train/evaluation seed boundary: training resets use seeds below it, evaluation starts at it."""
 
 
 @dataclass(frozen=True)

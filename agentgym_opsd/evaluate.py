@@ -16,6 +16,7 @@ exits with status 3 (2 is a usage error).
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from agentgym_opsd.envpool import EVAL_SEED
+from agentgym_opsd.evaluation.runner import evaluate_policy
 
 __all__ = ["main", "build_parser"]
 
@@ -41,6 +45,11 @@ def _policy_option(text: str) -> tuple[str, Any]:
     return key, value
 
 
+# The CLI's defaults are the library's: one place to change them (evaluate_policy's keyword defaults).
+_LIBRARY_DEFAULTS = {name: p.default for name, p in inspect.signature(evaluate_policy).parameters.items()
+                     if p.default is not inspect.Parameter.empty}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m agentgym_opsd.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,12 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", default=None, help="named suite of environments ('default' = every registered env)")
     p.add_argument("--episodes", type=int, default=20, help="episodes per environment spec")
     p.add_argument("--out", required=True, help="output folder (episodes.jsonl, results.json, report.md, PNGs)")
-    p.add_argument("--seed", type=int, default=10_000, help="first evaluation seed (training uses < 10000)")
+    p.add_argument("--seed", type=int, default=EVAL_SEED, help=f"first evaluation seed (training uses < {EVAL_SEED})")
     p.add_argument("--max-turns", type=int, default=None, help="override the environments' turn limit")
     p.add_argument("--temperature", type=float, default=0.4, help="sampling temperature (0 = greedy)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="response length limit of model policies")
-    p.add_argument("--num-envs", type=int, default=8, help="environments played in parallel (one policy batch)")
-    p.add_argument("--max-retries", type=int, default=2, help="replays of an episode that ended in an error")
+    p.add_argument("--num-envs", type=int, default=_LIBRARY_DEFAULTS["num_envs"],
+                   help="environments played in parallel (one policy batch)")
+    p.add_argument("--max-retries", type=int, default=_LIBRARY_DEFAULTS["max_retries"],
+                   help="replays of an episode that ended in an error")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module (dotted name or .py file) that registers environments/skills (repeatable)")
     p.add_argument("--model", default=None, help="model name for openai: endpoints")
     p.add_argument("--policy-option", action="append", type=_policy_option, default=[], metavar="KEY=VALUE",
                    help="extra policy option (e.g. adapter=PATH, timeout_s=30, dtype=bfloat16)")
@@ -88,13 +101,15 @@ EXIT_INFRASTRUCTURE_FAILURE = 3
 def _run(argv: Sequence[str]) -> int:
     from agentgym_opsd.evaluation.policy_spec import PolicySpecError, make_policy
     from agentgym_opsd.evaluation.suite import SuiteOptions, expand_env_specs, run_suite
-    from agentgym_opsd.registry import RegistryError
+    from agentgym_opsd.registry import RegistryError, import_user_module
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.episodes < 1 or args.num_envs < 1:
         parser.error("--episodes and --num-envs must be >= 1")
     try:
+        for module in args.imports:
+            import_user_module(module)
         envs = expand_env_specs(args.env, args.suite)
     except (RegistryError, ValueError) as exc:
         parser.error(str(exc))

@@ -37,6 +37,7 @@ __all__ = [
     "load_skill_library",
     "registered_skill_libraries",
     "discover_plugins",
+    "import_user_module",
     "RegistryError",
 ]
 
@@ -143,6 +144,36 @@ def discover_plugins() -> None:
     for ep in metadata.entry_points(group=SKILL_ENTRY_POINT_GROUP):
         if ep.name not in _REGISTRY.skill_sources:
             register_skill_library(ep.name, _load_plugin(ep))
+
+
+def import_user_module(spec: str) -> Any:
+    """Import a module that registers environments or skill libraries when imported, without packaging it:
+    `spec` is a path to a `.py` file or a dotted module name (found from the current folder too). This is
+    what the CLIs' `--import` does; a module that cannot be imported is a RegistryError saying why."""
+    import importlib
+    import importlib.util
+    import sys
+
+    path = Path(spec)
+    try:
+        if spec.endswith(".py"):
+            if not path.is_file():
+                raise RegistryError(f"--import {spec}: no such file")
+            name = f"agentgym_user_{path.stem}"
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            if module_spec is None or module_spec.loader is None:
+                raise RegistryError(f"--import {spec}: not a Python module")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module  # registered "module:Class" entry points must find it again
+            module_spec.loader.exec_module(module)
+            return module
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return importlib.import_module(spec)
+    except RegistryError:
+        raise
+    except Exception as exc:  # a syntax error or a failing import inside the user's module
+        raise RegistryError(f"--import {spec}: {type(exc).__name__}: {exc}") from exc
 
 
 def _load_plugin(ep: metadata.EntryPoint) -> Any:

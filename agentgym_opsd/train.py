@@ -26,6 +26,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="cpu-small", help="preset name or YAML path (default: cpu-small)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. trainer.total_steps=5")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module (dotted name or .py file) that registers environments/skills (repeatable)")
     p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the output dir) or a checkpoint folder")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
@@ -47,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_presets:
         print("\n".join(available_presets()))
         return 0
+    from agentgym_opsd.registry import RegistryError, import_user_module
+
+    try:
+        for module in args.imports:  # before the config: it checks env.id against the registry
+            import_user_module(module)
+    except RegistryError as exc:
+        print(f"import error: {exc}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:

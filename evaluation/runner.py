@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
 from agentgym_opsd.evaluation.metrics import fit_horizon, group_stats, horizon_of, stats_by_task_type
 from agentgym_opsd.policies import OraclePolicy, Policy
 from agentgym_opsd.records import Trajectory, invalid_rates
@@ -46,8 +46,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EVAL_SEED = 10_000
-"""First evaluation seed; training uses seeds below it."""
+# EVAL_SEED (10_000): the first evaluation seed; training uses the seeds below it (one constant, in envpool)
 
 
 @dataclass

@@ -53,27 +53,6 @@ def test_public_api_exports():
         assert hasattr(agentgym_opsd, name)
 
 
-def test_plugins_from_entry_points_are_discovered(monkeypatch, toy_env_ids):
-    """A third-party package adds environments and skill libraries through the two entry-point groups."""
-    from importlib import metadata
-
-    from agentgym_opsd import registry
-
-    points = {
-        "agentgym_opsd.environments": [metadata.EntryPoint("toy", "toy_envs:register_toy_envs",
-                                                           "agentgym_opsd.environments")],
-        "agentgym_opsd.skills": [metadata.EntryPoint("plugin_skills", "conftest:SMALL_SKILLS", "agentgym_opsd.skills")],
-    }
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: points.get(group, []))
-    monkeypatch.setattr(registry._REGISTRY, "plugins_loaded", False)
-    gym.registry.pop("agentgym_opsd/ToyCounter-v0", None)
-    registry._REGISTRY.profiles.pop("agentgym_opsd/ToyCounter-v0", None)
-    assert "agentgym_opsd/ToyCounter-v0" in registered_envs()
-    assert load_skill_library("plugin_skills").name == "toy"
-    monkeypatch.setattr(registry._REGISTRY, "skill_sources",
-                        {k: v for k, v in registry._REGISTRY.skill_sources.items() if k != "plugin_skills"})
-
-
 def test_broken_plugin_is_named(monkeypatch, toy_env_ids):
     from importlib import metadata
 

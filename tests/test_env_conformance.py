@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from gymnasium.utils.env_checker import check_env
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from agentgym_opsd.core import INFO_KEYS
@@ -51,9 +51,28 @@ def test_oracle_wins(env):
 @given(action=st.one_of(st.just(""), st.just("   "), st.text(max_size=200), st.just("x" * 10_000),
                         st.just("ünïcødé ✓ 行動"), st.just("go\x00to\x1b[31m")))
 def test_bad_actions_are_answered(env, action):
-    env.reset(seed=1)
+    _, start = env.reset(seed=1)
+    assume(action.strip() not in (start["admissible_actions"] or ()))
     obs, reward, terminated, truncated, info = env.step(action)
-    assert isinstance(obs, str) and isinstance(info["action_valid"], bool)
+    assert isinstance(obs, str) and obs
+    assert info["action_valid"] is False and reward == 0.0 and not terminated and not info["won"]
+
+
+def test_two_instances_play_the_same_oracle_episode_identically(env):
+    other = make(env.spec.id, **CONFORMANCE_KWARGS.get(env.spec.id, {}))
+    try:
+        first = [env.reset(seed=77), other.reset(seed=77)]
+        assert first[0] == first[1]
+        for _ in range(env_profile(env.spec.id).max_turns):
+            action = env.unwrapped.oracle_action()
+            assert other.unwrapped.oracle_action() == action
+            a, b = env.step(action), other.step(action)
+            assert a == b, f"{env.spec.id} diverged on {action!r}"
+            if a[2] or a[3]:
+                break
+        assert a[4]["won"]
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("index", [-1, "end"])

@@ -41,7 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd import credit
-from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.registry import env_profile, parse_env_spec
@@ -79,7 +79,7 @@ METRIC_KEYS = (
 )
 """Plain keys every metrics.jsonl line has (namespaced duplicates and extras come beside them)."""
 
-TRAIN_SEED_LIMIT = 10_000  # training seeds stay below this; evaluation uses seeds >= 10_000
+TRAIN_SEED_LIMIT = EVAL_SEED  # training seeds stay below this; evaluation uses seeds from it on
 
 
 def seed_everything(seed: int) -> None:
