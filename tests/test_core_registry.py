@@ -46,6 +46,11 @@ def test_unknown_and_duplicate_ids_are_clear(toy_env_ids):
 def test_list_command_runs():
     out = subprocess.run([sys.executable, "-m", "agentgym_opsd", "list"], capture_output=True, text=True, check=True)
     assert "Environments:" in out.stdout and "Skill libraries:" in out.stdout
+    envs, skills = out.stdout.split("Skill libraries:")
+    for env_id in ("agentgym_opsd/ALFWorld-v0", "agentgym_opsd/WebShop-v0", "agentgym_opsd/SearchQA-v0"):
+        assert env_id in envs
+    listed = {line.split()[0] for line in skills.strip().splitlines()}
+    assert {"alfworld", "webshop", "search_qa"} <= listed
 
 
 def test_public_api_exports():

@@ -3,12 +3,16 @@ installs top-level folders under agentgym_opsd, so setuptools cannot discover th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"agentgym_opsd": "agentgym_opsd", "environments": "agentgym_opsd.environments",
-          "skills": "agentgym_opsd.skills", "trainer": "agentgym_opsd.trainer", "evaluation": "agentgym_opsd.evaluation"}
+          "skills": "agentgym_opsd.skills", "trainer": "agentgym_opsd.trainer", "evaluation": "agentgym_opsd.evaluation",
+          "models": "agentgym_opsd.models"}
 
 
 def test_all_packages_listed():
@@ -23,8 +27,23 @@ def test_all_packages_listed():
     assert found <= listed, f"add to pyproject [tool.setuptools] packages: {sorted(found - listed)}"
 
 
-def test_skill_files_are_package_data():
-    from agentgym_opsd.skills import builtin_library_folders
+def test_the_mapping_covers_every_package_dir():
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert {package: folder for package, folder in dirs.items()} == {v: k for k, v in MAPPED.items() if k != "agentgym_opsd"} | {
+        "agentgym_opsd": "agentgym_opsd"}
 
-    for name, folder in builtin_library_folders().items():
-        assert (folder / "general.md").is_file(), name
+
+def test_a_built_wheel_holds_the_skill_files_presets_and_every_package(tmp_path):
+    """Build the wheel as pip would and look inside: skill Markdown/YAML, presets and the ALFWorld data are
+    package data, and every mapped package is there (an editable install would hide a missing entry)."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("agentgym_opsd-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for library in ("alfworld", "webshop", "search_qa"):
+        assert f"agentgym_opsd/skills/{library}/skills.yaml" in names
+        assert f"agentgym_opsd/skills/{library}/general.md" in names
+    assert {f"agentgym_opsd/trainer/presets/{p.name}" for p in (ROOT / "trainer" / "presets").glob("*.yaml")} <= names
+    for folder, package in MAPPED.items():
+        assert f"{package.replace('.', '/')}/__init__.py" in names, folder
+    assert not any(n.startswith(("tests/", "benchmarks/", "examples/")) for n in names)
