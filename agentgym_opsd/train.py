@@ -29,7 +29,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import a module (dotted name or .py file) that registers environments/skills (repeatable)")
     p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the output dir) or a checkpoint folder")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (with each key's help as a comment) and exit")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
     p.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     p.add_argument("--log-level", default="INFO")
     # The `deepspeed` launcher appends --local_rank=N; LOCAL_RANK in the environment carries the same.
@@ -44,10 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     from agentgym_opsd.trainer.checkpoint import CheckpointError
-    from agentgym_opsd.trainer.config import ConfigError, available_presets, load_config
+    from agentgym_opsd.trainer.config import ConfigError, available_presets, config_help, load_config
 
     if args.list_presets:
         print("\n".join(available_presets()))
+        return 0
+    if args.help_config:
+        print(config_help())
         return 0
     from agentgym_opsd.registry import RegistryError, import_user_module
 
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.print_config:
-        print(cfg.to_yaml())
+        print(cfg.to_yaml(with_help=True))
         return 0
     from agentgym_opsd.trainer.loop import Trainer
 

@@ -87,3 +87,19 @@ def test_cli_reports_config_errors(capsys) -> None:
 def test_an_unknown_environment_is_refused_at_config_load_naming_the_key(key):
     with pytest.raises(ConfigError, match=rf"{key}: unknown environment .*registered: .*ALFWorld-v0"):
         load_config("cpu-tiny", [f"{key}=Nope-v0"])
+
+
+def test_help_config_lists_every_key_with_its_help(capsys):
+    assert main(["--help-config"]) == 0
+    out = capsys.readouterr().out
+    for key, help_words in (("algorithm.lam", "λ"), ("model.trainable_layers", "decoder layers"),
+                            ("warm_start.cache", "reuse"), ("preset", "preset")):
+        assert key in out and help_words in out.split(key, 1)[1].split("\n  ", 2)[1]
+
+
+def test_print_config_carries_help_comments_and_loads_back(tmp_path, capsys):
+    assert main(["--config", "cpu-tiny", "--print-config", "algorithm.lam=0.3"]) == 0
+    text = capsys.readouterr().out
+    assert "  # parameter dtype: float32 | bfloat16 | float16\n  dtype: float32" in text
+    (tmp_path / "resolved.yaml").write_text(text)
+    assert load_config(str(tmp_path / "resolved.yaml")).to_dict() == load_config("cpu-tiny", ["algorithm.lam=0.3"]).to_dict()

@@ -34,6 +34,7 @@ __all__ = [
     "PRESETS_DIR",
     "available_presets",
     "config_from_dict",
+    "config_help",
     "load_config",
     "apply_overrides",
 ]
@@ -296,8 +297,47 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+    def to_yaml(self, *, with_help: bool = False) -> str:
+        """The resolved config as YAML; `with_help` puts each field's help text above it as a comment (the
+        output still loads with `load_config`)."""
+        if not with_help:
+            return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        def entry(f: dataclasses.Field, value: Any, indent: str) -> list[str]:
+            comment = [f"{indent}# {f.metadata['help']}"] if f.metadata.get("help") else []
+            dumped = yaml.safe_dump({f.name: value}, sort_keys=False, width=10_000).rstrip("\n").splitlines()
+            return comment + [indent + line for line in dumped]
+
+        lines = []
+        for section in dataclasses.fields(self):
+            value = getattr(self, section.name)
+            if not dataclasses.is_dataclass(value):  # a top-level scalar (`preset`)
+                lines += entry(section, value, "")
+                continue
+            lines.append(f"{section.name}:")
+            for f in dataclasses.fields(value):
+                lines += entry(f, getattr(value, f.name), "  ")
+        return "\n".join(lines) + "\n"
+
+
+def config_help() -> str:
+    """Every config key with its type, default and help text (what `train --help-config` prints)."""
+    def describe(key: str, f: dataclasses.Field) -> list[str]:
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        return [f"  {key} ({type_name}, default {default!r})"] + (
+            [f"      {f.metadata['help']}"] if f.metadata.get("help") else [])
+
+    out = []
+    defaults = Config()
+    for section in dataclasses.fields(Config):
+        value = getattr(defaults, section.name)
+        if not dataclasses.is_dataclass(value):
+            out += describe(section.name, section)
+            continue
+        out.append(f"{section.name}:")
+        for f in dataclasses.fields(value):
+            out += describe(f"{section.name}.{f.name}", f)
+    return "\n".join(out)
 
 
 # ---- building and validating ------------------------------------------------------------------------------
