@@ -20,6 +20,7 @@ disturb the global RNG; `get_rng_state` / `set_rng_state` carry it through check
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_STOP_STRINGS",
     "BACKENDS",
     "HFPolicy",
+    "cache_kwarg",
     "chat_prompt_ids",
     "text_ids",
     "make_policy_backend",
@@ -98,18 +100,23 @@ def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     return ids
 
 
-def _cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: Any) -> str:
     """The forward argument that takes the KV cache: `cache` in recent transformers, `past_key_values`
-    before (recent versions still accept the old name, with a deprecation warning per call)."""
-    import inspect
-
+    before (recent versions still accept the old name, with a deprecation warning per call; 5.40 removes
+    it). Generation and the trainer's log-prob passes both pass their cache through this name."""
     base = model
     if isinstance(getattr(base, "module", None), torch.nn.Module):  # DeepSpeed engine / DDP wrapper
         base = base.module
     if callable(getattr(base, "get_base_model", None)):  # PEFT wrapper (forwards **kwargs)
         base = base.get_base_model()
-    params = inspect.signature(type(base).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return _cache_kwarg_of(type(base))
+
+
+@functools.cache
+def _cache_kwarg_of(model_type: type) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
 class HFPolicy(Policy):
@@ -157,7 +164,7 @@ class HFPolicy(Policy):
         # stop string that the newest token completed: decoding only that tail keeps the check O(1) per step.
         self._tail_tokens = max(len(s) for s in self.stop_strings) + 2 if self.stop_strings else 0
         self.device = next(model.parameters()).device
-        self._cache_kwarg = _cache_kwarg(model)
+        self._cache_kwarg = cache_kwarg(model)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentgym_opsd.models.hf_policy import cache_kwarg
+
 __all__ = [
     "MicroBatch",
     "batched_response_logprobs",
@@ -110,7 +112,7 @@ def response_logprobs(
         ones = attention_mask.new_ones(attention_mask.shape[0], prefix_len)
         attention_mask, position_ids = torch.cat([ones, attention_mask], dim=1), position_ids + prefix_len
     out = model(input_ids=mb.input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=resp_width + 1, past_key_values=prefix_cache, use_cache=prefix_cache is not None)
+                logits_to_keep=resp_width + 1, use_cache=prefix_cache is not None, **{cache_kwarg(model): prefix_cache})
     # Logits at position p predict token p+1: the last R+1 positions minus the final one predict the R
     # response slots.
     logits = out.logits[:, :-1, :].float() / temperature  # (rows, R, vocab)
@@ -225,7 +227,7 @@ def prefix_shared_response_logprobs(
                 continue
             prefix = torch.tensor([list(prompts[idx[0]][:prefix_len])], dtype=torch.long, device=device)
             prefix_cache = DynamicCache()
-            model(input_ids=prefix, use_cache=True, past_key_values=prefix_cache, logits_to_keep=1)
+            model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): prefix_cache})
             suffixes = [list(prompts[i][prefix_len:]) for i in idx]
             lengths = [len(s) + len(responses[i]) for s, i in zip(suffixes, idx, strict=True)]
             for local in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
