@@ -1,4 +1,4 @@
-"""Credit assignment: GRPO group advantages and AgentOPSD turn-level reshaping.
+"""Credit assignment: GRPO group advantages, AgentOPSD turn-level reshaping, GiGPO and their combination.
 
 AgentOPSD (SPEC.md) redistributes a trajectory's GRPO advantage ``A_seq`` over its turns. The model, given
 privileged skill context, supplies per-turn evidence ``e_k`` (teacher minus student log-prob of the sampled
@@ -11,18 +11,23 @@ and each turn's share is a bounded re-weighting of ``A_seq``:
     q_k = sign(A_seq) ΔB_k,   z_k = standardise(q) within the trajectory,
     w_k = clip(1 + b z_k, 1 − b, 1 + b),   Ã_k = A_seq [(1 − λ) + λ w_k].
 
+GiGPO (verl-agent) adds a step-level advantage computed within anchor-state groups (turns of one task group
+that acted on the same state): ``Ã_k = A_seq + ω (G_k − mean_anchor G)`` (optionally ``/ std``), with G_k the
+discounted return of per-turn rewards; ``agentopsd+gigpo`` adds the same step term to AgentOPSD's Ã_k.
+
 Everything here is vectorised over turn rows in any order: rows are ranked by (trajectory, turn) once, laid
 out on a padded (trajectories, max_turns) grid, and the discounted sum is a blocked matrix scan (stable for
-any horizon: no ``γ^-k`` growth). ``reference_agentopsd_advantages`` is the slow, obvious loop the tests and
-the benchmark check the fast path against.
+any horizon: no ``γ^-k`` growth). ``reference_agentopsd_advantages`` and ``reference_gigpo_step_advantages``
+are the slow, obvious loops the tests and the benchmark check the fast paths against. The trainer picks an
+estimator by name through :func:`estimate`; each registered :class:`EstimatorSpec` declares what it needs.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -31,15 +36,30 @@ from torch import Tensor
 
 __all__ = [
     "ESTIMATORS",
+    "GRANULARITIES",
+    "STEP_NORMS",
     "VARIANTS",
     "CreditConfig",
-    "Estimator",
+    "CreditConfigError",
+    "CreditInputs",
+    "CreditResult",
+    "EstimatorFn",
+    "EstimatorSpec",
     "agentopsd_advantages",
+    "agentopsd_gigpo_advantages",
     "agentopsd_token_advantages",
+    "anchor_groups",
+    "estimate",
+    "estimator_spec",
+    "gigpo_advantages",
+    "gigpo_step_advantages",
     "grpo_advantages",
     "grpo_turn_penalty_advantages",
+    "pad_ragged",
     "reference_agentopsd_advantages",
+    "reference_gigpo_step_advantages",
     "register_estimator",
+    "step_discounted_returns",
     "turn_advantages",
 ]
 
@@ -53,6 +73,7 @@ _SCAN_BLOCK = 64
 # FACTOR·rows + SLACK cells, else by torch.sort (see _layout_turn_rows).
 _COUNTING_SORT_FACTOR = 8
 _COUNTING_SORT_SLACK = 4096
+_AGENTOPSD_DETAILS = ("prior", "belief", "delta_belief", "weight")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -60,9 +81,38 @@ _COUNTING_SORT_SLACK = 4096
 # --------------------------------------------------------------------------------------------------------
 
 
+STEP_NORMS: tuple[str, ...] = ("mean_norm", "mean_std_norm")
+"""How GiGPO normalises a step return within its anchor group: centre only, or centre and divide by the std."""
+
+
+class CreditConfigError(ValueError):
+    """A credit hyper-parameter out of its range; ``field`` names it so a caller can re-key the message
+    (the trainer's config says ``algorithm.lam`` where this says ``CreditConfig.lam``)."""
+
+    def __init__(self, field_name: str, expected: str, value: object) -> None:
+        self.field = field_name
+        self.expected = expected
+        self.value = value
+        super().__init__(f"CreditConfig.{field_name}: expected {expected}, got {value!r}.")
+
+
+# The one table of valid ranges: CreditConfig checks itself against it and the trainer's AlgorithmConfig
+# validates through CreditConfig, so a range is written down once. Every predicate is written so that NaN fails.
+_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "lam": (lambda v: 0.0 <= v <= 1.0, "0 ≤ lam ≤ 1"),
+    "band": (lambda v: 0.0 < v < 1.0, "0 < band < 1"),
+    "gamma": (lambda v: 0.0 < v <= 1.0, "0 < gamma ≤ 1"),
+    "eps0": (lambda v: 0.0 < v < 0.5, "0 < eps0 < 0.5"),
+    "eps": (lambda v: 0.0 < v < 0.5, "0 < eps < 0.5"),
+    "omega": (lambda v: 0.0 <= v < math.inf, "0 ≤ omega < inf"),
+    "step_gamma": (lambda v: 0.0 <= v <= 1.0, "0 ≤ step_gamma ≤ 1"),
+}
+_CHOICES: dict[str, tuple[str, ...]] = {"variant": VARIANTS, "step_norm": STEP_NORMS}
+
+
 @dataclass(frozen=True)
 class CreditConfig:
-    """Hyper-parameters of AgentOPSD credit assignment (defaults: the paper)."""
+    """Hyper-parameters of credit assignment (defaults: the AgentOPSD paper and GiGPO's released recipe)."""
 
     lam: float = field(default=0.5, metadata={"help": "λ: mix between GRPO (0) and fully reshaped (1)."})
     band: float = field(default=0.2, metadata={"help": "b: per-turn weight is clipped to [1 − b, 1 + b]."})
@@ -70,6 +120,9 @@ class CreditConfig:
     eps0: float = field(default=1e-3, metadata={"help": "ε0: the prior B_0 is clipped to [ε0, 1 − ε0]."})
     eps: float = field(default=1e-6, metadata={"help": "ε: belief clamp and std guard for numerical safety."})
     variant: str = field(default="paper", metadata={"help": f"one of {VARIANTS} (paper or an ablation)."})
+    omega: float = field(default=1.0, metadata={"help": "ω: weight of GiGPO's step-level advantage."})
+    step_gamma: float = field(default=0.95, metadata={"help": "GiGPO: discount of the per-step returns."})
+    step_norm: str = field(default="mean_norm", metadata={"help": f"GiGPO anchor-group normalisation {STEP_NORMS}."})
 
     PAPER: ClassVar[CreditConfig]
     """The paper's defaults (λ=0.5, b=0.2, γ=0.95, ε0=1e-3, ε=1e-6)."""
@@ -77,18 +130,17 @@ class CreditConfig:
     """What the released code runs: a plain cumulative sum (γ=1) and ε0=1e-4."""
 
     def __post_init__(self) -> None:
-        checks = (
-            ("lam", 0.0 <= self.lam <= 1.0, "0 ≤ lam ≤ 1"),
-            ("band", 0.0 < self.band < 1.0, "0 < band < 1"),
-            ("gamma", 0.0 < self.gamma <= 1.0, "0 < gamma ≤ 1"),
-            ("eps0", 0.0 < self.eps0 < 0.5, "0 < eps0 < 0.5"),
-            ("eps", 0.0 < self.eps < 0.5, "0 < eps < 0.5"),
-        )
-        for name, ok, expected in checks:
-            if not ok:  # also catches NaN, for which every comparison is False
-                raise ValueError(f"CreditConfig.{name}: expected {expected}, got {getattr(self, name)!r}.")
-        if self.variant not in VARIANTS:
-            raise ValueError(f"CreditConfig.variant: expected one of {VARIANTS}, got {self.variant!r}.")
+        for name, (ok, expected) in _RANGES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
+                raise CreditConfigError(name, expected, value)
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise CreditConfigError(name, f"one of {choices}", getattr(self, name))
+
+    def agentopsd_kwargs(self) -> dict[str, float | str]:
+        """The keyword arguments of :func:`agentopsd_advantages` (the GiGPO fields left out)."""
+        return {k: getattr(self, k) for k in ("lam", "band", "gamma", "eps0", "eps", "variant")}
 
 
 CreditConfig.PAPER = CreditConfig()
@@ -198,10 +250,26 @@ def agentopsd_advantages(
     ``variant``: "paper"; "raw_gap" (q_k = sign(A)·e_k); "unsigned" (q_k = |ΔB_k|); "no_prior" (B_0 = 0.5).
     """
     cfg = CreditConfig(lam=lam, band=band, gamma=gamma, eps0=eps0, eps=eps, variant=variant)
+    return _agentopsd_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate, cfg, None)
+
+
+def _agentopsd_rows(
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    cfg: CreditConfig,
+    details: dict[str, Tensor] | None,
+) -> Tensor:
+    """:func:`agentopsd_advantages` with a validated config; fills ``details`` (when given) with the per-row
+    ``prior`` B_0, ``belief`` B_k, ``delta_belief`` ΔB_k and ``weight`` w_k."""
     _check_turn_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate)
     dtype = seq_advantages.dtype
     num_rows = seq_advantages.numel()
     if num_rows == 0:
+        if details is not None:
+            details.update({k: seq_advantages.new_zeros(0) for k in _AGENTOPSD_DETAILS})
         return seq_advantages.clone()
 
     layout = _layout_turn_rows(traj_ids, turn_ids)
@@ -212,7 +280,11 @@ def agentopsd_advantages(
     # Trajectory-level inputs: one value per trajectory (traj,), and every row must agree with it.
     adv = _per_trajectory("seq_advantages", seq_advantages, layout.traj_index, num_traj)
     rate = _per_trajectory("success_rate", success_rate.to(dtype), layout.traj_index, num_traj)
-    out_grid = _reshape_on_grid(e_grid.view(num_traj, max_turns), layout.num_turns, adv, rate, cfg)
+    grid_details: dict[str, Tensor] | None = {} if details is not None else None
+    out_grid = _reshape_on_grid(e_grid.view(num_traj, max_turns), layout.num_turns, adv, rate, cfg, grid_details)
+    if details is not None and grid_details is not None:
+        details["prior"] = grid_details.pop("prior").take(layout.traj_index)
+        details.update({k: v.take(flat) for k, v in grid_details.items()})
     return out_grid.take(flat)
 
 
@@ -229,11 +301,13 @@ def reference_agentopsd_advantages(
     eps0: float = 1e-3,
     eps: float = 1e-6,
     variant: str = "paper",
+    details: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """SLOW reference: SPEC.md written out as a plain Python loop per trajectory, in float64 Python math.
 
     Same contract as :func:`agentopsd_advantages`; it exists only so tests and the benchmark can check
-    the vectorised path against something obviously right. Do not use it for training.
+    the vectorised path against something obviously right. Do not use it for training. ``details``, when
+    given, receives the per-row ``prior``, ``belief``, ``delta_belief`` and ``weight``.
     """
     cfg = CreditConfig(lam=lam, band=band, gamma=gamma, eps0=eps0, eps=eps, variant=variant)
     _check_turn_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate)
@@ -245,6 +319,7 @@ def reference_agentopsd_advantages(
         rows_of_traj.setdefault(traj, []).append((turn, row))
 
     out = [0.0] * len(adv_rows)
+    trace: dict[str, list[float]] = {k: [0.0] * len(adv_rows) for k in _AGENTOPSD_DETAILS}
     for traj, turn_rows in rows_of_traj.items():
         turn_rows.sort()
         turns = [turn for turn, _ in turn_rows]
@@ -265,6 +340,7 @@ def reference_agentopsd_advantages(
             b = min(max(b, cfg.eps), 1.0 - cfg.eps)
             delta_b = b - b_prev
             b_prev = b
+            trace["prior"][row], trace["belief"][row], trace["delta_belief"][row] = b0, b, delta_b
             if cfg.variant == "raw_gap":
                 q.append(sign_a * e)
             elif cfg.variant == "unsigned":
@@ -278,7 +354,11 @@ def reference_agentopsd_advantages(
             z = (q_k - mean_q) / (std_q + cfg.eps)
             w = min(max(1.0 + cfg.band * z, 1.0 - cfg.band), 1.0 + cfg.band)
             out[row] = a * ((1.0 - cfg.lam) + cfg.lam * w)
-    return torch.tensor(out, dtype=seq_advantages.dtype, device=seq_advantages.device)
+            trace["weight"][row] = w
+    like = dict(dtype=seq_advantages.dtype, device=seq_advantages.device)
+    if details is not None:
+        details.update({k: torch.tensor(v, **like) for k, v in trace.items()})
+    return torch.tensor(out, **like)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -307,6 +387,20 @@ def agentopsd_token_advantages(
     ``success_rate`` (rows,). Returns (rows, tokens) in the dtype of ``seq_advantages``, zero where masked.
     """
     cfg = CreditConfig(lam=lam, band=band, gamma=gamma, eps0=eps0, eps=eps, variant="paper")
+    return _agentopsd_token_grid(seq_advantages, token_logprob_gaps, response_mask, success_rate, cfg, None)
+
+
+def _agentopsd_token_grid(
+    seq_advantages: Tensor,
+    token_logprob_gaps: Tensor,
+    response_mask: Tensor,
+    success_rate: Tensor,
+    cfg: CreditConfig,
+    details: dict[str, Tensor] | None,
+) -> Tensor:
+    """:func:`agentopsd_token_advantages` with a validated config. ``details`` (when given) gets per-row
+    summaries, so a turn reads like a turn-level one: ``prior`` B_0, ``belief`` B after the row's last valid
+    token, ``delta_belief`` that minus B_0, ``weight`` the mean w over the valid tokens."""
     _check_1d_same_length(seq_advantages=seq_advantages, success_rate=success_rate)
     _check_floating("seq_advantages", seq_advantages)
     if token_logprob_gaps.dim() != 2 or response_mask.shape != token_logprob_gaps.shape:
@@ -326,6 +420,8 @@ def agentopsd_token_advantages(
     dtype = seq_advantages.dtype
     num_rows, num_tokens = token_logprob_gaps.shape
     if num_rows == 0 or num_tokens == 0:
+        if details is not None:
+            details.update({k: seq_advantages.new_zeros(num_rows) for k in _AGENTOPSD_DETAILS})
         return torch.zeros(token_logprob_gaps.shape, dtype=dtype, device=seq_advantages.device)
 
     # Compact each row's valid tokens to the left, so masked positions neither add evidence nor decay c.
@@ -335,33 +431,344 @@ def agentopsd_token_advantages(
     e_grid = torch.zeros(num_rows, num_tokens + 1, dtype=dtype, device=seq_advantages.device)
     e_grid.scatter_(1, compact_col, gaps)
     num_valid = response_mask.sum(1)  # (rows,)
-    out_grid = _reshape_on_grid(e_grid, num_valid, seq_advantages, success_rate.to(dtype), cfg)
+    grid_details: dict[str, Tensor] | None = {} if details is not None else None
+    out_grid = _reshape_on_grid(e_grid, num_valid, seq_advantages, success_rate.to(dtype), cfg, grid_details)
+    if details is not None and grid_details is not None:
+        last = (num_valid - 1).clamp_min(0)[:, None]  # (rows, 1) compact column of the last valid token
+        prior = grid_details["prior"]
+        belief = torch.where(num_valid > 0, grid_details["belief"].gather(1, last).squeeze(1), prior)
+        valid = torch.arange(e_grid.shape[1], device=e_grid.device) < num_valid[:, None]
+        weight = torch.where(valid, grid_details["weight"], 0).sum(1) / num_valid.clamp_min(1)
+        details.update(prior=prior, belief=belief, delta_belief=belief - prior,
+                       weight=torch.where(num_valid > 0, weight, 1.0))
     out = out_grid.gather(1, compact_col)
     return torch.where(response_mask, out, 0)
 
 
 # --------------------------------------------------------------------------------------------------------
-# Named estimators (the trainer picks one by name)
+# GiGPO (verl-agent) and its combination with AgentOPSD
 # --------------------------------------------------------------------------------------------------------
 
-Estimator = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, CreditConfig], Tensor]
-"""(seq_advantages, evidence, traj_ids, turn_ids, success_rate, config) -> per-row advantages."""
 
-_ESTIMATORS: dict[str, Estimator] = {}
-ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_ESTIMATORS)
+def step_discounted_returns(
+    traj_ids: Tensor, turn_ids: Tensor, turn_rewards: Tensor, *, step_gamma: float = 0.95
+) -> Tensor:
+    """``G_k = Σ_{j ≥ k} γ^(j − k) r_j`` over the row's own trajectory, turns ranked by turn id; rows in any
+    order. Returns (rows,) in the dtype of ``turn_rewards`` (floating)."""
+    _check_1d_same_length(traj_ids=traj_ids, turn_ids=turn_ids, turn_rewards=turn_rewards)
+    _check_floating("turn_rewards", turn_rewards)
+    _check_integer("traj_ids", traj_ids)
+    _check_integer("turn_ids", turn_ids)
+    if turn_rewards.numel() == 0:
+        return turn_rewards.clone()
+    layout = _layout_turn_rows(traj_ids, turn_ids)
+    num_traj, max_turns = layout.num_turns.numel(), layout.max_turns
+    flat = torch.add(layout.turn_pos, layout.traj_index, alpha=max_turns)
+    r_grid = turn_rewards.new_zeros(num_traj * max_turns).scatter_(0, flat, turn_rewards).view(num_traj, max_turns)
+    # A forward scan over the time-reversed grid sums the future; the padding after a short trajectory comes
+    # first once reversed and adds nothing.
+    returns = _discounted_cumsum(r_grid.flip(1), step_gamma).flip(1)
+    return returns.reshape(-1).take(flat)
+
+
+def anchor_groups(group_ids: Tensor, anchor_keys: Tensor) -> tuple[Tensor, Tensor]:
+    """GiGPO's anchor-state groups: rows of the same task group whose turn acted on the same state.
+
+    ``group_ids`` and ``anchor_keys`` (rows,) integer. Returns the (rows,) dense anchor-group index and the
+    (rows,) size of each row's anchor group.
+    """
+    _check_1d_same_length(group_ids=group_ids, anchor_keys=anchor_keys)
+    _check_integer("group_ids", group_ids)
+    _check_integer("anchor_keys", anchor_keys)
+    if group_ids.numel() == 0:
+        return group_ids.new_zeros(0), group_ids.new_zeros(0)
+    pairs = torch.stack([group_ids.long(), anchor_keys.long()])  # (2, rows)
+    _, index, counts = torch.unique(pairs, dim=1, return_inverse=True, return_counts=True)
+    return index, counts.take(index)
+
+
+def gigpo_step_advantages(
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    group_ids: Tensor,
+    anchor_keys: Tensor,
+    turn_rewards: Tensor,
+    *,
+    turn_penalties: Tensor | None = None,
+    step_gamma: float = 0.95,
+    step_norm: str = "mean_norm",
+    eps: float = 1e-6,
+    details: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """GiGPO's step-level advantage of every turn row, vectorised; rows may come in any order.
+
+    The step return is ``G_k = Σ_{j ≥ k} γ^(j − k) r_j − p_k``: the discounted return of the per-turn rewards
+    ``turn_rewards`` of the row's trajectory, minus the row's own invalid-action penalty ``turn_penalties``
+    (the released code subtracts it after discounting, so it is not carried to earlier turns). Rows of the
+    same task group (``group_ids``) with the same ``anchor_keys`` (the state the turn acted on) form an
+    anchor group; ``A_step = G − mean_anchor`` (``mean_norm``) or ``(G − mean) / (std + ε)``
+    (``mean_std_norm``, unbiased std). An anchor group of one row has ``A_step = 0``. ``details``, when
+    given, receives ``step_return`` and ``anchor_size`` per row.
+    """
+    if step_norm not in STEP_NORMS:
+        raise ValueError(f"step_norm: expected one of {STEP_NORMS}, got {step_norm!r}.")
+    returns = step_discounted_returns(traj_ids, turn_ids, turn_rewards, step_gamma=step_gamma)
+    if turn_penalties is not None:
+        _check_1d_same_length(turn_rewards=turn_rewards, turn_penalties=turn_penalties)
+        returns = returns - turn_penalties.to(returns.dtype)
+    index, size = anchor_groups(group_ids, anchor_keys)
+    if details is not None:
+        details.update(step_return=returns, anchor_size=size)
+    if returns.numel() == 0:
+        return returns.clone()
+    mean, std = _group_mean_std(returns, index, int(index.max()) + 1)
+    centred = returns - mean.take(index)
+    # A lone row is its own mean: exactly 0 either way (the released code divides 0 by 1 + ε there).
+    return centred if step_norm == "mean_norm" else centred / (std.take(index) + eps)
+
+
+def gigpo_advantages(
+    seq_advantages: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    group_ids: Tensor,
+    anchor_keys: Tensor,
+    turn_rewards: Tensor,
+    *,
+    turn_penalties: Tensor | None = None,
+    omega: float = 1.0,
+    step_gamma: float = 0.95,
+    step_norm: str = "mean_norm",
+    eps: float = 1e-6,
+) -> Tensor:
+    """GiGPO (verl-agent, Group-in-Group Policy Optimization): ``Ã_k = A_seq + ω · A_step,k``.
+
+    ``seq_advantages`` is the episode-level group advantage (GRPO over trajectory returns) of the row's
+    trajectory, as the trainer computes it; ``A_step`` is :func:`gigpo_step_advantages`. Output dtype is
+    that of ``seq_advantages``.
+    """
+    _check_1d_same_length(seq_advantages=seq_advantages, traj_ids=traj_ids)
+    _check_floating("seq_advantages", seq_advantages)
+    step = gigpo_step_advantages(traj_ids, turn_ids, group_ids, anchor_keys, turn_rewards,
+                                 turn_penalties=turn_penalties, step_gamma=step_gamma, step_norm=step_norm, eps=eps)
+    return torch.add(seq_advantages, step.to(seq_advantages.dtype), alpha=omega)
+
+
+def agentopsd_gigpo_advantages(
+    seq_advantages: Tensor,
+    evidence: Tensor,
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    success_rate: Tensor,
+    group_ids: Tensor,
+    anchor_keys: Tensor,
+    turn_rewards: Tensor,
+    *,
+    turn_penalties: Tensor | None = None,
+    config: CreditConfig = CreditConfig.PAPER,
+) -> Tensor:
+    """AgentOPSD + GiGPO: ``Ã_k = A_seq [(1 − λ) + λ w_k] + ω · A_step,k``.
+
+    The two signals answer different questions and are added, not multiplied: AgentOPSD redistributes the
+    *episode* advantage over a trajectory's turns by the self-teacher's evidence (its sign and bounds are
+    those of A_seq), and GiGPO's step term compares a turn with the other turns of the group that acted on
+    the same state (it sums to zero over each anchor group, so it moves no advantage mass between groups).
+    Hence: ω = 0 is AgentOPSD exactly; λ = 0 is GiGPO exactly; when every anchor group has one row (no state
+    was revisited) the step term vanishes and this is AgentOPSD; with zero evidence every w_k is 1 and this
+    is GiGPO. All hyper-parameters come from ``config`` (``lam, band, gamma, eps0, eps, variant`` for
+    AgentOPSD, ``omega, step_gamma, step_norm`` for GiGPO).
+    """
+    opsd = _agentopsd_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate, config, None)
+    step = gigpo_step_advantages(traj_ids, turn_ids, group_ids, anchor_keys, turn_rewards,
+                                 turn_penalties=turn_penalties, step_gamma=config.step_gamma,
+                                 step_norm=config.step_norm, eps=config.eps)
+    return torch.add(opsd, step.to(opsd.dtype), alpha=config.omega)
+
+
+def reference_gigpo_step_advantages(
+    traj_ids: Tensor,
+    turn_ids: Tensor,
+    group_ids: Tensor,
+    anchor_keys: Tensor,
+    turn_rewards: Tensor,
+    *,
+    turn_penalties: Tensor | None = None,
+    step_gamma: float = 0.95,
+    step_norm: str = "mean_norm",
+    eps: float = 1e-6,
+) -> Tensor:
+    """SLOW reference of :func:`gigpo_step_advantages`: dictionaries and Python loops, float64 math. For
+    tests and the benchmark only."""
+    trajs, turns = traj_ids.tolist(), turn_ids.tolist()
+    groups, keys = group_ids.tolist(), anchor_keys.tolist()
+    rewards = turn_rewards.tolist()
+    penalties = turn_penalties.tolist() if turn_penalties is not None else [0.0] * len(rewards)
+    rows_of_traj: dict[int, list[tuple[int, int]]] = {}
+    for row, (traj, turn) in enumerate(zip(trajs, turns, strict=True)):
+        rows_of_traj.setdefault(traj, []).append((turn, row))
+    returns = [0.0] * len(rewards)
+    for turn_rows in rows_of_traj.values():
+        running = 0.0
+        for _, row in sorted(turn_rows, reverse=True):  # last turn first
+            running = rewards[row] + step_gamma * running
+            returns[row] = running - penalties[row]
+    members: dict[tuple[int, int], list[int]] = {}
+    for row, key in enumerate(zip(groups, keys, strict=True)):
+        members.setdefault(key, []).append(row)
+    out = [0.0] * len(rewards)
+    for rows in members.values():
+        values = [returns[r] for r in rows]
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+        for r, v in zip(rows, values, strict=True):
+            out[r] = v - mean if step_norm == "mean_norm" else (v - mean) / (std + eps)
+    return torch.tensor(out, dtype=turn_rewards.dtype, device=turn_rewards.device)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Named estimators: a registry the trainer dispatches through (it knows no estimator by name)
+# --------------------------------------------------------------------------------------------------------
+
+GRANULARITIES: tuple[str, ...] = ("turn", "token")
+
+
+@dataclass(frozen=True)
+class CreditInputs:
+    """Everything a credit estimator may read. 1-D tensors have one entry per turn row (rows in any order).
+
+    Required: ``seq_advantages`` A_seq of the row's trajectory (floating; sets the output dtype),
+    ``traj_ids``, ``turn_ids`` (integer), ``success_rate`` R̄ of the row's group. Optional, supplied when an
+    estimator declares it needs them (:attr:`EstimatorSpec.required_inputs`): ``evidence`` e_k (summed
+    teacher − student log-probs), ``token_gaps`` and ``token_mask`` (rows, tokens) per-token gaps and
+    which positions are response tokens (any alignment), ``group_ids`` task group of the row,
+    ``anchor_keys`` integer hash of the state the turn acted on, ``turn_rewards`` the turn's own reward,
+    ``turn_penalties`` its invalid-action penalty.
+    """
+
+    seq_advantages: Tensor
+    traj_ids: Tensor
+    turn_ids: Tensor
+    success_rate: Tensor
+    evidence: Tensor | None = None
+    token_gaps: Tensor | None = None
+    token_mask: Tensor | None = None
+    group_ids: Tensor | None = None
+    anchor_keys: Tensor | None = None
+    turn_rewards: Tensor | None = None
+    turn_penalties: Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.seq_advantages.shape[0])
+
+
+@dataclass(frozen=True)
+class CreditResult:
+    """What :func:`estimate` returns: ``advantages`` (rows,) for a turn-level estimator or (rows, tokens) on
+    the inputs' token grid for a token-level one; ``details`` the intermediate per-row numbers (only with
+    ``return_details``: ``prior``, ``belief``, ``delta_belief``, ``weight`` for AgentOPSD; ``step_return``,
+    ``step_advantage``, ``anchor_size`` for GiGPO)."""
+
+    advantages: Tensor
+    granularity: str
+    details: Mapping[str, Tensor] = field(default_factory=dict)
+
+    def token_advantages(self, token_mask: Tensor) -> list[Tensor]:
+        """One 1-D tensor per row with an advantage per response token (the mask's True positions, in
+        order): a turn-level value repeated, or the token-level grid read under the mask."""
+        lengths = token_mask.sum(1)
+        if self.granularity == "token":
+            flat = self.advantages[token_mask.bool()]
+        else:
+            flat = self.advantages.repeat_interleave(lengths)
+        return list(torch.split(flat, lengths.tolist()))
+
+
+EstimatorFn = Callable[[CreditInputs, CreditConfig, "dict[str, Tensor] | None"], Tensor]
+"""(inputs, config, details) -> advantages; fills ``details`` when it is a dict (else computes no extras)."""
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """A registered estimator and what it needs, so callers dispatch on declarations, never on names."""
+
+    name: str
+    fn: EstimatorFn
+    granularity: str = "turn"
+    needs_teacher: bool = True
+    needs_anchors: bool = False
+    fixed_variant: str | None = None
+    summary: str = ""
+
+    @property
+    def required_inputs(self) -> tuple[str, ...]:
+        """The optional :class:`CreditInputs` fields this estimator reads."""
+        need: list[str] = []
+        if self.needs_teacher:
+            need += ["token_gaps", "token_mask"] if self.granularity == "token" else ["evidence"]
+        if self.needs_anchors:
+            need += ["group_ids", "anchor_keys", "turn_rewards"]
+        return tuple(need)
+
+    def check_config(self, config: CreditConfig) -> None:
+        """ValueError when ``config`` asks for something this estimator cannot honour."""
+        if self.fixed_variant is not None and config.variant not in ("paper", self.fixed_variant):
+            raise ValueError(
+                f"estimator {self.name!r} fixes variant={self.fixed_variant!r}, but the config asks for "
+                f"variant={config.variant!r}; use estimator 'agentopsd' with the config's variant, or "
+                f"leave config.variant at 'paper'."
+            )
+
+
+_ESTIMATORS: dict[str, EstimatorSpec] = {}
+ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(_ESTIMATORS)
 """Read-only view of the registered estimators, by name; add to it with :func:`register_estimator`."""
 
 
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Decorator registering a turn-level advantage estimator under ``name`` (names are unique)."""
+def register_estimator(
+    name: str,
+    *,
+    granularity: str = "turn",
+    needs_teacher: bool = True,
+    needs_anchors: bool = False,
+    fixed_variant: str | None = None,
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator registering ``fn(inputs, config, details) -> advantages`` under ``name`` (names are unique)
+    with what it needs: the teacher's evidence, anchor states and per-turn rewards, turn or token output."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity: expected one of {GRANULARITIES}, got {granularity!r}.")
 
-    def decorate(fn: Estimator) -> Estimator:
+    def decorate(fn: EstimatorFn) -> EstimatorFn:
         if name in _ESTIMATORS:
-            raise ValueError(f"estimator {name!r} is already registered ({_ESTIMATORS[name]!r}).")
-        _ESTIMATORS[name] = fn
+            raise ValueError(f"estimator {name!r} is already registered ({_ESTIMATORS[name].fn!r}).")
+        summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        _ESTIMATORS[name] = EstimatorSpec(name, fn, granularity, needs_teacher, needs_anchors, fixed_variant, summary)
         return fn
 
     return decorate
+
+
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The registered spec of ``name``; ValueError listing the known names otherwise."""
+    try:
+        return _ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; known: {sorted(_ESTIMATORS)}.") from None
+
+
+def estimate(
+    name: str, inputs: CreditInputs, config: CreditConfig = CreditConfig.PAPER, *, return_details: bool = False
+) -> CreditResult:
+    """Advantages from the estimator registered as ``name``; ``return_details`` also returns its intermediate
+    numbers (copies made only then, so the training hot path pays nothing for them)."""
+    spec = estimator_spec(name)
+    spec.check_config(config)
+    missing = [f for f in spec.required_inputs if getattr(inputs, f) is None]
+    if missing:
+        raise ValueError(f"estimator {name!r} needs {', '.join(missing)} in its CreditInputs.")
+    details: dict[str, Tensor] | None = {} if return_details else None
+    advantages = spec.fn(inputs, config, details)
+    return CreditResult(advantages, spec.granularity, MappingProxyType(details) if details is not None else {})
 
 
 def turn_advantages(
@@ -373,58 +780,60 @@ def turn_advantages(
     success_rate: Tensor,
     config: CreditConfig = CreditConfig.PAPER,
 ) -> Tensor:
-    """Per-row advantages from the estimator registered as ``name`` (see ``ESTIMATORS``)."""
-    try:
-        estimator = _ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown estimator {name!r}; known: {sorted(_ESTIMATORS)}.") from None
-    return estimator(seq_advantages, evidence, traj_ids, turn_ids, success_rate, config)
+    """Per-row advantages of a turn-level estimator that needs no anchors (shorthand for :func:`estimate`)."""
+    inputs = CreditInputs(seq_advantages, traj_ids, turn_ids, success_rate, evidence=evidence)
+    return estimate(name, inputs, config).advantages
 
 
-@register_estimator("grpo")
-def _grpo_estimator(
-    seq_advantages: Tensor,
-    evidence: Tensor,
-    traj_ids: Tensor,
-    turn_ids: Tensor,
-    success_rate: Tensor,
-    config: CreditConfig,
-) -> Tensor:
+def pad_ragged(seqs: Sequence[Tensor], dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """(rows, longest) grid of 1-D tensors packed left, zeros after, and its (rows, longest) bool mask."""
+    if not seqs:
+        return torch.zeros(0, 0, dtype=dtype), torch.zeros(0, 0, dtype=torch.bool)
+    lengths = torch.tensor([s.numel() for s in seqs])
+    grid = torch.nn.utils.rnn.pad_sequence([s.to(dtype) for s in seqs], batch_first=True)
+    width = grid.shape[1] if grid.dim() == 2 else 0
+    mask = torch.arange(width) < lengths[:, None]
+    return grid.reshape(len(seqs), width), mask
+
+
+def _evidence(inputs: CreditInputs) -> Tensor:
+    assert inputs.evidence is not None  # estimate() checked required_inputs
+    return inputs.evidence
+
+
+def _step_term(inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None) -> Tensor:
+    assert inputs.group_ids is not None and inputs.anchor_keys is not None and inputs.turn_rewards is not None
+    step = gigpo_step_advantages(
+        inputs.traj_ids, inputs.turn_ids, inputs.group_ids, inputs.anchor_keys,
+        inputs.turn_rewards.to(inputs.seq_advantages.dtype), turn_penalties=inputs.turn_penalties,
+        step_gamma=config.step_gamma, step_norm=config.step_norm, eps=config.eps, details=details,
+    )
+    if details is not None:
+        details["step_advantage"] = step
+    return step
+
+
+@register_estimator("grpo", needs_teacher=False)
+def _grpo_estimator(inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None) -> Tensor:
     """GRPO: every turn keeps its trajectory's advantage."""
-    _check_turn_rows(seq_advantages, evidence, traj_ids, turn_ids, success_rate)
-    return seq_advantages.clone()
+    _check_1d_same_length(seq_advantages=inputs.seq_advantages, traj_ids=inputs.traj_ids,
+                          turn_ids=inputs.turn_ids, success_rate=inputs.success_rate)
+    _check_floating("seq_advantages", inputs.seq_advantages)
+    return inputs.seq_advantages.clone()
 
 
 @register_estimator("agentopsd")
-def _agentopsd_estimator(
-    seq_advantages: Tensor,
-    evidence: Tensor,
-    traj_ids: Tensor,
-    turn_ids: Tensor,
-    success_rate: Tensor,
-    config: CreditConfig,
-) -> Tensor:
+def _agentopsd_estimator(inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None) -> Tensor:
     """AgentOPSD with ``config.variant`` (the paper form unless the config says otherwise)."""
-    return agentopsd_advantages(seq_advantages, evidence, traj_ids, turn_ids, success_rate, **asdict(config))
+    return _agentopsd_rows(inputs.seq_advantages, _evidence(inputs), inputs.traj_ids, inputs.turn_ids,
+                           inputs.success_rate, config, details)
 
 
-def _make_ablation(variant: str) -> Estimator:
-    def estimator(
-        seq_advantages: Tensor,
-        evidence: Tensor,
-        traj_ids: Tensor,
-        turn_ids: Tensor,
-        success_rate: Tensor,
-        config: CreditConfig,
-    ) -> Tensor:
-        if config.variant not in ("paper", variant):
-            raise ValueError(
-                f"estimator 'agentopsd-{variant}' fixes variant={variant!r}, but the config asks for "
-                f"variant={config.variant!r}; use estimator 'agentopsd' with the config's variant, or "
-                f"leave config.variant at 'paper'."
-            )
-        kwargs = {**asdict(config), "variant": variant}
-        return agentopsd_advantages(seq_advantages, evidence, traj_ids, turn_ids, success_rate, **kwargs)
+def _make_ablation(variant: str) -> EstimatorFn:
+    def estimator(inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None) -> Tensor:
+        cfg = replace(config, variant=variant)
+        return _agentopsd_rows(inputs.seq_advantages, _evidence(inputs), inputs.traj_ids, inputs.turn_ids,
+                               inputs.success_rate, cfg, details)
 
     estimator.__name__ = f"_agentopsd_{variant}_estimator"
     estimator.__doc__ = f"AgentOPSD ablation {variant!r} (SPEC.md, 'Ablations')."
@@ -432,8 +841,36 @@ def _make_ablation(variant: str) -> Estimator:
 
 
 for _variant in VARIANTS[1:]:
-    register_estimator(f"agentopsd-{_variant}")(_make_ablation(_variant))
+    register_estimator(f"agentopsd-{_variant}", fixed_variant=_variant)(_make_ablation(_variant))
 del _variant
+
+
+@register_estimator("agentopsd-token", granularity="token", fixed_variant="paper")
+def _agentopsd_token_estimator(
+    inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None
+) -> Tensor:
+    """AgentOPSD over the response tokens of each turn (the released WebShop / Search-QA variant)."""
+    assert inputs.token_gaps is not None and inputs.token_mask is not None
+    return _agentopsd_token_grid(inputs.seq_advantages, inputs.token_gaps, inputs.token_mask,
+                                 inputs.success_rate, config, details)
+
+
+@register_estimator("gigpo", needs_teacher=False, needs_anchors=True)
+def _gigpo_estimator(inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None) -> Tensor:
+    """GiGPO: episode advantage plus ω × the anchor-state step advantage (verl-agent)."""
+    _check_1d_same_length(seq_advantages=inputs.seq_advantages, traj_ids=inputs.traj_ids)
+    _check_floating("seq_advantages", inputs.seq_advantages)
+    return torch.add(inputs.seq_advantages, _step_term(inputs, config, details), alpha=config.omega)
+
+
+@register_estimator("agentopsd+gigpo", needs_anchors=True)
+def _agentopsd_gigpo_estimator(
+    inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None
+) -> Tensor:
+    """AgentOPSD-reshaped episode advantage plus ω × GiGPO's step advantage (see agentopsd_gigpo_advantages)."""
+    opsd = _agentopsd_rows(inputs.seq_advantages, _evidence(inputs), inputs.traj_ids, inputs.turn_ids,
+                           inputs.success_rate, config, details)
+    return torch.add(opsd, _step_term(inputs, config, details), alpha=config.omega)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -442,12 +879,19 @@ del _variant
 
 
 def _reshape_on_grid(
-    e_grid: Tensor, num_valid: Tensor, adv: Tensor, rate: Tensor, cfg: CreditConfig
+    e_grid: Tensor,
+    num_valid: Tensor,
+    adv: Tensor,
+    rate: Tensor,
+    cfg: CreditConfig,
+    details: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Reshaped advantages on a padded grid of sequences (turns of a trajectory, or tokens of a turn).
 
     ``e_grid`` (seqs, L) evidence, each row's ``num_valid`` (seqs,) entries packed left and zeros after;
     ``adv`` and ``rate`` (seqs,). Returns (seqs, L); entries past a row's ``num_valid`` are junk.
+    ``details``, when given, receives ``prior`` (seqs,) and the (seqs, L) ``belief``, ``delta_belief`` and
+    ``weight`` grids; without it nothing extra is copied (the in-place hot path is unchanged).
     """
     if cfg.variant == "no_prior":
         b0 = torch.full_like(rate, 0.5)
@@ -456,6 +900,8 @@ def _reshape_on_grid(
     c = _discounted_cumsum(e_grid, cfg.gamma)  # (seqs, L) c_k = Σ_{j≤k} γ^(k−j) e_j
     belief = torch.sigmoid(c.add_(torch.logit(b0)[:, None])).clamp_(cfg.eps, 1.0 - cfg.eps)
     delta_b = belief - torch.cat([b0[:, None], belief[:, :-1]], dim=1)  # ΔB_k = B_k − B_(k−1)
+    if details is not None:  # copies: the lines below overwrite delta_b in place
+        details.update(prior=b0, belief=belief, delta_belief=delta_b.clone())
 
     # (seqs, L) 1.0 on valid entries, 0.0 after; a float mask because multiplying by it is the cheapest op.
     valid = (torch.arange(e_grid.shape[1], device=e_grid.device) < num_valid[:, None]).to(e_grid.dtype)
@@ -475,6 +921,8 @@ def _reshape_on_grid(
     scale = std.add_(cfg.eps).reciprocal_().mul_(sign[:, None] * cfg.band)  # (seqs, 1) b·sign(A)/(std + ε)
     # w − 1 = clip(b z, −b, b); Ã = A + λ A (w − 1) equals A [(1 − λ) + λ w] and is exactly A when λ or z is 0.
     w_minus_1 = centred.mul_(scale).clamp_(-cfg.band, cfg.band)
+    if details is not None:
+        details["weight"] = w_minus_1 + 1.0
     return w_minus_1.mul_((cfg.lam * adv)[:, None]).add_(adv[:, None])  # (in place: addcmul is slower here)
 
 
