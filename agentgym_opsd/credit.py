@@ -673,15 +673,20 @@ class CreditResult:
     granularity: str
     details: Mapping[str, Tensor] = field(default_factory=dict)
 
-    def token_advantages(self, token_mask: Tensor) -> list[Tensor]:
+    def token_advantages(
+        self, token_mask: Tensor, *, row_offset: Tensor | None = None, dtype: torch.dtype | None = None
+    ) -> list[Tensor]:
         """One 1-D tensor per row with an advantage per response token (the mask's True positions, in
-        order): a turn-level value repeated, or the token-level grid read under the mask."""
-        lengths = token_mask.sum(1)
+        order): a turn-level value repeated, or the token-level grid read under the mask; ``row_offset``
+        (rows,) is added to every token of its row (e.g. a per-turn penalty term)."""
+        mask = token_mask.bool()
+        lengths = mask.sum(1)
+        adv = self.advantages
         if self.granularity == "token":
-            flat = self.advantages[token_mask.bool()]
+            flat = (adv if row_offset is None else adv + row_offset.to(adv.dtype)[:, None])[mask]
         else:
-            flat = self.advantages.repeat_interleave(lengths)
-        return list(torch.split(flat, lengths.tolist()))
+            flat = (adv if row_offset is None else adv + row_offset.to(adv.dtype)).repeat_interleave(lengths)
+        return list(torch.split(flat.to(dtype or flat.dtype), lengths.tolist()))
 
 
 EstimatorFn = Callable[[CreditInputs, CreditConfig, "dict[str, Tensor] | None"], Tensor]

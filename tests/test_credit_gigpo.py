@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ from agentgym_opsd.credit import (
     reference_gigpo_step_advantages,
     step_discounted_returns,
 )
+from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.trainer.config import ConfigError, load_config
+from agentgym_opsd.trainer.turn_batch import anchor_key, build_turn_batch
 
 F64 = torch.float64
 FAST = settings(max_examples=40, deadline=None)
@@ -277,3 +281,55 @@ def test_empty_inputs():
     b = CreditInputs(e, i, i, e, evidence=e, group_ids=i, anchor_keys=i, turn_rewards=e)
     for name in ("grpo", "agentopsd", "gigpo", "agentopsd+gigpo"):
         assert estimate(name, b, return_details=True).advantages.shape == (0,)
+
+
+# ------------------------------------------------------------------------------------------------ trainer side
+
+
+def _turn(index: int, prompt: str, observation: str, reward: float = 0.0, valid: bool = True) -> Turn:
+    return Turn(index=index, prompt=[{"role": "user", "content": prompt}], response_text="a", action="a" if valid else "",
+                action_valid=valid, observation=observation, reward=reward, response_token_ids=[7],
+                response_logprobs=[-1.0], info={} if valid else {"invalid_kind": "no_tag"})
+
+
+def test_turn_batch_carries_anchor_keys_turn_rewards_and_penalties():
+    won = Trajectory(env_id="toy", task_id="t", task_type="x", group_id=4, traj_id=0, seed=0, won=True, turns=[
+        _turn(0, "start", "room A"), _turn(1, "p1", "room B"), _turn(2, "p2", "done", reward=1.0)])
+    lost = Trajectory(env_id="toy", task_id="t", task_type="x", group_id=4, traj_id=1, seed=0, turns=[
+        _turn(0, "start", "room A"), _turn(1, "p1'", "room A", valid=False), _turn(2, "p2'", "room C")])
+    batch = build_turn_batch([won, lost], encode_prompt=lambda m: [1, 2], teacher_messages=None, reward_scale=10.0,
+                             invalid_penalty=0.1)
+    keys = batch.anchor_keys.tolist()
+    assert keys[0] == keys[3]  # both first turns start from the same prompt
+    assert keys[1] == keys[4] and keys[5] == keys[1]  # acted on "room A" (twice in the lost episode)
+    assert keys[2] != keys[1] and keys[0] != keys[1]  # "room B"; a first prompt is never an observation
+    assert batch.turn_rewards.tolist() == [0.0, 0.0, 10.0, 0.0, 0.0, 0.0]
+    assert batch.turn_penalties.tolist() == [0.0, 0.0, 0.0, 0.0, 0.1, 0.0]
+    assert batch.row_penalties.abs().sum() == 0  # penalty_mode="trajectory": the row term stays off
+    assert anchor_key(won, 1) == keys[1] and 0 <= min(keys) and max(keys) < 2**63
+
+
+@pytest.mark.parametrize(("override", "needle"), [
+    ("algorithm.lam=1.5", "algorithm.lam: expected 0 ≤ lam ≤ 1, got 1.5"),
+    ("algorithm.band=1.0", "algorithm.band"),
+    ("algorithm.gamma=0", "algorithm.gamma"),
+    ("algorithm.eps0=0.7", "algorithm.eps0"),
+    ("algorithm.omega=-0.5", "algorithm.omega"),
+    ("algorithm.step_gamma=2", "algorithm.step_gamma"),
+    ("algorithm.step_norm=zscore", "algorithm.step_norm"),
+    ("algorithm.variant=bogus", "algorithm.variant"),
+    ("algorithm.estimator=gae", "algorithm.estimator"),
+])
+def test_bad_credit_settings_fail_at_config_load(override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config("cpu-tiny", [override])
+
+
+def test_config_dispatch_follows_the_registry():
+    for name, spec in ESTIMATORS.items():
+        cfg = load_config("cpu-tiny", [f"algorithm.estimator={name}"])
+        assert cfg.algorithm.needs_teacher == spec.needs_teacher
+    with pytest.raises(ConfigError, match="fixes variant='unsigned'"):
+        load_config("cpu-tiny", ["algorithm.estimator=agentopsd-unsigned", "algorithm.variant=raw_gap"])
+    cfg = load_config("cpu-tiny", ["algorithm.omega=0.5", "algorithm.step_norm=mean_std_norm"])
+    assert cfg.algorithm.credit_config(lam=0.1) == CreditConfig(lam=0.1, omega=0.5, step_norm="mean_std_norm")

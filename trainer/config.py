@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from agentgym_opsd.credit import ESTIMATORS, VARIANTS
+from agentgym_opsd.credit import ESTIMATORS, STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
 
 __all__ = [
     "AlgorithmConfig",
@@ -135,13 +135,16 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    estimator: str = _f("agentopsd", "credit estimator: grpo | agentopsd | agentopsd-<variant> | agentopsd-token")
+    estimator: str = _f("agentopsd", f"credit estimator: {' | '.join(ESTIMATORS)} (agentgym_opsd.credit registry)")
     lam: float = _f(0.5, "λ: mix between GRPO (0) and the reshaped advantage (1)")
     band: float = _f(0.2, "b: per-turn weights are clipped to [1-b, 1+b]")
     gamma: float = _f(0.95, "γ: discount of older evidence in the belief (1 = released code)")
     eps0: float = _f(1e-3, "ε0: the prior B_0 is clipped to [ε0, 1-ε0]")
     eps: float = _f(1e-6, "ε: numerical guard")
     variant: str = _f("paper", f"AgentOPSD variant: {' | '.join(VARIANTS)}")
+    omega: float = _f(1.0, "ω: weight of GiGPO's step-level (anchor-state) advantage (gigpo, agentopsd+gigpo)")
+    step_gamma: float = _f(0.95, "GiGPO: discount of the per-turn step returns")
+    step_norm: str = _f("mean_norm", f"GiGPO: anchor-group normalisation of step returns: {' | '.join(STEP_NORMS)}")
     success_source: str = _f("won", "B_0 prior: 'won' = group success rate (paper); 'reward' = group mean "
                                     "of the raw reward (released code)")
     normalize_std: bool = _f(True, "GRPO: divide by the group std")
@@ -169,9 +172,13 @@ class AlgorithmConfig:
                                             "are the same numbers, and saves one forward pass")
 
     def __post_init__(self) -> None:
-        known = (*ESTIMATORS, "agentopsd-token")
-        _check_choice("algorithm.estimator", self.estimator, tuple(known))
-        _check_choice("algorithm.variant", self.variant, VARIANTS)
+        _check_choice("algorithm.estimator", self.estimator, tuple(ESTIMATORS))
+        try:  # the credit ranges live in CreditConfig; re-keyed here so the message names algorithm.<field>
+            ESTIMATORS[self.estimator].check_config(self.credit_config())
+        except CreditConfigError as exc:
+            raise ConfigError(f"algorithm.{exc.field}: expected {exc.expected}, got {exc.value!r}") from None
+        except ValueError as exc:
+            raise ConfigError(f"algorithm.estimator: {exc}") from None
         _check_choice("algorithm.success_source", self.success_source, ("won", "reward"))
         _check_nonneg("algorithm.kl_coef", self.kl_coef)
         _check_positive("algorithm.ppo_epochs", self.ppo_epochs)
@@ -185,10 +192,16 @@ class AlgorithmConfig:
             if not 0 < getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name}: expected 0 < value < 1, got {getattr(self, name)}")
 
+    def credit_config(self, lam: float | None = None) -> CreditConfig:
+        """The credit hyper-parameters (λ overridden by `lam`, e.g. the warm-down's value of this step)."""
+        return CreditConfig(lam=self.lam if lam is None else lam, band=self.band, gamma=self.gamma, eps0=self.eps0,
+                            eps=self.eps, variant=self.variant, omega=self.omega, step_gamma=self.step_gamma,
+                            step_norm=self.step_norm)
+
     @property
     def needs_teacher(self) -> bool:
-        """GRPO never looks at evidence; every AgentOPSD estimator does."""
-        return self.estimator != "grpo"
+        """Whether the estimator reads the self-teacher's evidence (declared in its registry entry)."""
+        return ESTIMATORS[self.estimator].needs_teacher
 
 
 @dataclass

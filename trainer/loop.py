@@ -57,7 +57,13 @@ from agentgym_opsd.trainer.logprobs import (
     response_logprobs,
 )
 from agentgym_opsd.trainer.losses import policy_objective
-from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
+from agentgym_opsd.trainer.turn_batch import (
+    CreditRecord,
+    TurnBatch,
+    build_turn_batch,
+    credit_lines,
+    write_jsonl_atomic,
+)
 from agentgym_opsd.trainer.warm_start import (
     action_exact_match,
     collect_demonstrations,
@@ -143,6 +149,7 @@ class Trainer:
         self.reference: torch.nn.Module | None = None
         self._val_runner: RolloutRunner | None = None
         self._writer: Any = None
+        self._credit_record: CreditRecord | None = None  # this step's credit numbers, until saved
         if self.state is not None:
             self._restore(resume_from)
         else:
@@ -491,6 +498,7 @@ class Trainer:
         metrics["step"] = self.step_done
         if self.cfg.trainer.save_trajectories:
             save_jsonl(trajs, self.out / "trajectories" / f"step_{self.step_done:06d}.jsonl")
+            self._save_credit(trajs)
         if hasattr(self.policy, "sync_weights"):
             self.policy.sync_weights(self.model)  # vLLM: push the updated weights into the engine
         return metrics
@@ -630,20 +638,30 @@ class Trainer:
             penalty_adv = torch.zeros(len(batch.rows), dtype=torch.float64)
         if not batch.rows:
             return [], seq_adv
-        row_adv = seq_adv[batch.traj_index]
-        lengths = [len(r.response_ids) for r in batch.rows]
-        lam = self.current_lam()
-        if a.estimator == "agentopsd-token":
-            width = max(lengths)
-            gap_grid = _pad_left(gaps, width).to(torch.float64)
-            mask = _pad_left([torch.ones(n) for n in lengths], width).bool()
-            grid = credit.agentopsd_token_advantages(row_adv, gap_grid, mask, batch.success_rate, lam=lam,
-                                                     band=a.band, gamma=a.gamma, eps0=a.eps0, eps=a.eps)
-            return [(grid[i, width - n:] + penalty_adv[i]).float() for i, n in enumerate(lengths)], seq_adv
-        cc = credit.CreditConfig(lam=lam, band=a.band, gamma=a.gamma, eps0=a.eps0, eps=a.eps, variant=a.variant)
-        turn_adv = credit.turn_advantages(a.estimator, row_adv, evidence, batch.traj_ids, batch.turn_ids,
-                                          batch.success_rate, cc) + penalty_adv
-        return [torch.full((n,), float(v), dtype=torch.float32) for n, v in zip(lengths, turn_adv.tolist(), strict=True)], seq_adv
+        gap_grid, mask = credit.pad_ragged(gaps, torch.float64)
+        inputs = credit.CreditInputs(
+            seq_adv[batch.traj_index], batch.traj_ids, batch.turn_ids, batch.success_rate, evidence=evidence,
+            token_gaps=gap_grid, token_mask=mask, group_ids=batch.group_ids, anchor_keys=batch.anchor_keys,
+            turn_rewards=batch.turn_rewards, turn_penalties=batch.turn_penalties)
+        result = credit.estimate(a.estimator, inputs, a.credit_config(self.current_lam()),
+                                 return_details=self.cfg.trainer.save_trajectories)
+        advantages = result.token_advantages(mask, row_offset=penalty_adv, dtype=torch.float32)
+        if self.cfg.trainer.save_trajectories:  # kept for the step's credit file (`_save_credit`)
+            self._credit_record = CreditRecord(batch, evidence, gaps, seq_adv, advantages, result)
+        return advantages, seq_adv
+
+    def _save_credit(self, trajs: list[Trajectory]) -> None:
+        """`credit/step_N.jsonl` beside the trajectories: per turn e_k, B_k, ΔB_k, w_k, Ã_k (and GiGPO's step
+        numbers, per-token gaps for a token-level estimator), one line per trajectory, joined by traj_id/turn."""
+        record, self._credit_record = self._credit_record, None
+        if record is None:
+            return
+        token_text = None
+        if record.result.granularity == "token":
+            token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in record.batch.rows]
+        lines = credit_lines(trajs, record, estimator=self.cfg.algorithm.estimator, step=self.step_done,
+                             token_text=token_text)
+        write_jsonl_atomic(lines, self.out / "credit" / f"step_{self.step_done:06d}.jsonl")
 
     def mini_batches(self, num_rows: int) -> list[list[int]]:
         """Row indices of each optimiser step of this RL step: `ppo_epochs` passes, each a fresh shuffle

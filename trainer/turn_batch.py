@@ -14,19 +14,33 @@ released code's 0/10 scale). The invalid-action penalty goes either into that re
 action waste its turn unpunished). The group success rate R̄ (the belief's prior) is the fraction of the group's
 trajectories that were won (`success_source="won"`, paper), or the group mean of the raw reward without
 the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
+
+For GiGPO each row also carries its turn's own reward (`reward_scale * turn.reward`), its invalid-action
+penalty in either penalty mode (`turn_penalty`; GiGPO subtracts it from the turn's step return), and an
+`anchor_key`: a 63-bit hash of the state the turn acted on — the previous turn's observation, or for the
+first turn its prompt (the task and the initial observation, which every rollout of a task shares). Anchor
+groups never cross task groups, so equal observations of different tasks are never compared.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from agentgym_opsd.credit import CreditResult
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates
 
-__all__ = ["TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised"]
+__all__ = ["TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
+           "anchor_key", "CreditRecord", "credit_lines", "write_jsonl_atomic"]
 
 PromptEncoder = Callable[[list[ChatMessage]], list[int]]
 TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
@@ -45,6 +59,9 @@ class TurnRow:
     sample_logprobs: list[float]
     action_valid: bool
     penalty: float = 0.0  # this row's own invalid-action penalty (penalty_mode="turn"), else 0
+    turn_reward: float = 0.0  # reward_scale * the environment's reward for this turn
+    turn_penalty: float = 0.0  # the invalid-action penalty of this turn whatever the penalty mode (GiGPO)
+    anchor_key: int = 0  # hash of the state the turn acted on (see `anchor_key`)
 
     @property
     def num_tokens(self) -> int:
@@ -92,6 +109,21 @@ class TurnBatch:
     def num_response_tokens(self) -> int:
         return sum(len(r.response_ids) for r in self.rows)
 
+    @property
+    def turn_rewards(self) -> Tensor:
+        """(rows,) each turn's own (scaled) environment reward."""
+        return torch.tensor([r.turn_reward for r in self.rows], dtype=torch.float64)
+
+    @property
+    def turn_penalties(self) -> Tensor:
+        """(rows,) each turn's invalid-action penalty, in either penalty mode."""
+        return torch.tensor([r.turn_penalty for r in self.rows], dtype=torch.float64)
+
+    @property
+    def anchor_keys(self) -> Tensor:
+        """(rows,) int64 hash of the state each turn acted on (GiGPO's anchor state)."""
+        return torch.tensor([r.anchor_key for r in self.rows], dtype=torch.long)
+
 
 PENALISED_KINDS = {"any": frozenset(INVALID_KINDS), "format": frozenset({"no_tag", "truncated"})}
 
@@ -100,6 +132,18 @@ def is_penalised(turn: Turn, penalize: str = "any") -> bool:
     """Whether the invalid-action penalty applies to this turn (`penalize`: "any" | "format")."""
     kind = turn.invalid_kind
     return kind is not None and kind in PENALISED_KINDS[penalize]
+
+
+def anchor_key(traj: Trajectory, position: int) -> int:
+    """63-bit hash of the state turn `traj.turns[position]` acted on: the observation the previous turn
+    produced, or for the first turn the prompt it was given (no history yet: the task and the initial
+    observation). Tagged by kind so an observation never equals a first prompt by accident."""
+    if position > 0:
+        text = "obs\0" + traj.turns[position - 1].observation
+    else:
+        text = "start\0" + "\0".join(f"{m.get('role', '')}\0{m.get('content', '')}" for m in traj.turns[0].prompt)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # fits int64
 
 
 def trajectory_rewards(
@@ -154,7 +198,7 @@ def build_turn_batch(
     rows: list[TurnRow] = []
     row_traj: list[int] = []
     for ti, traj in enumerate(trajectories):
-        for turn in traj.turns:
+        for position, turn in enumerate(traj.turns):
             if not turn.response_token_ids:
                 continue  # nothing was sampled (e.g. a scripted policy or an env failure): nothing to train
             prompt_ids = list(encode_prompt(turn.prompt))
@@ -173,6 +217,9 @@ def build_turn_batch(
                 sample_logprobs=list(turn.response_logprobs),
                 action_valid=turn.action_valid,
                 penalty=invalid_penalty if per_turn and is_penalised(turn, penalize) else 0.0,
+                turn_reward=reward_scale * float(turn.reward),
+                turn_penalty=invalid_penalty if is_penalised(turn, penalize) else 0.0,
+                anchor_key=anchor_key(traj, position),
             ))
             row_traj.append(ti)
     traj_index = torch.tensor(row_traj, dtype=torch.long)
@@ -198,3 +245,70 @@ def build_turn_batch(
         stats=stats,
         penalty_mode=penalty_mode,
     )
+
+
+# ---- the saved credit numbers (RUN/credit/step_N.jsonl) ------------------------------------------------------
+
+
+@dataclass
+class CreditRecord:
+    """What one step's credit assignment saw and produced, kept until the step's files are written."""
+
+    batch: TurnBatch
+    evidence: Tensor  # (rows,) e_k
+    gaps: list[Tensor]  # per row: teacher − student log-prob of each response token
+    seq_advantages: Tensor  # (trajectories,) A_seq
+    advantages: list[Tensor]  # per row: the advantage of each response token (what the update uses)
+    result: CreditResult
+
+
+def _num(x: float) -> float | None:
+    """6 significant digits (the files stay small); None for NaN / inf, which JSON cannot hold."""
+    return float(f"{x:.6g}") if math.isfinite(x) else None
+
+
+def credit_lines(trajectories: Sequence[Trajectory], record: CreditRecord, *, estimator: str, step: int,
+                 token_text: list[list[str]] | None = None) -> list[dict[str, Any]]:
+    """One JSON object per trajectory (all of them, in order), keyed by `traj_id` and each turn's `turn`
+    index so it joins with `trajectories/step_N.jsonl`. Per turn: `evidence` e_k, the estimator's details
+    (`prior` B_0, `belief` B_k, `delta_belief` ΔB_k, `weight` w_k; GiGPO's `step_return`, `step_advantage`,
+    `anchor_size`) and `advantage` Ã_k (the mean over the turn's tokens: the value itself for a turn-level
+    estimator, penalty term included). A token-level estimator adds `token_gaps` and `tokens` per turn."""
+    batch = record.batch
+    rows_of: dict[int, list[int]] = {}
+    for row, ti in enumerate(batch.traj_index.tolist()):
+        rows_of.setdefault(ti, []).append(row)
+    details = {k: v.tolist() for k, v in record.result.details.items()}
+    evidence = record.evidence.tolist()
+    seq = record.seq_advantages.tolist()
+    rewards = batch.traj_rewards.tolist()
+    rates = batch.success_rate.tolist()
+    lines = []
+    for ti, traj in enumerate(trajectories):
+        turns = []
+        for row in rows_of.get(ti, []):
+            adv = record.advantages[row]
+            entry: dict[str, Any] = {"turn": batch.rows[row].turn_id, "evidence": _num(evidence[row])}
+            entry.update({k: v[row] if isinstance(v[row], int) else _num(v[row]) for k, v in details.items()})
+            entry["advantage"] = _num(float(adv.double().mean())) if adv.numel() else None
+            if token_text is not None:
+                entry["token_gaps"] = [_num(g) for g in record.gaps[row].tolist()]
+                entry["tokens"] = token_text[row]
+            turns.append(entry)
+        rows = rows_of.get(ti, [])
+        lines.append({"step": step, "estimator": estimator, "traj_id": traj.traj_id, "group_id": traj.group_id,
+                      "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,
+                      "reward": _num(rewards[ti]), "seq_advantage": _num(seq[ti]),
+                      "success_rate": _num(rates[rows[0]]) if rows else None, "turns": turns})
+    return lines
+
+
+def write_jsonl_atomic(lines: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Write JSON lines atomically (a crash never leaves half a file), as `records.save_jsonl` does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
