@@ -482,8 +482,11 @@ def anchor_groups(group_ids: Tensor, anchor_keys: Tensor) -> tuple[Tensor, Tenso
     _check_integer("anchor_keys", anchor_keys)
     if group_ids.numel() == 0:
         return group_ids.new_zeros(0), group_ids.new_zeros(0)
-    pairs = torch.stack([group_ids.long(), anchor_keys.long()])  # (2, rows)
-    _, index, counts = torch.unique(pairs, dim=1, return_inverse=True, return_counts=True)
+    # Dense codes of each key (both < rows) combine into one int64 without overflow; a 1-D unique is far
+    # cheaper than torch.unique(dim=1) on the (2, rows) pairs.
+    group = torch.unique(group_ids, return_inverse=True)[1]
+    anchor_codes, anchor = torch.unique(anchor_keys, return_inverse=True)
+    _, index, counts = torch.unique(group * anchor_codes.numel() + anchor, return_inverse=True, return_counts=True)
     return index, counts.take(index)
 
 
