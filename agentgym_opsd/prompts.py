@@ -14,9 +14,34 @@ from dataclasses import dataclass
 
 from agentgym_opsd.records import ChatMessage
 
-__all__ = ["HistoryItem", "PromptRenderer", "SKILL_HEADER"]
+__all__ = ["HistoryItem", "PromptRenderer", "SKILL_HEADER", "TEMPLATE_FIELDS", "check_user_template"]
 
 SKILL_HEADER = "Skills that help with this task:"
+
+TEMPLATE_FIELDS = {
+    "task": "the task text",
+    "observation": "the current observation (shortened in its middle when max_chars demands it)",
+    "history": "the shown past turns, one '[Turn n] Observation: ...\\nAction: ...' block each ('' when none)",
+    "history_length": "how many past turns are shown",
+    "past_turns": "how many turns came before this one",
+    "turn": "this turn's number, from 1",
+    "admissible_actions": "the admissible actions, comma-separated ('' when the environment has no list)",
+}
+"""Placeholders a user prompt template (`env.prompt_template=PATH`) may use, with what they hold."""
+
+
+def check_user_template(template: str) -> str:
+    """`template` if every placeholder is known and `{observation}` is there, else ValueError saying why."""
+    try:
+        template.format_map(dict.fromkeys(TEMPLATE_FIELDS, ""))
+    except KeyError as exc:
+        raise ValueError(f"unknown placeholder {{{exc.args[0]}}}; known: "
+                         f"{', '.join('{' + k + '}' for k in TEMPLATE_FIELDS)}") from None
+    except (ValueError, IndexError) as exc:
+        raise ValueError(f"{exc} (write a literal brace as {{{{ or }}}})") from None
+    if "{observation}" not in template:
+        raise ValueError("the template must contain {observation}")
+    return template
 
 
 @dataclass(frozen=True)
@@ -32,7 +57,9 @@ class PromptRenderer:
     """Renders chat messages for one turn.
 
     `history_turns` is k (last k turns shown); `max_chars` bounds the user message (0 = no bound);
-    `show_admissible` lists the admissible actions when the environment knows them.
+    `show_admissible` lists the admissible actions when the environment knows them. `user_template`
+    replaces our user message with the user's own text (placeholders in `TEMPLATE_FIELDS`), so a run can use
+    exactly the prompt of the paper it is compared with; the system message (and `c+` in it) stays ours.
     """
 
     system_prompt: str
@@ -40,8 +67,11 @@ class PromptRenderer:
     max_chars: int = 0
     show_admissible: bool = True
     max_admissible: int = 60
+    user_template: str | None = None
 
     def __post_init__(self) -> None:
+        if self.user_template is not None:
+            check_user_template(self.user_template)
         if self.history_turns < 0:
             raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
         if self.max_chars < 0:
@@ -67,7 +97,7 @@ class PromptRenderer:
         if self.show_admissible and admissible_actions:
             listed = list(admissible_actions)[: self.max_admissible]
             more = len(admissible_actions) - len(listed)
-            admissible = "Admissible actions: " + ", ".join(listed) + (f" (and {more} more)" if more > 0 else "")
+            admissible = ", ".join(listed) + (f" (and {more} more)" if more > 0 else "")
         while True:
             user = self._user_message(task_text, observation, shown, admissible, turn_index, len(history))
             if not self.max_chars or len(user) <= self.max_chars or not shown:
@@ -82,8 +112,8 @@ class PromptRenderer:
             {"role": "user", "content": user},
         ]
 
-    @staticmethod
     def _user_message(
+        self,
         task_text: str,
         observation: str,
         shown: Sequence[HistoryItem],
@@ -91,14 +121,19 @@ class PromptRenderer:
         turn_index: int,
         num_past: int,
     ) -> str:
+        first = num_past - len(shown) + 1
+        history = "\n".join(f"[Turn {first + i}] Observation: {h.observation}\nAction: {h.action}"
+                             for i, h in enumerate(shown))
+        if self.user_template is not None:
+            return self.user_template.format_map({
+                "task": task_text, "observation": observation, "history": history, "history_length": len(shown),
+                "past_turns": num_past, "turn": turn_index + 1, "admissible_actions": admissible})
         parts = [f"Task: {task_text}"] if task_text else []
         if shown:
-            first = num_past - len(shown) + 1
-            lines = [f"[Turn {first + i}] Observation: {h.observation}\nAction: {h.action}" for i, h in enumerate(shown)]
-            parts.append("Recent turns:\n" + "\n".join(lines))
+            parts.append("Recent turns:\n" + history)
         parts.append(f"[Turn {turn_index + 1}] Current observation: {observation}")
         if admissible:
-            parts.append(admissible)
+            parts.append(f"Admissible actions: {admissible}")
         parts.append("Your next action:")
         return "\n\n".join(parts)
 

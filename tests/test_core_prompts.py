@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from agentgym_opsd.prompts import SKILL_HEADER, HistoryItem, PromptRenderer
 
 
@@ -26,3 +30,60 @@ def test_skill_block_in_system_message_and_never_truncated():
 def test_empty_skill_context_gives_student_prompt():
     r = PromptRenderer("SYS")
     assert r.system_message("") == "SYS" and r.system_message("  ") == "SYS"
+
+
+# ---- user prompt templates (env.prompt_template) -----------------------------------------------------------
+
+PAPER_LIKE = ("You are an expert agent. Your task is: {task}\nPrior to this step, you have taken {past_turns} "
+              "step(s); the last {history_length}:\n{history}\nYou are now at step {turn}: {observation}\n"
+              "Admissible actions: [{admissible_actions}]. Keep {{braces}} literal.")
+
+
+def test_a_user_template_renders_every_placeholder():
+
+    r = PromptRenderer("SYS", history_turns=1, user_template=PAPER_LIKE)
+    msgs = r.render(task_text="heat an egg", observation="You see a fridge.",
+                    history=[HistoryItem("look", "A room."), HistoryItem("go to fridge 1", "You arrive.")],
+                    admissible_actions=["open fridge 1", "look"], skill_context="rules", turn_index=2)
+    assert msgs[0]["content"].startswith("SYS") and "rules" in msgs[0]["content"]  # system message stays ours
+    assert msgs[1]["content"] == (
+        "You are an expert agent. Your task is: heat an egg\nPrior to this step, you have taken 2 step(s); the "
+        "last 1:\n[Turn 2] Observation: You arrive.\nAction: go to fridge 1\nYou are now at step 3: You see a "
+        "fridge.\nAdmissible actions: [open fridge 1, look]. Keep {braces} literal.")
+
+
+def test_a_user_template_is_still_bounded_by_max_chars():
+
+    r = PromptRenderer("SYS", history_turns=2, max_chars=260, user_template=PAPER_LIKE)
+    user = r.render(task_text="t", observation="x" * 500, history=[HistoryItem("a", "b")] * 2)[1]["content"]
+    assert len(user) <= 260 and "[...]" in user and "Observation: b" not in user
+
+
+@pytest.mark.parametrize("template, message", [("{observation} {nope}", "unknown placeholder {nope}"),
+                                               ("no observation here {task}", "must contain {observation}"),
+                                               ("{observation} {", "literal brace")])
+def test_bad_templates_say_why(template, message):
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PromptRenderer("SYS", user_template=template)
+
+
+def test_the_trainer_uses_a_template_file_and_refuses_a_bad_one(tmp_path, toy_env_ids):
+    from agentgym_opsd.trainer.config import ConfigError, load_config
+    from agentgym_opsd.trainer.loop import Trainer
+
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text("TEMPLATE {task} | {observation}")
+    bad.write_text("{obs}")
+    with pytest.raises(ConfigError, match="env.prompt_template: .*unknown placeholder"):
+        load_config("cpu-tiny", [f"env.prompt_template={bad}"])
+    with pytest.raises(ConfigError, match="env.prompt_template: cannot read"):
+        load_config("cpu-tiny", [f"env.prompt_template={tmp_path / 'missing.txt'}"])
+    cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"env.prompt_template={good}", "trainer.backend=torch",
+                                   f"trainer.output_dir={tmp_path / 'run'}", "trainer.tensorboard=false"])
+    trainer = Trainer(cfg)
+    try:
+        (traj, *_) = trainer.collect()
+        assert traj.turns[0].prompt[1]["content"].startswith("TEMPLATE make the counter show")
+    finally:
+        trainer.close()

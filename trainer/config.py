@@ -73,6 +73,17 @@ class ModelConfig:
         _check_nonneg("model.trainable_layers", self.trainable_layers)
 
 
+def _check_prompt_template(path: str) -> None:
+    from agentgym_opsd.prompts import check_user_template
+
+    try:
+        check_user_template(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"env.prompt_template: cannot read {path!r} ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ConfigError(f"env.prompt_template: {path}: {exc}") from None
+
+
 def _check_registered_env(key: str, spec: str) -> None:
     from agentgym_opsd.registry import RegistryError, env_profile, parse_env_spec
 
@@ -92,6 +103,9 @@ class EnvConfig:
     max_turns: int = _f(0, "turn limit per episode (0 = the environment profile's)")
     history_turns: int = _f(-1, "past turns shown in the prompt (-1 = the environment profile's)")
     max_prompt_chars: int = _f(0, "bound on the user message; history is dropped first (0 = none)")
+    prompt_template: str = _f("", "a text file with your own user-message template ('' = ours); placeholders: "
+                                  "{task} {observation} {history} {history_length} {past_turns} {turn} "
+                                  "{admissible_actions} (see agentgym_opsd.prompts.TEMPLATE_FIELDS)")
     use_skills: bool = _f(True, "load the skill library that gives c+ (the teacher context)")
     invalid_action_penalty: float = _f(-1.0, "subtracted from the reward per invalid action (-1 = profile's)")
     reward_scale: float = _f(1.0, "reward of a won episode (1 = paper; 10 = released code, verl-agent)")
@@ -104,6 +118,8 @@ class EnvConfig:
             raise ConfigError("env.id: must name an environment, e.g. 'ALFWorld-v0:easy'")
         for key in ("id", "val_id"):  # refused here, before any model is loaded
             _check_registered_env(f"env.{key}", getattr(self, key))
+        if self.prompt_template:
+            _check_prompt_template(self.prompt_template)
         _check_nonneg("env.max_turns", self.max_turns)
         _check_nonneg("env.num_train_tasks", self.num_train_tasks)
         _check_positive("env.reward_scale", self.reward_scale)

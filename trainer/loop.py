@@ -192,7 +192,9 @@ class Trainer:
     def _make_runner(self, env_spec: str, num_envs: int) -> RolloutRunner:
         cfg = self.cfg.env
         history = cfg.history_turns if cfg.history_turns >= 0 else self.profile.history_turns
-        renderer = PromptRenderer(self.profile.system_prompt, history_turns=history, max_chars=cfg.max_prompt_chars)
+        template = Path(cfg.prompt_template).read_text(encoding="utf-8") if cfg.prompt_template else None
+        renderer = PromptRenderer(self.profile.system_prompt, history_turns=history, max_chars=cfg.max_prompt_chars,
+                                  user_template=template)
         kwargs = dict(cfg.kwargs)
         if cfg.max_turns > 0:
             kwargs["max_turns"] = cfg.max_turns
