@@ -56,13 +56,18 @@ class TagParser:
 
     With `keep_tags=False` (ALFWorld style, one tag) the action is the cleaned content; with
     `keep_tags=True` (Search-R1 style) the action keeps its tag, e.g. `<search>who wrote x</search>`, so the
-    environment knows which kind it is. `strict=True` follows Search-R1/verl-agent: two different tags or a
-    repeated tag in one response make the action invalid; otherwise the first tag wins.
+    environment knows which kind it is. By default the first complete tag is acted on and the rest of the
+    response ignored, as Search-R1 does; `strict=True` is verl-agent's stricter projection, where two tags
+    (or a repeated one) make the action invalid. `allow_empty` makes `<search></search>` an action with
+    empty content, as in Search-R1 (an empty query is searched, an empty answer is scored); otherwise an
+    empty tag is invalid. `case_sensitive` matches the tag names exactly (Search-R1); ours accept any case.
     """
 
     tags: tuple[str, ...] = ("action",)
     keep_tags: bool = False
     strict: bool = False
+    allow_empty: bool = False
+    case_sensitive: bool = False
 
     def __post_init__(self) -> None:
         if not self.tags:
@@ -74,7 +79,8 @@ class TagParser:
     @property
     def _pattern(self) -> re.Pattern[str]:
         alternatives = "|".join(re.escape(t) for t in self.tags)
-        return re.compile(rf"<({alternatives})>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
+        flags = re.DOTALL if self.case_sensitive else re.DOTALL | re.IGNORECASE
+        return re.compile(rf"<({alternatives})>(.*?)</\1>", flags)
 
     def parse(self, text: str) -> ParsedAction:
         if not isinstance(text, str):
@@ -86,7 +92,7 @@ class TagParser:
         if self.strict and len(matches) > 1:
             return ParsedAction("", False, reason="more than one action tag in one response")
         tag, content = matches[0].group(1).lower(), _clean(matches[0].group(2))
-        if not content:
+        if not content and not self.allow_empty:
             return ParsedAction("", False, kind=tag, reason=f"empty <{tag}> tag")
         if len(content) > MAX_ACTION_CHARS:
             return ParsedAction("", False, kind=tag, reason=f"action longer than {MAX_ACTION_CHARS} characters")
@@ -133,12 +139,21 @@ class WebShopParser:
 
 
 def make_parser(spec: str) -> ActionParser:
-    """Build a parser from a short spec: `tag:action`, `tag:search,answer` (keeps tags, strict), `webshop`."""
+    """Build a parser from a short spec.
+
+    - `tag:action`: the content of the first `<action>...</action>` (ALFWorld, our default form);
+    - `tag:search,answer`: several tags, kept in the action; the first complete tag is acted on, empty tags
+      are actions and tag names are case-sensitive — Search-R1's rules;
+    - `tag-strict:search,answer`: the same, but two tags in one response are invalid (verl-agent);
+    - `webshop`: `search[...]` / `click[...]`.
+    """
     kind, _, argument = spec.partition(":")
-    if kind == "tag":
+    if kind in ("tag", "tag-strict"):
         tags = tuple(t.strip() for t in (argument or "action").split(",") if t.strip())
         multi = len(tags) > 1
-        return TagParser(tags=tags, keep_tags=multi, strict=multi)
+        return TagParser(tags=tags, keep_tags=multi, strict=kind == "tag-strict", allow_empty=multi,
+                         case_sensitive=multi)
     if kind == "webshop":
         return WebShopParser()
-    raise ValueError(f"unknown parser spec {spec!r}; expected 'tag:<name>[,<name>...]' or 'webshop'")
+    raise ValueError(f"unknown parser spec {spec!r}; expected 'tag:<name>[,<name>...]', "
+                     "'tag-strict:<name>,<name>...' or 'webshop'")

@@ -15,14 +15,29 @@ def test_tag_parser_basic():
     assert p.parse(p.format("open fridge 1")).action == "open fridge 1"
 
 
-def test_tag_parser_search_answer_strict():
+def test_search_answer_follows_search_r1():
     p = make_parser("tag:search,answer")
     assert p.parse("<search>who wrote x</search>").action == "<search>who wrote x</search>"
     assert p.parse("<answer>Paris</answer>").kind == "answer"
+    # the first complete tag is the action; what follows is ignored (search-then-answer searches)
+    assert p.parse("<search>a</search><answer>b</answer>").action == "<search>a</search>"
+    # the match runs from the first opening tag to its first closing tag, as Search-R1's regex does
+    assert p.parse("<think>hm <answer>x</think><answer>b</answer>").action == "<answer>x</think><answer>b</answer>"
+    assert p.parse("<search>a <answer>b</answer> c</search>").action == "<search>a <answer>b</answer> c</search>"
+    # empty tags are actions (an empty query is searched, an empty answer scored), tag names are exact
+    assert p.parse("<search></search>").action == "<search></search>"
+    assert p.parse("<answer>  </answer>").valid
+    assert not p.parse("<SEARCH>a</SEARCH>").valid
+    assert not p.parse("no tags at all").valid
+    assert not p.parse("<search>unclosed").valid
+    assert p.format("<answer>x</answer>") == "<answer>x</answer>"
+
+
+def test_strict_search_answer_is_verl_agents_projection():
+    p = make_parser("tag-strict:search,answer")
     both = p.parse("<search>a</search><answer>b</answer>")
     assert not both.valid and "more than one" in both.reason
-    assert not p.parse("no tags at all").valid
-    assert p.format("<answer>x</answer>") == "<answer>x</answer>"
+    assert p.parse("<answer>b</answer>").valid
 
 
 def test_tag_parser_long_and_control_chars():

@@ -77,9 +77,8 @@ def fast_env(tmp_path_factory):
 
 
 @pytest.mark.parametrize("action", [
-    "", "no tags at all", "<search></search>", "<search>   </search>", "<answer></answer>",
-    "<search>a</search><answer>b</answer>", "<search>a</search> <search>b</search>",
-    "<search>" + "x" * 100_000 + "</search>", "<search>unclosed", "\udcff\udcfe",
+    "", "no tags at all", "<search>" + "x" * 100_000 + "</search>", "<search>unclosed", "\udcff\udcfe",
+    "<SEARCH>a</SEARCH>",
 ])
 def test_bad_actions_are_invalid_not_errors(fast_env, action: str) -> None:
     fast_env.reset(options={"task_index": 0})
@@ -88,11 +87,37 @@ def test_bad_actions_are_invalid_not_errors(fast_env, action: str) -> None:
     assert info["action_valid"] is False
 
 
+@pytest.mark.parametrize("action, searched", [
+    ("<search></search>", ""), ("<search>   </search>", ""), ("<search>a</search><answer>b</answer>", "a"),
+    ("<search>a</search> <search>b</search>", "a"),
+])
+def test_the_first_complete_tag_is_acted_on_as_in_search_r1(fast_env, action: str, searched: str) -> None:
+    fast_env.reset(options={"task_index": 0})
+    obs, reward, terminated, _, info = fast_env.step(action)
+    assert info["action_valid"] and obs.startswith("\n\n<information>Doc 1(Title: \"") and not terminated
+    assert fast_env.unwrapped._queries == {searched}
+
+
+def test_an_empty_answer_is_an_answer(fast_env) -> None:
+    fast_env.reset(options={"task_index": 0})
+    obs, reward, terminated, _, info = fast_env.step("<answer></answer>")
+    assert info["action_valid"] and terminated and reward == 0.0 and not info["won"]
+
+
+def test_information_block_is_rendered_as_search_r1_does(fast_env) -> None:
+    fast_env.reset(options={"task_index": 0})
+    obs, *_ = fast_env.step("<search>anything</search>")
+    assert obs.startswith("\n\n<information>Doc 1(Title: \"") and obs.endswith("</information>\n\n")
+    docs = obs.strip()[len("<information>"):-len("</information>")].split("\n")
+    assert [d.split("(Title: ")[0] for d in docs] == ["Doc 1", "Doc 2", "Doc 3"]
+    assert all(d.split("(Title: ", 1)[1].startswith('"') for d in docs)
+
+
 def test_search_answer_and_turn_limit(fast_env) -> None:
     fast_env.reset(options={"task_index": 0})
     q = fast_env.question
     obs, _, term, _, info = fast_env.step("<search>\udcff odd bytes</search>")
-    assert obs.startswith("<information>Doc 1(Title: ") and obs.count("\nDoc ") == 2 and info["action_valid"]
+    assert obs.startswith("\n\n<information>Doc 1(Title: ") and obs.count("\nDoc ") == 2 and info["action_valid"]
     obs, reward, term, _, info = fast_env.step(f"<answer>The {q.golden_answers[0].upper()}!</answer>")
     assert term and reward == 1.0 and info["won"] and info["score"] == 1.0
     fast_env.reset(options={"task_index": 0})

@@ -36,7 +36,7 @@ from agentgym_opsd.environments.search_qa.retriever import (
     SearchHit,
     shared_dense_retriever,
 )
-from agentgym_opsd.parsers import TagParser
+from agentgym_opsd.parsers import make_parser
 
 __all__ = ["SearchQAConfig", "SearchQAEnv", "INVALID_ACTION_MESSAGE", "format_information"]
 
@@ -44,7 +44,7 @@ INVALID_ACTION_MESSAGE = (
     "Your previous action is invalid. Write exactly one <search>query</search> to search, or "
     "<answer>text</answer> to give your final answer, then try again."
 )
-_PARSER = TagParser(tags=("search", "answer"), keep_tags=True, strict=True)
+_PARSER = make_parser("tag:search,answer")  # Search-R1: the first complete <search> or <answer> is the action
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,14 @@ class SearchQAConfig:
 
 
 def format_information(hits: Sequence[SearchHit]) -> str:
-    """Search-R1's result block: `Doc i(Title: t) text` lines inside <information> tags."""
-    lines = [f"Doc {i}(Title: {h.passage.title}) {h.passage.text}" for i, h in enumerate(hits, 1)]
-    return "<information>" + "\n".join(lines) + "</information>"
+    """Search-R1's result block, as its rollout renders it: the passage's first line (the quoted title of
+    the corpus record) and the rest, `Doc i(Title: "t") text` per hit, inside <information> tags with a blank
+    line on each side."""
+    docs = []
+    for i, h in enumerate(hits, 1):
+        title, _, text = h.passage.contents.partition("\n")
+        docs.append(f"Doc {i}(Title: {title}) {text}")
+    return "\n\n<information>" + "\n".join(docs).strip() + "</information>\n\n"
 
 
 class SearchQAEnv(TextEnv):
