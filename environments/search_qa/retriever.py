@@ -6,6 +6,7 @@ Both speak the same `retrieve(queries, topk)`; the environment holds either. The
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -21,11 +22,19 @@ import numpy as np
 from agentgym_opsd.environments.search_qa.data import Passage
 
 __all__ = ["SearchHit", "Retriever", "DenseRetriever", "HttpRetriever", "RetrievalError", "clean_query",
-           "MAX_QUERY_CHARS", "MAX_TOPK", "shared_dense_retriever"]
+           "EncodeBatcher", "MAX_QUERY_CHARS", "MAX_TOPK", "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS",
+           "shared_dense_retriever"]
 
 MAX_QUERY_CHARS = 2_000
 """Queries are cut to this many characters (the encoder reads only 256 tokens anyway)."""
 MAX_TOPK = 100
+MAX_QUERIES_PER_REQUEST = 1_024
+"""The retrieval server refuses more queries per request (HttpRetriever splits longer lists)."""
+MAX_REQUEST_QUERY_CHARS = 100_000
+"""The retrieval server refuses requests whose queries hold more characters in total: encoding is the
+expensive part, and one request of 1,024 x 2,000 characters once held the encoder for minutes."""
+MAX_BATCH_TEXTS = 1_024
+"""At most this many texts per merged encoder call (a single larger caller is still encoded in one call)."""
 
 
 class RetrievalError(RuntimeError):
@@ -56,12 +65,98 @@ def _check_topk(topk: int) -> None:
         raise ValueError(f"topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
 
 
+class _Job:
+    """One caller's texts waiting in an EncodeBatcher, and their rows once encoded."""
+
+    __slots__ = ("texts", "vectors", "error", "done")
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.vectors: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class EncodeBatcher:
+    """Merges concurrent `encode` calls into one call of the underlying encoder.
+
+    A caller that finds the encoder busy queues its texts and waits; the caller that finds it idle encodes
+    everything queued (whole callers, up to `max_texts` texts) in one call and hands each caller its rows,
+    until its own texts are done. One padded forward pass over many short queries costs far less than one
+    pass per request, and concurrent requests no longer queue on a lock one by one. The encoder is only
+    ever called by one thread at a time, so it need not be thread-safe. No thread of its own is kept.
+    """
+
+    def __init__(self, encode: Callable[[Sequence[str]], np.ndarray], *, max_texts: int = MAX_BATCH_TEXTS) -> None:
+        if max_texts < 1:
+            raise ValueError(f"max_texts must be >= 1, got {max_texts}")
+        self._encode = encode
+        self.max_texts = max_texts
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._busy = False
+        self._cond = threading.Condition()
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        job = _Job(list(texts))
+        with self._cond:
+            self._queue.append(job)
+            while self._busy and not job.done:
+                self._cond.wait()
+            leader = not job.done  # nobody else will encode these texts: this caller does
+            if leader:
+                self._busy = True
+        if leader:
+            try:
+                while not job.done:
+                    self._encode_batch(self._take())
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+        if job.error is not None:
+            raise job.error
+        assert job.vectors is not None
+        return job.vectors
+
+    def _take(self) -> list[_Job]:
+        """The oldest queued callers, whole, up to `max_texts` texts (at least one caller)."""
+        with self._cond:
+            batch, count = [], 0
+            while self._queue and (not batch or count + len(self._queue[0].texts) <= self.max_texts):
+                job = self._queue.popleft()
+                batch.append(job)
+                count += len(job.texts)
+            return batch
+
+    def _encode_batch(self, batch: list[_Job]) -> None:
+        try:
+            texts = [t for job in batch for t in job.texts]
+            vectors = self._encode(texts)
+            if len(vectors) != len(texts):
+                raise ValueError(f"the encoder returned {len(vectors)} vectors for {len(texts)} texts")
+            start = 0
+            for job in batch:
+                job.vectors = vectors[start:start + len(job.texts)]
+                start += len(job.texts)
+        except Exception as exc:  # each caller of the batch gets the failure in its own thread
+            for job in batch:
+                job.error = exc
+        finally:
+            with self._cond:
+                for job in batch:  # even when interrupted, so no caller waits for rows that never come
+                    if job.vectors is None and job.error is None:
+                        job.error = RuntimeError("encoding was interrupted")
+                    job.done = True
+                self._cond.notify_all()
+
+
 class DenseRetriever:
     """In-process dense retrieval over an index folder (`index.DenseIndex`).
 
     `encoder` maps texts to unit vectors of the index's dimension; by default the MiniLM encoder, created on
-    first use (it imports torch, which the environment never does itself). Thread-safe: EnvPool threads
-    share one instance.
+    first use (it imports torch, which the environment never does itself). Thread-safe: EnvPool threads and
+    the server's request threads share one instance, and their concurrent queries are encoded together
+    (`EncodeBatcher`).
     """
 
     def __init__(self, index_dir: str | os.PathLike[str],
@@ -70,15 +165,18 @@ class DenseRetriever:
 
         self.index = DenseIndex(index_dir, mmap=mmap)
         self._encode = encoder
-        self._lock = threading.Lock()
+        self._batcher = EncodeBatcher(self._encode_now)
+
+    def _encode_now(self, texts: Sequence[str]) -> np.ndarray:
+        # only the batcher calls this, one thread at a time, so the lazy load needs no lock of its own
+        if self._encode is None:
+            from agentgym_opsd.environments.search_qa.embedding import shared_encoder
+
+            self._encode = shared_encoder().encode
+        return self._encode(texts)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            if self._encode is None:
-                from agentgym_opsd.environments.search_qa.embedding import shared_encoder
-
-                self._encode = shared_encoder().encode
-            return self._encode(texts)
+        return self._batcher(texts)
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
         _check_topk(topk)
@@ -106,7 +204,8 @@ def shared_dense_retriever(index_dir: str | os.PathLike[str]) -> DenseRetriever:
 
 
 class HttpRetriever:
-    """Client of a Search-R1 style `POST /retrieve` server (stdlib only)."""
+    """Client of a Search-R1 style `POST /retrieve` server (stdlib only). A long list of queries goes out in
+    several requests, each within the server's limits (`MAX_QUERIES_PER_REQUEST`, `MAX_REQUEST_QUERY_CHARS`)."""
 
     def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
         if not url.startswith(("http://", "https://")):
@@ -116,10 +215,13 @@ class HttpRetriever:
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
         _check_topk(topk)
-        if not queries:
-            return []
-        body = json.dumps({"queries": [clean_query(q) for q in queries], "topk": topk,
-                           "return_scores": True}).encode("utf-8")
+        hits: list[list[SearchHit]] = []
+        for part in _request_sized([clean_query(q) for q in queries]):
+            hits.extend(self._retrieve_part(part, topk))
+        return hits
+
+    def _retrieve_part(self, queries: list[str], topk: int) -> list[list[SearchHit]]:
+        body = json.dumps({"queries": queries, "topk": topk, "return_scores": True}).encode("utf-8")
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
@@ -133,3 +235,16 @@ class HttpRetriever:
                                float(h.get("score", 0.0))) for h in hits] for hits in payload["result"]]
         except (KeyError, TypeError) as exc:
             raise RetrievalError(f"{self.url}: reply is not in /retrieve format ({exc})") from exc
+
+
+def _request_sized(queries: list[str]) -> list[list[str]]:
+    """`queries` in consecutive parts that the server accepts (count and total characters per request)."""
+    parts: list[list[str]] = []
+    chars = 0
+    for query in queries:
+        if not parts or len(parts[-1]) >= MAX_QUERIES_PER_REQUEST or chars + len(query) > MAX_REQUEST_QUERY_CHARS:
+            parts.append([])
+            chars = 0
+        parts[-1].append(query)
+        chars += len(query)
+    return parts

@@ -1,0 +1,286 @@
+"""Hostile input against the shop site and the retrieval server, sent over real sockets: oversize and
+chunked bodies, deep JSON, lone surrogates, the Werkzeug debugger, bad command lines, and build_index
+over a folder that is not an index."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+from werkzeug.serving import make_server
+
+from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
+from agentgym_opsd.environments.search_qa.generator import generate_dataset
+from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
+from agentgym_opsd.environments.search_qa.retriever import DenseRetriever, EncodeBatcher, HttpRetriever
+from agentgym_opsd.environments.search_qa.serve import create_app as create_search_app
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    data = generate_dataset("tiny")
+    folder = write_index_folder(tmp_path_factory.mktemp("hard") / "idx", data.passages, HashingEncoder().encode,
+                                IndexConfig(kind="flat"), progress=False)
+    return data, folder
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """`app` on a free loopback port in a background thread; yields its base URL."""
+    httpd = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def send(url: str, path: str, parts: Iterable[bytes], *, content_length: int | None = None,
+         content_type: str = "application/json", method: str = "POST",
+         timeout_s: float = 30.0) -> tuple[int, str, bytes]:
+    """Send `parts` as one body over a raw connection: with `Content-Length: content_length` when given
+    (it may claim more than is sent), else `Transfer-Encoding: chunked`, one chunk per part. Sending stops
+    quietly if the server hangs up early. Returns (status, content type, body)."""
+    host = urlsplit(url)
+    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=timeout_s)
+    try:
+        conn.putrequest(method, path)
+        conn.putheader("Content-Type", content_type)
+        if content_length is None:
+            conn.putheader("Transfer-Encoding", "chunked")
+        else:
+            conn.putheader("Content-Length", str(content_length))
+        conn.endheaders()
+        with contextlib.suppress(OSError):
+            for part in parts:
+                conn.send(b"%x\r\n%s\r\n" % (len(part), part) if content_length is None else part)
+            if content_length is None:
+                conn.send(b"0\r\n\r\n")
+        response = conn.getresponse()
+        return response.status, response.getheader("Content-Type", ""), response.read()
+    finally:
+        conn.close()
+
+
+def post_json(url: str, path: str, payload: Any) -> tuple[int, Any]:
+    body = json.dumps(payload).encode()
+    status, _, raw = send(url, path, [body], content_length=len(body))
+    return status, json.loads(raw)
+
+
+HOSTILE_BODIES = {
+    "deep-list": b"[" * 100_000 + b"]" * 100_000,
+    "deep-object": b'{"a":' * 5_000 + b"1" + b"}" * 5_000,
+    "lone-surrogate": b'{"queries": ["\\ud800 x"], "action": "search[\\udfff]", "split": "\\ud83d"}',
+    "malformed": b'{"queries": ["a"',
+    "nan": b'{"queries": ["a"], "topk": NaN, "goal": NaN}',
+    "not-utf8": b'{"action": "\xff\xfe"}',
+}
+
+
+# ------------------------------------------------------------------------------- Search-QA: item 3 and 4
+
+
+@pytest.fixture(scope="module")
+def search_url(tiny_index: tuple[Any, Path]) -> Iterator[str]:
+    _, folder = tiny_index
+    with serving(create_search_app(DenseRetriever(folder, encoder=HashingEncoder().encode))) as url:
+        yield url
+
+
+def test_search_a_10mb_body_is_413_before_it_is_read(search_url: str) -> None:
+    started = time.perf_counter()
+    # the server must answer from the declared length alone: only the first 64 KiB are ever sent
+    status, ctype, body = send(search_url, "/retrieve", [b'{"queries": ["' + b"x" * 65_536],
+                               content_length=10_000_000)
+    elapsed = time.perf_counter() - started
+    assert status == 413 and ctype.startswith("application/json") and "at most" in json.loads(body)["error"]
+    assert elapsed < 2.0, f"413 took {elapsed:.2f}s"
+
+
+def test_search_an_oversize_chunked_body_is_413_not_cut(search_url: str) -> None:
+    chunk = b"x" * 65_536
+    started = time.perf_counter()
+    status, _, body = send(search_url, "/retrieve", [b'{"queries": ["'] + [chunk] * 40 + [b'"]}'])
+    assert status == 413 and "at most" in json.loads(body)["error"]
+    assert time.perf_counter() - started < 5.0
+
+
+def test_search_too_many_query_characters_is_413_with_a_reason(search_url: str) -> None:
+    status, reply = post_json(search_url, "/retrieve", {"queries": ["word " * 400] * 60, "topk": 1})
+    assert status == 413 and "characters" in reply["error"] and "split" in reply["error"]
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_BODIES))
+def test_search_hostile_json_is_a_json_400(search_url: str, name: str) -> None:
+    status, ctype, body = send(search_url, "/retrieve", [HOSTILE_BODIES[name]],
+                               content_length=len(HOSTILE_BODIES[name]))
+    assert status == 400 and ctype.startswith("application/json") and json.loads(body)["error"]
+
+
+def test_search_unknown_routes_and_failures_are_json(tiny_index: tuple[Any, Path]) -> None:
+    _, folder = tiny_index
+
+    def broken(texts: Sequence[str]) -> np.ndarray:
+        raise RuntimeError("secret detail")
+
+    with serving(create_search_app(DenseRetriever(folder, encoder=broken))) as url:
+        status, reply = post_json(url, "/retrieve", {"queries": ["a"], "topk": 1})
+        assert status == 500 and "secret" not in reply["error"]
+        status, ctype, _ = send(url, "/nowhere", [b"{}"], content_length=2)
+        assert status == 404 and ctype.startswith("application/json")
+
+
+def test_http_client_splits_lists_the_server_would_refuse(search_url: str) -> None:
+    queries = [f"city {i}" for i in range(1_100)] + ["long query " * 200] * 60  # > 1,024 and > 100k chars
+    hits = HttpRetriever(search_url).retrieve(queries, 1)
+    assert len(hits) == len(queries) and all(len(h) == 1 for h in hits)
+
+
+class CountingEncoder:
+    """HashingEncoder that counts its calls and takes `delay_s` per call, like a real model would."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.calls, self.sizes = delay_s, 0, []  # type: ignore[var-annotated]
+        self._inner = HashingEncoder()
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1  # only ever one caller at a time: the batcher guarantees it
+        self.sizes.append(len(texts))
+        time.sleep(self.delay_s)
+        return self._inner.encode(texts)
+
+
+def test_search_concurrent_requests_share_encoder_calls(tiny_index: tuple[Any, Path]) -> None:
+    data, folder = tiny_index
+    encoder = CountingEncoder(delay_s=0.3)
+    reference = DenseRetriever(folder, encoder=HashingEncoder().encode)
+    queries = [[p.contents, "capital of " + p.title] for p in data.passages[:16]]
+    replies: dict[int, tuple[int, Any]] = {}
+    gate = threading.Barrier(len(queries))
+
+    def ask(i: int) -> None:
+        gate.wait(timeout=30)
+        replies[i] = post_json(url, "/retrieve", {"queries": queries[i], "topk": 2})
+
+    with serving(create_search_app(DenseRetriever(folder, encoder=encoder))) as url:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(queries))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    for i, qs in enumerate(queries):
+        status, reply = replies[i]
+        want = [[h.passage.id for h in hits] for hits in reference.retrieve(qs, 2)]
+        assert status == 200 and [[d["document"]["id"] for d in hits] for hits in reply["result"]] == want
+    assert sum(encoder.sizes) == 2 * len(queries)
+    assert encoder.calls < len(queries), f"{encoder.calls} encoder calls for {len(queries)} requests"
+
+
+def test_batcher_gives_each_caller_its_rows_or_its_error() -> None:
+    calls: list[list[str]] = []
+    release = threading.Event()
+
+    def encode(texts: Sequence[str]) -> np.ndarray:
+        calls.append(list(texts))
+        if len(calls) == 1:
+            release.wait(timeout=30)  # hold the first call so the others queue behind it
+        if "fail" in texts:
+            raise ValueError("cannot encode")
+        return np.array([[float(t)] for t in texts], dtype=np.float32)
+
+    batcher = EncodeBatcher(encode, max_texts=4)
+    results: dict[str, Any] = {}
+
+    def run(name: str, texts: list[str]) -> None:
+        try:
+            results[name] = batcher(texts).ravel().tolist()
+        except ValueError as exc:
+            results[name] = str(exc)
+
+    first = threading.Thread(target=run, args=("first", ["0"]))
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+    later = {"a": ["1", "2"], "b": ["3"], "c": ["4", "5", "6", "7", "8"], "d": ["fail"]}
+    threads = [threading.Thread(target=run, args=item) for item in later.items()]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(batcher._queue) < len(later) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    for t in [first, *threads]:
+        t.join(timeout=30)
+    assert results["first"] == [0.0] and results["a"] == [1.0, 2.0] and results["b"] == [3.0]
+    assert results["c"] == [4.0, 5.0, 6.0, 7.0, 8.0]  # larger than max_texts: still one call of its own
+    assert results["d"] == "cannot encode"
+    assert len(calls) < 5 and all(len(c) <= 4 or c == later["c"] for c in calls)
+
+
+# ------------------------------------------------------------------------------------ Search-QA: item 1
+
+_EXPLODING_SERVER = """
+import sys
+from agentgym_opsd.environments.search_qa import retriever, serve
+from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
+
+
+def encode(texts):
+    if "explode" in texts:
+        raise RuntimeError("boom")
+    return HashingEncoder().encode(texts)
+
+
+class ExplodingRetriever(retriever.DenseRetriever):
+    def __init__(self, folder):
+        super().__init__(folder, encoder=encode)
+
+
+retriever.DenseRetriever = ExplodingRetriever
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def test_search_serve_main_never_shows_the_debugger(tiny_index: tuple[Any, Path]) -> None:
+    """With FLASK_DEBUG=1, app.run() would serve Werkzeug's debugger (a Python console on every 500 page)."""
+    _, folder = tiny_index
+    env = {**os.environ, "FLASK_DEBUG": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _EXPLODING_SERVER, "--index", str(folder), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the banner; the process exits (empty line) if it cannot start
+        match = re.search(r"http://\S+", line)
+        assert match, f"no banner, got {line!r}"
+        url = match.group(0)
+        status, ctype, body = send(url, "/retrieve", [b'{"queries": ["explode"]}'], content_length=24)
+        assert status == 500 and ctype.startswith("application/json")
+        assert b"Traceback" not in body and b"debugger" not in body.lower() and b"boom" not in body
+        status, _, body = send(url, "/?__debugger__=yes&cmd=resource&f=debugger.js", [], content_length=0,
+                               method="GET")
+        assert status in (404, 405) and b"debugger" not in body.lower()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
