@@ -1,0 +1,329 @@
+"""Credit inspector: one static HTML page of a training step's credit numbers.
+
+    python -m agentgym_opsd.inspect RUN_DIR [--step N] [--out FILE.html]
+
+reads `RUN_DIR/trajectories/step_N.jsonl` and, when the trainer wrote it, `RUN_DIR/credit/step_N.jsonl`
+(joined by trajectory id and turn index), and writes one self-contained page (inline CSS, JS and SVG; no
+server, no network): task groups → trajectories → turns. Each turn shows the state it acted on, the
+response (tokens shaded by teacher − student log-prob gap when the gaps were saved), validity, the oracle
+distance when the rollout recorded one, and its credit numbers (e_k, B_k, ΔB_k, w_k, Ã_k, GiGPO's step
+numbers). Each trajectory has a sparkline of its belief B_0 … B_K. Filters (outcome, estimator, task type)
+and sorting run in the page. Every piece of text from the run is HTML-escaped. Default output:
+`RUN_DIR/credit/step_N.html`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym_opsd.records import Trajectory, Turn, load_jsonl
+
+__all__ = ["StepData", "load_step", "render_html", "main"]
+
+# Credit fields shown per turn, in this order: (key in the credit file, column label, tooltip).
+CREDIT_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("evidence", "e_k", "evidence: summed teacher − student log-prob of the response"),
+    ("belief", "B_k", "belief of success after this turn"),
+    ("delta_belief", "ΔB_k", "change of belief this turn"),
+    ("weight", "w_k", "AgentOPSD weight of this turn, in [1 − b, 1 + b]"),
+    ("step_return", "G_k", "GiGPO: discounted return from this turn"),
+    ("step_advantage", "A_step", "GiGPO: step advantage within the anchor-state group"),
+    ("anchor_size", "|anchor|", "GiGPO: turns of the group that acted on the same state"),
+    ("advantage", "Ã_k", "final advantage of the turn (mean over its tokens)"),
+)
+
+
+class InspectError(ValueError):
+    """A run folder or step that cannot be inspected; the message says what is missing."""
+
+
+@dataclass
+class StepData:
+    """One step of one run: its trajectories and, per trajectory id, the saved credit line (may be empty)."""
+
+    run_dir: Path
+    step: int
+    trajectories: list[Trajectory]
+    credit: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def credit_of_turn(self, traj_id: int, turn_index: int) -> dict[str, Any]:
+        line = self.credit.get(traj_id, {})
+        return next((t for t in line.get("turns", []) if t.get("turn") == turn_index), {})
+
+
+def available_steps(run_dir: Path) -> list[int]:
+    found = (re.fullmatch(r"step_(\d+)\.jsonl", p.name) for p in (run_dir / "trajectories").glob("step_*.jsonl"))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def load_step(run_dir: Path, step: int | None = None) -> StepData:
+    """Trajectories and credit lines of `step` (default: the last step with trajectories)."""
+    steps = available_steps(run_dir)
+    if not steps:
+        raise InspectError(f"{run_dir}: no trajectories/step_*.jsonl (was trainer.save_trajectories off?)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise InspectError(f"{run_dir}: no trajectories for step {step}; steps: {', '.join(map(str, steps))}")
+    trajs = load_jsonl(run_dir / "trajectories" / f"step_{step:06d}.jsonl")
+    credit: dict[int, dict[str, Any]] = {}
+    path = run_dir / "credit" / f"step_{step:06d}.jsonl"
+    if path.is_file():
+        for line_no, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+                credit[int(line["traj_id"])] = line
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise InspectError(f"{path}:{line_no}: not a credit line ({exc})") from exc
+    return StepData(run_dir, step, trajs, credit)
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(int(value))
+    return f"{float(value):.4f}"
+
+
+def _state_text(traj: Trajectory, position: int) -> str:
+    """What the turn acted on: the previous observation, or the first prompt's user message."""
+    if position > 0:
+        return traj.turns[position - 1].observation
+    users = [m.get("content", "") for m in traj.turns[0].prompt if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+def _gap_style(gap: float, scale: float) -> str:
+    """Green where the teacher liked the token more than the student, red where less; alpha ∝ |gap|."""
+    alpha = min(abs(gap) / scale, 1.0) * 0.75 if scale > 0 else 0.0
+    rgb = "34,160,70" if gap >= 0 else "215,50,50"
+    return f"background:rgba({rgb},{alpha:.3f})"
+
+
+def _response_html(turn: Turn, credit: dict[str, Any]) -> str:
+    tokens, gaps = credit.get("tokens"), credit.get("token_gaps")
+    if not tokens or not gaps or len(tokens) != len(gaps):
+        return f'<pre class="response">{_e(turn.response_text)}</pre>'
+    scale = max((abs(g) for g in gaps if g is not None), default=0.0)
+    spans = "".join(
+        f'<span class="tok" style="{_gap_style(g or 0.0, scale)}" title="gap {_fmt(g)}">{_e(t)}</span>'
+        for t, g in zip(tokens, gaps, strict=True)
+    )
+    return f'<pre class="response shaded">{spans}</pre>'
+
+
+def _sparkline(prior: float | None, beliefs: Sequence[float | None]) -> str:
+    """Inline SVG of B_0, B_1 … B_K on a fixed [0, 1] axis (a dashed line at the prior)."""
+    values = [v for v in ([prior] if prior is not None else []) + list(beliefs) if v is not None]
+    if len(values) < 2:
+        return ""
+    width, height, pad = 160.0, 36.0, 3.0
+    step = (width - 2 * pad) / (len(values) - 1)
+    points = [(pad + i * step, pad + (1.0 - v) * (height - 2 * pad)) for i, v in enumerate(values)]
+    path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="1.8"/>' for x, y in points)
+    prior_y = points[0][1]
+    return (f'<svg class="spark" width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+            f'role="img" aria-label="belief trajectory"><title>belief B_0 … B_K: '
+            f'{_e(", ".join(f"{v:.3f}" for v in values))}</title>'
+            f'<line x1="0" x2="{width:.0f}" y1="{prior_y:.1f}" y2="{prior_y:.1f}" class="prior"/>'
+            f'<polyline points="{path}"/>{dots}</svg>')
+
+
+def _turn_html(data: StepData, traj: Trajectory, position: int, turn: Turn) -> str:
+    credit = data.credit_of_turn(traj.traj_id, turn.index)
+    cells = "".join(
+        f'<td class="num" data-key="{key}" title="{_e(tip)}">{_fmt(credit.get(key))}</td>'
+        for key, _, tip in CREDIT_COLUMNS if key in credit
+    )
+    heads = "".join(f'<th title="{_e(tip)}">{_e(label)}</th>' for key, label, tip in CREDIT_COLUMNS if key in credit)
+    numbers = f'<table class="credit"><tr>{heads}</tr><tr>{cells}</tr></table>' if credit else \
+        '<p class="muted">no credit numbers saved for this turn</p>'
+    validity = "valid" if turn.action_valid else f"invalid: {turn.invalid_reason or turn.invalid_kind or '?'}"
+    oracle = turn.info.get("oracle_distance")
+    oracle_html = f'<span class="badge oracle" data-key="oracle_distance">oracle distance {_e(oracle)}</span>' \
+        if oracle is not None else ""
+    return f"""
+<div class="turn {'ok' if turn.action_valid else 'bad'}" data-turn="{turn.index}">
+  <div class="turn-head"><b>turn {turn.index}</b> <span class="badge {'ok' if turn.action_valid else 'bad'}">{_e(validity)}</span>
+    <span class="badge">action: <code>{_e(turn.action or '∅')}</code></span> <span class="badge">reward {_e(turn.reward)}</span>
+    {oracle_html}</div>
+  <details class="state"><summary>state it acted on</summary><pre>{_e(_state_text(traj, position))}</pre></details>
+  {_response_html(turn, credit)}
+  <details class="obs"><summary>observation after</summary><pre>{_e(turn.observation)}</pre></details>
+  {numbers}
+</div>"""
+
+
+def _traj_html(data: StepData, traj: Trajectory) -> str:
+    line = data.credit.get(traj.traj_id, {})
+    turn_credit = [data.credit_of_turn(traj.traj_id, t.index) for t in traj.turns]
+    prior = next((c.get("prior") for c in turn_credit if c.get("prior") is not None), None)
+    spark = _sparkline(prior, [c["belief"] for c in turn_credit if "belief" in c])
+    estimator = line.get("estimator", "")
+    seq_adv = line.get("seq_advantage")
+    reward = line.get("reward", traj.total_reward)
+    turns = "".join(_turn_html(data, traj, i, t) for i, t in enumerate(traj.turns))
+    attrs = (f'data-won="{int(traj.won)}" data-estimator="{_e(estimator)}" data-task-type="{_e(traj.task_type)}" '
+             f'data-traj-id="{traj.traj_id}" data-reward="{_e(reward if reward is not None else 0)}" '
+             f'data-seq-adv="{_e(seq_adv if seq_adv is not None else 0)}" data-turns="{traj.num_turns}"')
+    error = f'<span class="badge bad">error: {_e(traj.error)}</span>' if traj.error else ""
+    return f"""
+<section class="traj {'won' if traj.won else 'lost'}" {attrs}>
+  <details open><summary class="traj-head"><b>trajectory {traj.traj_id}</b>
+    <span class="badge {'ok' if traj.won else 'bad'}">{'won' if traj.won else 'lost'}</span>
+    <span class="badge">{traj.num_turns} turns</span> <span class="badge">reward {_e(_fmt(reward))}</span>
+    <span class="badge" data-key="seq_advantage">A_seq {_e(_fmt(seq_adv))}</span>
+    {f'<span class="badge">{_e(estimator)}</span>' if estimator else ''} {error} {spark}</summary>
+  {turns}
+  </details>
+</section>"""
+
+
+def _groups(data: StepData) -> dict[int, list[Trajectory]]:
+    groups: dict[int, list[Trajectory]] = {}
+    for traj in data.trajectories:
+        groups.setdefault(traj.group_id, []).append(traj)
+    return groups
+
+
+def _options(values: Sequence[str]) -> str:
+    return "".join(f'<option value="{_e(v)}">{_e(v or "(none)")}</option>' for v in sorted(set(values)))
+
+
+def render_html(data: StepData) -> str:
+    """The whole page as one string (self-contained: inline CSS, JS and SVG)."""
+    trajs = data.trajectories
+    won = sum(t.won for t in trajs)
+    estimators = sorted({str(line.get("estimator", "")) for line in data.credit.values()} - {""})
+    sections = []
+    for group_id, members in sorted(_groups(data).items()):
+        first = members[0]
+        rate = sum(t.won for t in members) / len(members)
+        body = "".join(_traj_html(data, t) for t in members)
+        sections.append(f"""
+<article class="group" data-group-id="{group_id}">
+  <h2>group {group_id} · {_e(first.task_type or 'task')} · <code>{_e(first.task_id)}</code>
+    <span class="badge">success {rate:.2f}</span></h2>
+  <p class="task">{_e(first.task_text)}</p>
+  <div class="trajs">{body}</div>
+</article>""")
+    title = f"credit inspector · {data.run_dir.name} · step {data.step}"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{_CSS}</style></head>
+<body>
+<header><h1>{_e(title)}</h1>
+<p id="summary">{len(trajs)} trajectories in {len(_groups(data))} groups · {won} won ·
+estimator {_e(', '.join(estimators) or 'unknown (no credit file)')} · run <code>{_e(data.run_dir)}</code></p>
+<form id="controls" onsubmit="return false">
+  <label>outcome <select id="f-outcome"><option value="">all</option><option value="1">won</option>
+    <option value="0">lost</option></select></label>
+  <label>estimator <select id="f-estimator"><option value="">all</option>{_options(estimators)}</select></label>
+  <label>task type <select id="f-task"><option value="">all</option>{_options([t.task_type for t in trajs])}</select></label>
+  <label>sort <select id="sort"><option value="trajId">trajectory id</option>
+    <option value="seqAdv">A_seq, high first</option><option value="reward">reward, high first</option>
+    <option value="turns">turns, most first</option></select></label>
+  <span id="shown"></span>
+</form>
+<p class="legend">response tokens: <span class="tok" style="{_gap_style(1, 1)}">teacher &gt; student</span>
+  <span class="tok" style="{_gap_style(-1, 1)}">teacher &lt; student</span> (when the gaps were saved) ·
+  sparkline: belief B_0 … B_K on [0, 1], dashed at B_0</p>
+</header>
+<main>{''.join(sections)}</main>
+<script>{_JS}</script>
+</body></html>
+"""
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+header{background:#fff;border-bottom:1px solid #dde;padding:10px 18px;position:sticky;top:0;z-index:2}
+h1{font-size:18px;margin:0 0 4px}h2{font-size:15px;margin:0 0 4px}
+main{padding:12px 18px}.group{background:#fff;border:1px solid #dde;border-radius:6px;margin:0 0 14px;padding:10px}
+.traj{border-left:4px solid #c33;margin:8px 0 8px 6px;padding:2px 8px}.traj.won{border-color:#2a7}
+.traj-head{cursor:pointer}.turn{border-top:1px dashed #ccd;padding:6px 0 6px 10px}
+.badge{display:inline-block;background:#eef;border-radius:3px;padding:0 5px;margin:0 2px;font-size:12px}
+.badge.ok{background:#dfd}.badge.bad{background:#fdd}.badge.oracle{background:#ffe9b3}
+pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font:12px/1.45 ui-monospace,monospace}
+.response{background:#fafaff;border:1px solid #e3e3f0;padding:4px}.tok{border-radius:2px}
+table.credit{border-collapse:collapse;font:12px ui-monospace,monospace}
+table.credit td,table.credit th{border:1px solid #dde;padding:1px 6px;text-align:right}
+.spark{vertical-align:middle;margin-left:8px}.spark polyline{fill:none;stroke:#36c;stroke-width:1.5}
+.spark circle{fill:#36c}.spark line.prior{stroke:#999;stroke-dasharray:3 3}
+.muted{color:#889}.task{color:#445;margin:0 0 4px}label{margin-right:12px}#shown{color:#556}
+.hidden{display:none}
+"""
+
+_JS = """
+(function () {
+  'use strict';
+  var controls = ['f-outcome', 'f-estimator', 'f-task', 'sort'].map(function (id) { return document.getElementById(id); });
+  var keys = {trajId: ['trajId', 1], seqAdv: ['seqAdv', -1], reward: ['reward', -1], turns: ['turns', -1]};
+  function apply() {
+    var outcome = controls[0].value, estimator = controls[1].value, task = controls[2].value;
+    var sortKey = keys[controls[3].value] || keys.trajId, shown = 0, total = 0;
+    document.querySelectorAll('.group').forEach(function (group) {
+      var box = group.querySelector('.trajs');
+      var trajs = Array.prototype.slice.call(box.querySelectorAll('.traj'));
+      var visible = 0;
+      trajs.forEach(function (t) {
+        var ok = (!outcome || t.dataset.won === outcome) && (!estimator || t.dataset.estimator === estimator) &&
+                 (!task || t.dataset.taskType === task);
+        t.classList.toggle('hidden', !ok);
+        total += 1; if (ok) { visible += 1; shown += 1; }
+      });
+      trajs.sort(function (a, b) {
+        var d = (parseFloat(a.dataset[sortKey[0]]) - parseFloat(b.dataset[sortKey[0]])) * sortKey[1];
+        return d || (parseFloat(a.dataset.trajId) - parseFloat(b.dataset.trajId));
+      }).forEach(function (t) { box.appendChild(t); });
+      group.classList.toggle('hidden', visible === 0);
+    });
+    document.getElementById('shown').textContent = shown + ' of ' + total + ' trajectories shown';
+  }
+  controls.forEach(function (c) { c.addEventListener('change', apply); });
+  apply();
+})();
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentgym_opsd.inspect", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="a training run's output folder (trainer.output_dir)")
+    parser.add_argument("--step", type=int, default=None, help="RL step to show (default: the last saved)")
+    parser.add_argument("--out", type=Path, default=None, help="HTML file to write (default RUN_DIR/credit/step_N.html)")
+    args = parser.parse_args(argv)
+    try:
+        data = load_step(args.run_dir, args.step)
+    except (InspectError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or args.run_dir / "credit" / f"step_{data.step:06d}.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(data), encoding="utf-8")
+    print(f"wrote {out} ({len(data.trajectories)} trajectories, step {data.step})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""The credit inspector: files the trainer writes → one static HTML page, checked in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentgym_opsd import credit
+from agentgym_opsd.inspect import load_step, main, render_html
+from agentgym_opsd.records import Trajectory, Turn, save_jsonl
+from agentgym_opsd.trainer.turn_batch import CreditRecord, build_turn_batch, credit_lines, write_jsonl_atomic
+
+TESTS = Path(__file__).parent
+HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="document.title=\'pwned\'">'
+
+
+def _turn(index: int, response: str, action: str, observation: str, *, valid: bool = True, reward: float = 0.0,
+          oracle: int | None = None, prompt: str = "") -> Turn:
+    tokens = response.split(" ")
+    info: dict = {} if oracle is None else {"oracle_distance": oracle}
+    if not valid:
+        info["invalid_kind"] = "not_admissible"
+    return Turn(index=index, prompt=[{"role": "system", "content": "You are an agent."},
+                                     {"role": "user", "content": prompt or f"observation before turn {index}"}],
+                response_text=response, action=action, action_valid=valid, observation=observation, reward=reward,
+                response_token_ids=list(range(10, 10 + len(tokens))), response_logprobs=[-0.5] * len(tokens),
+                invalid_reason=None if valid else "the environment refused the action", info=info)
+
+
+def make_run(run_dir: Path, estimator: str = "agentopsd-token") -> dict:
+    """A hand-built step 1 (ALFWorld-like text, one hostile response), written by the trainer's own writers."""
+    start = "You are in the middle of a room. Looking around, you see a cabinet 1, a countertop 1 and a fridge 1."
+    trajs = [
+        Trajectory(env_id="ALFWorld-v0", task_id="pick-apple", task_type="pick", group_id=0, traj_id=0, seed=3,
+                   task_text="put a clean apple in the fridge", won=True, total_reward=1.0, turns=[
+                       _turn(0, "<think>apples are on countertops</think> <action>go to countertop 1</action>",
+                             "go to countertop 1", "On the countertop 1, you see an apple 1.", oracle=3, prompt=start),
+                       _turn(1, "<action>take apple 1 from countertop 1</action>", "take apple 1 from countertop 1",
+                             "You pick up the apple 1.", oracle=2),
+                       _turn(2, "<action>go to fridge 1</action>", "go to fridge 1", "You put the apple 1 in it.",
+                             reward=1.0, oracle=0)]),
+        Trajectory(env_id="ALFWorld-v0", task_id="pick-apple", task_type="pick", group_id=0, traj_id=1, seed=3,
+                   task_text="put a clean apple in the fridge", turns=[
+                       _turn(0, "<action>go to cabinet 1</action>", "go to cabinet 1", "The cabinet 1 is closed.",
+                             oracle=3, prompt=start),
+                       _turn(1, HOSTILE, "", "Nothing happens.", valid=False, oracle=4)]),
+        Trajectory(env_id="ALFWorld-v0", task_id="look-lamp", task_type="look", group_id=1, traj_id=2, seed=4,
+                   task_text="look at the book under the lamp", won=True, total_reward=1.0, turns=[
+                       _turn(0, "<action>use desklamp 1</action>", "use desklamp 1", "You turn on the desklamp 1.",
+                             reward=1.0)]),
+        Trajectory(env_id="ALFWorld-v0", task_id="look-lamp", task_type="look", group_id=1, traj_id=3, seed=4,
+                   task_text="look at the book under the lamp", turns=[
+                       _turn(0, "<action>inventory</action>", "inventory", "You are not carrying anything.")]),
+    ]
+    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None, invalid_penalty=0.1)
+    g = torch.Generator().manual_seed(0)
+    gaps = [torch.randn(len(r.response_ids), generator=g, dtype=torch.float64) for r in batch.rows]
+    evidence = torch.stack([x.sum() for x in gaps])
+    seq = credit.grpo_advantages(batch.traj_rewards, batch.traj_group_ids)
+    grid, mask = credit.pad_ragged(gaps)
+    inputs = credit.CreditInputs(seq[batch.traj_index], batch.traj_ids, batch.turn_ids, batch.success_rate,
+                                 evidence=evidence, token_gaps=grid, token_mask=mask, group_ids=batch.group_ids,
+                                 anchor_keys=batch.anchor_keys, turn_rewards=batch.turn_rewards,
+                                 turn_penalties=batch.turn_penalties)
+    result = credit.estimate(estimator, inputs, return_details=True)
+    advantages = result.token_advantages(mask, dtype=torch.float32)
+    record = CreditRecord(batch, evidence, gaps, seq, advantages, result)
+    by_id = {t.traj_id: t for t in trajs}
+    token_text = [[w + " " for w in by_id[r.traj_id].turns[r.turn_id].response_text.split(" ")] for r in batch.rows]
+    lines = credit_lines(trajs, record, estimator=estimator, step=1,
+                         token_text=token_text if result.granularity == "token" else None)
+    save_jsonl(trajs, run_dir / "trajectories" / "step_000001.jsonl")
+    write_jsonl_atomic(lines, run_dir / "credit" / "step_000001.jsonl")
+    return {"trajectories": trajs, "lines": lines}
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def test_credit_lines_join_the_trajectories(tmp_path):
+    made = make_run(tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "credit" / "step_000001.jsonl").read_text().splitlines()]
+    assert [x["traj_id"] for x in lines] == [0, 1, 2, 3] and lines == made["lines"]
+    first = lines[0]["turns"][0]
+    assert {"turn", "evidence", "prior", "belief", "delta_belief", "weight", "advantage", "token_gaps",
+            "tokens"} <= set(first)
+    assert lines[0]["estimator"] == "agentopsd-token" and len(first["token_gaps"]) == len(first["tokens"])
+    assert first["delta_belief"] == pytest.approx(first["belief"] - first["prior"], abs=1e-5)
+
+
+def test_page_is_self_contained_and_escaped(tmp_path):
+    made = make_run(tmp_path / "run")
+    page = render_html(load_step(tmp_path / "run"))
+    assert "<script>document.title" not in page and "&lt;script&gt;document.title" in page
+    assert "<img src=x" not in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched from anywhere
+    assert page.count("<script>") == 1 and "<svg" in page and "oracle distance 3" in page
+    first = made["lines"][0]["turns"][0]
+    assert f"{first['belief']:.4f}" in page
+
+
+def test_cli(tmp_path, capsys):
+    make_run(tmp_path / "run")
+    assert main([str(tmp_path / "run"), "--step", "1"]) == 0
+    assert (tmp_path / "run" / "credit" / "step_000001.html").is_file()
+    assert main([str(tmp_path / "run"), "--step", "7"]) == 2
+    assert "no trajectories for step 7" in capsys.readouterr().err
+    assert main([str(tmp_path / "empty")]) == 2
+
+
+def test_one_cpu_tiny_step_writes_a_credit_file_the_inspector_reads(tmp_path, toy_env_ids):
+    from agentgym_opsd.train import main as train
+
+    out = tmp_path / "tiny"
+    assert train(["--config", "cpu-tiny", "env.id=ToyCounter-v0", f"trainer.output_dir={out}", "trainer.total_steps=1",
+                  "trainer.backend=torch", "trainer.save_every=0", "trainer.tensorboard=false",
+                  "algorithm.estimator=agentopsd+gigpo"]) == 0
+    lines = [json.loads(x) for x in (out / "credit" / "step_000001.jsonl").read_text().splitlines()]
+    trajs = [json.loads(x) for x in (out / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
+    assert [x["traj_id"] for x in lines] == [t["traj_id"] for t in trajs]
+    for line, traj in zip(lines, trajs, strict=True):
+        assert [t["turn"] for t in line["turns"]] == [t["index"] for t in traj["turns"] if t["response_token_ids"]]
+        assert all({"belief", "weight", "step_advantage", "anchor_size", "advantage"} <= set(t) for t in line["turns"])
+    assert main([str(out), "--out", str(tmp_path / "tiny.html")]) == 0
+    assert "agentopsd+gigpo" in (tmp_path / "tiny.html").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ browser
+
+
+def _driver():
+    from agentgym_opsd.environments.webshop.browser import CHROMIUM_FLAGS, _binaries, browser_available
+
+    ok, why = browser_available()
+    if not ok:
+        pytest.skip(f"browser unavailable: {why}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver_path = _binaries()
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(browser)
+    for flag in (*CHROMIUM_FLAGS, "--window-size=1280,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=Service(executable_path=str(driver_path)))
+
+
+@pytest.mark.browser
+def test_in_the_browser(tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    made = make_run(tmp_path / "run")
+    page = tmp_path / "page.html"
+    assert main([str(tmp_path / "run"), "--out", str(page)]) == 0
+    driver = _driver()
+    try:
+        driver.get(page.as_uri())
+        assert "pwned" not in driver.title and driver.title.startswith("credit inspector")
+        severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, severe
+        # the DOM holds the saved numbers of a known turn
+        line = made["lines"][0]
+        turn = driver.find_element(By.CSS_SELECTOR, '.traj[data-traj-id="0"] .turn[data-turn="1"]')
+        for key in ("evidence", "belief", "delta_belief", "weight", "advantage"):
+            cell = turn.find_element(By.CSS_SELECTOR, f'td[data-key="{key}"]')
+            assert cell.text == f"{line['turns'][1][key]:.4f}", key
+        assert len(turn.find_elements(By.CSS_SELECTOR, ".response.shaded .tok")) == len(line["turns"][1]["tokens"])
+        assert len(driver.find_elements(By.CSS_SELECTOR, ".traj svg.spark polyline")) == 4
+        # the hostile response is shown as text, not run
+        hostile = driver.find_element(By.CSS_SELECTOR, '.traj[data-traj-id="1"] .turn[data-turn="1"] .response')
+        assert "<script>" in hostile.text and driver.execute_script("return document.images.length") == 0
+        # a filter click changes what is shown
+        visible = [t for t in driver.find_elements(By.CSS_SELECTOR, ".traj") if t.is_displayed()]
+        assert len(visible) == 4
+        Select(driver.find_element(By.ID, "f-outcome")).select_by_visible_text("won")
+        shown = [t.get_attribute("data-traj-id") for t in driver.find_elements(By.CSS_SELECTOR, ".traj")
+                 if t.is_displayed()]
+        assert shown == ["0", "2"] and driver.find_element(By.ID, "shown").text == "2 of 4 trajectories shown"
+        Select(driver.find_element(By.ID, "f-outcome")).select_by_visible_text("all")
+        Select(driver.find_element(By.ID, "f-task")).select_by_visible_text("look")
+        groups = [g.get_attribute("data-group-id") for g in driver.find_elements(By.CSS_SELECTOR, ".group")
+                  if g.is_displayed()]
+        assert groups == ["1"]
+        Select(driver.find_element(By.ID, "f-task")).select_by_visible_text("all")
+        Select(driver.find_element(By.ID, "sort")).select_by_visible_text("A_seq, high first")
+        order = [t.get_attribute("data-traj-id") for t in driver.find_elements(By.CSS_SELECTOR, '.group[data-group-id="0"] .traj')]
+        assert order == ["0", "1"]  # the won trajectory has the higher A_seq
+        shot = tmp_path / "inspector.png"
+        assert driver.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        driver.quit()
+
+
+if __name__ == "__main__":  # regenerate docs/images/credit_inspector.png: python tests/test_inspector.py
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_run(Path(tmp) / "run-alfworld")
+        main([str(Path(tmp) / "run-alfworld"), "--out", str(Path(tmp) / "page.html")])
+        drv = _driver()
+        try:
+            drv.get((Path(tmp) / "page.html").as_uri())
+            drv.save_screenshot(str(TESTS.parent / "docs" / "images" / "credit_inspector.png"))
+        finally:
+            drv.quit()
+    sys.exit(0)
