@@ -126,7 +126,8 @@ def summarize(out: Path) -> dict:
             "valid_invalid_rate_before": before["val/invalid_action_rate"],
             "valid_invalid_rate_after": after["val/invalid_action_rate"],
             "rl_steps": len(steps), "rl_minutes": seconds / 60,
-            "validation_minutes": (after.get("time/validation", 0.0) + after.get("time/pool", 0.0)) / 60,
+            "validation_minutes": (after.get("seconds_validation", after.get("time/validation", 0.0))
+                                   + after.get("seconds_pool", after.get("time/pool", 0.0))) / 60,
             "train_success_per_step": [m["success_rate"] for m in steps],
             "warm_start_cache_hit": bool(ws_run.get("warm_start/cache_hit")),
             "warm_start_sft_steps_this_run": ws_run.get("warm_start/sft_steps_this_run"),

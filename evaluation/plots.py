@@ -100,13 +100,14 @@ VALIDATION_SUCCESS = re.compile(r"^(val|eval|validation)/([^/]+/)?success(_rate)
 """Validation success keys: `val/success_rate` or `val/<env spec>/success_rate` (not the per-task-type ones)."""
 
 CURVE_PANELS: dict[str, re.Pattern[str]] = {
-    "success (%)": re.compile(VALIDATION_SUCCESS.pattern + r"|^env/[^/]+/success_rate$", re.IGNORECASE),
+    # `train/<spec>/...` since the key styles were unified; `env/<id>/...` in older runs' metrics files
+    "success (%)": re.compile(VALIDATION_SUCCESS.pattern + r"|^(train|env)/[^/]+/success_rate$", re.IGNORECASE),
     "entropy": re.compile(r"entropy(?!_coef)", re.IGNORECASE),
     "KL to reference": re.compile(r"(^|/|_)(approx_)?kl($|/|_)", re.IGNORECASE),
     "evidence": re.compile(r"evidence", re.IGNORECASE),
 }
 """Panel title -> which metric keys go into it. Keys are matched by pattern, so the trainer's names may grow:
-`val/<env>/success_rate` (validation) and `env/<env>/success_rate` (training rollouts), `entropy`,
+`val/<env spec>/success_rate` (validation) and `train/<env spec>/success_rate` (training rollouts), `entropy`,
 `kl` / `loss/kl`, `evidence_mean`, ... (spreads and coefficients are left out)."""
 
 _STEP_KEYS = ("step", "global_step", "train/step", "time/step")
@@ -158,7 +159,7 @@ def plot_training_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: 
                 if not pts:
                     continue
                 scale = 100.0 if "success" in panel else 1.0
-                style = "--" if key.startswith("env/") else "-"  # training rollouts dashed, validation solid
+                style = "--" if key.startswith(("train/", "env/")) else "-"  # training rollouts dashed, validation solid
                 name = key if len(runs) == 1 else f"{label}: {key}"
                 ax.plot([p[0] for p in pts], [scale * p[1] for p in pts], style, marker="o" if len(pts) < 30 else None,
                         markersize=3, linewidth=1.3, label=name)

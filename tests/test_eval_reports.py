@@ -78,7 +78,7 @@ def _write_metrics(folder: Path, slope: float) -> Path:
         if step % 5 == 0:
             row["val/success_rate"] = row["val/ToyCounter-v0:test/success_rate"] = min(1.0, slope * step)
             row["val/ToyCounter-v0:test/up/success_rate"] = 1.0
-        row["env/ToyCounter-v0/success_rate"] = 0.5
+        row["train/ToyCounter-v0/success_rate"] = 0.5
         rows.append(json.dumps(row))
     (folder / "metrics.jsonl").write_text("\n".join(rows) + "\n{broken\n")
     return folder
@@ -97,7 +97,7 @@ def test_training_curves_and_compare_of_training_runs(tmp_path):
     panels = find_curve_keys(rows)
     assert panels["entropy"] == ["actor/entropy"] and panels["KL to reference"] == ["loss/kl"]
     assert panels["evidence"] == ["credit/evidence_mean"]
-    assert panels["success (%)"] == ["env/ToyCounter-v0/success_rate", "val/success_rate"]
+    assert panels["success (%)"] == ["train/ToyCounter-v0/success_rate", "val/success_rate"]
 
 
 def test_cli_errors_list_what_exists(toy_env_ids, tmp_path, capsys):

@@ -41,7 +41,7 @@ def metrics_lines(out: Path) -> list[dict]:
 
 
 def comparable(line: dict) -> dict:
-    return {k: v for k, v in line.items() if not k.startswith(("seconds_", "time/", "memory/"))}
+    return {k: v for k, v in line.items() if not k.startswith(("seconds_", "memory/"))}
 
 
 def test_cpu_tiny_two_steps_with_deepspeed(tmp_path, toy_env_ids) -> None:

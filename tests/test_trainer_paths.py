@@ -67,7 +67,10 @@ def test_validation_runs_during_training(tmp_path, toy_env_ids) -> None:
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     validated = [x["step"] for x in lines if "val/success_rate" in x]
     assert validated == [0, 1, 2]  # before training (step 0), then after every step
-    for x in lines:
+    for x in lines:  # one name per quantity, one key style per phase: <phase>/<env spec>/<metric>
+        assert not [k for k in x if k.startswith(("time/", "env/")) or k == "loss/total"]
+        if x["step"] > 0:
+            assert x["train/ToyCounter-v0/success_rate"] == x["success_rate"] and "seconds_teacher" in x
         if "val/success_rate" in x:
             assert 0.0 <= x["val/success_rate"] <= 1.0 and math.isfinite(x["val/invalid_action_rate"])
 

@@ -495,7 +495,6 @@ class Trainer:
         seconds_rollout = time.perf_counter() - t0
         metrics = self.step_on(trajs)
         metrics["seconds_rollout"] = seconds_rollout
-        metrics["time/rollout"] = seconds_rollout
         self.step_done += 1
         metrics["step"] = self.step_done
         if self.cfg.trainer.save_trajectories:
@@ -560,14 +559,10 @@ class Trainer:
             "seconds_teacher": seconds_teacher,
             "seconds_logprobs": seconds_logprobs,
             "seconds_update": seconds_update,
-            "time/teacher": seconds_teacher,
-            "time/logprobs": seconds_logprobs,
-            "time/update": seconds_update,
             "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         }
-        env_key = f"env/{parse_env_spec(self.cfg.env.id)[0].partition('/')[2]}"
-        metrics[f"{env_key}/success_rate"] = batch.stats["success_rate"]
-        metrics["loss/total"] = metrics["loss"]
+        # one key style for every phase: `<phase>/<env spec>/<metric>`, as validation writes `val/<spec>/...`
+        metrics[f"train/{self.cfg.env.id}/success_rate"] = batch.stats["success_rate"]
         return metrics
 
     def _old_logprobs(self, rows: list[Any], prompts: list[list[int]], responses: list[list[int]]) -> list[Tensor]:
@@ -755,7 +750,7 @@ class Trainer:
         summary = evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs, runner=self._val_runner)
         out = {"val/success_rate": summary.success_rate, "val/score": summary.score_mean,
                "val/turns_mean": summary.turns_mean, "val/invalid_action_rate": summary.invalid_action_rate,
-               "time/validation": time.perf_counter() - t0}
+               "seconds_validation": time.perf_counter() - t0}
         out.update(summary.metrics("val"))
         if t.eval_pool_rollouts and self.cfg.env.num_train_tasks:
             out.update(self.pool_success())
@@ -778,7 +773,7 @@ class Trainer:
         turns = max(sum(x.num_turns for x in trajs), 1)
         return {"pool/success_rate": sum(x.won for x in trajs) / max(len(trajs), 1),
                 "pool/invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns,
-                "pool/episodes": float(len(trajs)), "time/pool": time.perf_counter() - t0}
+                "pool/episodes": float(len(trajs)), "seconds_pool": time.perf_counter() - t0}
 
     def _log(self, metrics: dict[str, Any], *, step: int) -> None:
         line = {"step": step, **{k: v for k, v in metrics.items() if k != "step"}}
