@@ -1,6 +1,6 @@
 """Credit assignment: GRPO group advantages, AgentOPSD turn-level reshaping, GiGPO and their combination.
 
-AgentOPSD (SPEC.md) redistributes a trajectory's GRPO advantage ``A_seq`` over its turns. The model, given
+AgentOPSD (docs/method.md) redistributes a trajectory's GRPO advantage ``A_seq`` over its turns. The model, given
 privileged skill context, supplies per-turn evidence ``e_k`` (teacher minus student log-prob of the sampled
 turn). A recursive log-odds belief of success is anchored at the group success rate:
 
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 VARIANTS: tuple[str, ...] = ("paper", "raw_gap", "unsigned", "no_prior")
-"""AgentOPSD variants: the paper method and the three ablations it reports (SPEC.md, "Ablations")."""
+"""AgentOPSD variants: the paper method and the three ablations it reports (docs/method.md, "Ablations")."""
 
 # Width of one block of the discounted scan. Inside a block the scan is a (L, L) lower-triangular matmul;
 # blocks are chained by a (recursive) scan over block ends, so cost is O(n·L) and every weight is γ^j ≤ 1.
@@ -237,7 +237,7 @@ def agentopsd_advantages(
     eps: float = 1e-6,
     variant: str = "paper",
 ) -> Tensor:
-    """AgentOPSD advantage Ã_k of every turn row (SPEC.md), vectorised; rows may come in any order.
+    """AgentOPSD advantage Ã_k of every turn row (docs/method.md), vectorised; rows may come in any order.
 
     All arguments are 1-D with one entry per turn row:
       ``seq_advantages`` A_seq of the row's trajectory (floating; sets the output dtype and device),
@@ -303,7 +303,7 @@ def reference_agentopsd_advantages(
     variant: str = "paper",
     details: dict[str, Tensor] | None = None,
 ) -> Tensor:
-    """SLOW reference: SPEC.md written out as a plain Python loop per trajectory, in float64 Python math.
+    """SLOW reference: docs/method.md written out as a plain Python loop per trajectory, in float64 Python math.
 
     Same contract as :func:`agentopsd_advantages`; it exists only so tests and the benchmark can check
     the vectorised path against something obviously right. Do not use it for training. ``details``, when
@@ -844,7 +844,7 @@ def _make_ablation(variant: str) -> EstimatorFn:
                                inputs.success_rate, cfg, details)
 
     estimator.__name__ = f"_agentopsd_{variant}_estimator"
-    estimator.__doc__ = f"AgentOPSD ablation {variant!r} (SPEC.md, 'Ablations')."
+    estimator.__doc__ = f"AgentOPSD ablation {variant!r} (docs/method.md, 'Ablations')."
     return estimator
 
 

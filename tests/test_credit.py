@@ -1,4 +1,4 @@
-"""Tests of agentgym_opsd.credit: SPEC.md properties, hand-computed cases, and fast == slow reference."""
+"""Tests of agentgym_opsd.credit: the properties of docs/method.md, hand-computed cases, and fast == slow reference."""
 
 from __future__ import annotations
 
