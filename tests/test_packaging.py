@@ -47,3 +47,18 @@ def test_a_built_wheel_holds_the_skill_files_presets_and_every_package(tmp_path)
     for folder, package in MAPPED.items():
         assert f"{package.replace('.', '/')}/__init__.py" in names, folder
     assert not any(n.startswith(("tests/", "benchmarks/", "examples/")) for n in names)
+
+
+def test_nothing_points_outside_the_repository():
+    """Docs, docstrings, presets and scripts cite files in this repository only (docs/method.md, ...)."""
+    outside = ["SPEC" + ".md", "GPU-" + "FACTS", "ENV-" + "FACTS", "../" + "shared", "/work" + "/"]
+    skip = {".venv", "build", "runs", ".cache", ".git", ".hypothesis", "node_modules"}
+    offences = []
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if (path.suffix not in {".py", ".md", ".yaml", ".toml", ".sh", ".txt"} or not path.is_file()
+                or skip & set(rel.parts) or any(p.endswith(".egg-info") for p in rel.parts)):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        offences += [f"{rel}: {word}" for word in outside if word in text]
+    assert not offences, "\n".join(offences)
