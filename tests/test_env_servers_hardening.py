@@ -284,3 +284,108 @@ def test_search_serve_main_never_shows_the_debugger(tiny_index: tuple[Any, Path]
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------------------------ build_index: item 2
+
+
+class _FakeMiniLM:
+    """Stands in for the MiniLM encoder so build_index runs in a blink."""
+
+    def __init__(self, **_: Any) -> None:
+        self.encode = HashingEncoder().encode
+
+
+def _build(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    from agentgym_opsd.environments.search_qa import build_index, embedding
+
+    monkeypatch.setattr(embedding, "MiniLMEncoder", _FakeMiniLM)
+    return build_index.main(list(argv))
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _hidden_leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("where", ["named", "cwd"])
+def test_build_index_refuses_a_folder_that_is_not_an_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str], where: str) -> None:
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "precious.txt").write_text("keep me")
+    (victim / "meta.json").write_text('{"num_passages": 1, "dim": 3, "kind": "flat"}')  # ours in name only
+    if where == "cwd":
+        monkeypatch.chdir(victim)
+    with pytest.raises(SystemExit) as exit_:
+        _build(monkeypatch, "--generate", "tiny", "--out", "." if where == "cwd" else str(victim))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "not a Search-QA index" in err and "precious.txt" in err and "Traceback" not in err
+    assert (victim / "precious.txt").read_text() == "keep me" and (victim / "sub").is_dir()
+    assert _hidden_leftovers(tmp_path) == []
+
+
+def test_build_index_refuses_a_file_and_a_missing_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    for argv, message in [(["--generate", "tiny", "--out", str(tmp_path / "notes.txt")], "not a folder"),
+                          (["--corpus", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "i")], "no such file"),
+                          (["--generate", "tiny", "--out", str(tmp_path / "i"), "--batch-size", "0"], ">= 1")]:
+        with pytest.raises(SystemExit) as exit_:
+            _build(monkeypatch, *argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "x"
+
+
+def test_build_index_replaces_its_own_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "idx"
+    assert _build(monkeypatch, "--generate", "tiny", "--out", str(out)) == 0
+    first = _snapshot(out)
+    assert {"meta.json", "index.faiss", "train.jsonl", "test.jsonl"} <= first.keys()
+    (out / "meta.json").write_text(first["meta.json"].decode().replace('"kind"', '"marker": 1, "kind"'))
+    assert _build(monkeypatch, "--generate", "tiny", "--out", str(out), "--kind", "hnsw") == 0
+    second = _snapshot(out)
+    assert second.keys() == first.keys() and b'"marker"' not in second["meta.json"]
+    assert json.loads(second["meta.json"])["kind"] == "hnsw" and second["corpus.jsonl"] == first["corpus.jsonl"]
+    assert _hidden_leftovers(tmp_path) == []
+
+
+def test_a_crash_mid_build_leaves_the_old_index(tmp_path: Path, tiny_index: tuple[Any, Path],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentgym_opsd.environments.search_qa import index as index_module
+
+    data, _ = tiny_index
+    out = write_index_folder(tmp_path / "idx", data.passages[:50], HashingEncoder().encode,
+                             IndexConfig(kind="flat"), progress=False)
+    before = _snapshot(out)
+    calls = []
+
+    def dies_midway(texts: Sequence[str]) -> np.ndarray:
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user gives up, or the machine runs out of memory
+        return HashingEncoder().encode(texts)
+
+    with pytest.raises(KeyboardInterrupt):
+        write_index_folder(out, data.passages, dies_midway, IndexConfig(kind="flat"), batch_size=16,
+                           progress=False, overwrite=True)
+    assert _snapshot(out) == before and _hidden_leftovers(tmp_path) == []
+
+    real_replace = os.replace
+
+    def swap_fails(src: Any, dst: Any) -> None:  # the rename that puts the new folder in place fails
+        if Path(src).name.startswith(".idx.") and not Path(src).name.startswith(".idx.old-"):
+            raise OSError("disk trouble")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(index_module.os, "replace", swap_fails)
+    with pytest.raises(OSError, match="disk trouble"):
+        write_index_folder(out, data.passages, HashingEncoder().encode, IndexConfig(kind="flat"),
+                           progress=False, overwrite=True)
+    monkeypatch.undo()
+    assert _snapshot(out) == before and _hidden_leftovers(tmp_path) == []
+    assert len(DenseRetriever(out, encoder=HashingEncoder().encode).index) == 50

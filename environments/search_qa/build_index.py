@@ -7,6 +7,9 @@
 Generated worlds also get `train.jsonl` / `test.jsonl` (Search-R1 QA form) in the folder. Point the
 environment at the folder with `index_dir=` (and the QA files with `questions_path=`), or serve it with
 `python -m agentgym_opsd.environments.search_qa.serve --index idx/`.
+
+`--out` must be a new or empty folder or an index built by this command, which is then replaced
+atomically (the old index stays in place until the new one is complete); any other folder is refused.
 """
 
 from __future__ import annotations
@@ -15,11 +18,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from agentgym_opsd.environments.search_qa.data import SPLITS
 from agentgym_opsd.environments.search_qa.formats import read_corpus, write_questions
 from agentgym_opsd.environments.search_qa.generator import SIZE_PRESETS, generate_dataset
-from agentgym_opsd.environments.search_qa.index import INDEX_KINDS, IndexConfig, write_index_folder
+from agentgym_opsd.environments.search_qa.index import (
+    INDEX_KINDS,
+    IndexConfig,
+    NotAnIndexError,
+    check_replaceable,
+    write_index_folder,
+)
+from agentgym_opsd.serving import positive_int
 
 __all__ = ["main"]
 
@@ -30,18 +41,41 @@ def _parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--generate", choices=sorted(SIZE_PRESETS), help="generate a world of this size")
     source.add_argument("--corpus", help="a Search-R1 corpus jsonl ({id, contents} per line)")
-    p.add_argument("--out", required=True, help="index folder to write (replaced atomically)")
+    p.add_argument("--out", required=True,
+                   help="index folder to write: new, empty, or an index of ours (replaced atomically)")
     p.add_argument("--kind", choices=INDEX_KINDS, default="auto", help="FAISS index kind")
-    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree")
-    p.add_argument("--hnsw-ef-search", type=int, default=64, help="HNSW search breadth")
-    p.add_argument("--batch-size", type=int, default=256, help="passages per embedding batch")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    p.add_argument("--hnsw-m", type=positive_int, default=32, help="HNSW graph degree")
+    p.add_argument("--hnsw-ef-search", type=positive_int, default=64, help="HNSW search breadth")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="passages per embedding batch")
+    p.add_argument("--threads", type=_threads, default=0, help="torch CPU threads (0 = default)")
     p.add_argument("--device", default="cpu", help="torch device for the encoder (cpu, cuda)")
     return p
 
 
+def _threads(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = torch's default), got {value}")
+    return value
+
+
+def _check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors before minutes of embedding: a missing corpus, an --out that must not be replaced."""
+    if args.corpus and not Path(args.corpus).is_file():
+        p.error(f"--corpus {args.corpus}: no such file")
+    try:
+        check_replaceable(args.out)
+    except NotAnIndexError as exc:
+        p.error(f"--out {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_paths(parser, args)
     from agentgym_opsd.environments.search_qa.embedding import MiniLMEncoder
 
     cfg = IndexConfig(kind=args.kind, hnsw_m=args.hnsw_m, hnsw_ef_search=args.hnsw_ef_search)
@@ -52,12 +86,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         passages = read_corpus(args.corpus)
     encoder = MiniLMEncoder(num_threads=args.threads or None, device=args.device)
-    folder = write_index_folder(args.out, passages, encoder.encode, cfg, batch_size=args.batch_size,
-                                progress=True, overwrite=True,
-                                extra_meta={"source": f"generated:{args.generate}" if args.generate else args.corpus})
-    if questions is not None:
+
+    def add_questions(tmp: Path) -> None:  # inside the new folder before the swap: index and questions match
+        if questions is None:
+            return
         for split in SPLITS:
-            write_questions(folder / f"{split}.jsonl", questions[split])
+            write_questions(tmp / f"{split}.jsonl", questions[split])
+
+    try:
+        folder = write_index_folder(args.out, passages, encoder.encode, cfg, batch_size=args.batch_size,
+                                    progress=True, overwrite=True, before_swap=add_questions,
+                                    extra_meta={"source": f"generated:{args.generate}" if args.generate
+                                                else args.corpus})
+    except NotAnIndexError as exc:  # something was put there while we were building
+        parser.error(f"--out {exc}")
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     print(f"wrote {folder}: {meta['num_passages']} passages, {meta['kind']} index, "
           f"embed {meta['seconds_embed']:.1f}s, index {meta['seconds_index']:.1f}s")

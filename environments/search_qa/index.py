@@ -2,7 +2,9 @@
 
 An index folder holds the passage store (`store.py`), `embeddings.npy` (n x 384 float32, kept so another
 index kind can be built without re-embedding), `index.faiss` and `meta.json` (written last: a folder
-without it is incomplete). Kinds, by `IndexConfig.kind`:
+without it is incomplete), and for generated worlds the question files `train.jsonl` / `test.jsonl`.
+A folder is replaced by a new build only when it is an index of ours (`check_replaceable`): a folder
+holding anything else is refused, never emptied. Kinds, by `IndexConfig.kind`:
 
 - `flat`: exact inner-product search (`IndexFlatIP`); the reference for recall.
 - `hnsw`: graph search (`IndexHNSWFlat`, inner product); fast at 1M passages, approximate.
@@ -17,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,16 +27,66 @@ from typing import Any
 
 import numpy as np
 
-from agentgym_opsd.environments.search_qa.data import Passage
-from agentgym_opsd.environments.search_qa.store import PassageStore, write_store
+from agentgym_opsd.environments.search_qa.data import SPLITS, Passage
+from agentgym_opsd.environments.search_qa.store import CORPUS_FILE, OFFSETS_FILE, PassageStore, write_store
 
-__all__ = ["IndexConfig", "DenseIndex", "build_faiss_index", "write_index_folder", "META_FILE", "INDEX_KINDS"]
+__all__ = ["IndexConfig", "DenseIndex", "build_faiss_index", "write_index_folder", "check_replaceable",
+           "NotAnIndexError", "META_FILE", "INDEX_KINDS"]
 
 META_FILE = "meta.json"
 INDEX_FILE = "index.faiss"
 EMBEDDINGS_FILE = "embeddings.npy"
 INDEX_KINDS = ("flat", "hnsw", "ivf", "auto")
 _AUTO_FLAT_MAX = 50_000
+_OUR_FILES = frozenset({META_FILE, INDEX_FILE, EMBEDDINGS_FILE, CORPUS_FILE, OFFSETS_FILE,
+                        *(f"{split}.jsonl" for split in SPLITS)})
+
+
+class NotAnIndexError(FileExistsError):
+    """The folder to write holds something that is not a Search-QA index; it is left untouched."""
+
+
+def check_replaceable(folder: str | os.PathLike[str]) -> None:
+    """Raise NotAnIndexError unless a new index may replace `folder`: it does not exist, is an empty folder,
+    or is an index of ours (a `meta.json` with our keys and nothing but our files). Anything else would be
+    deleted by the swap: `--out .` once emptied the working folder."""
+    path = Path(folder)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_dir():
+        raise NotAnIndexError(f"{path} exists and is not a folder; refusing to replace it")
+    names = sorted(entry.name for entry in path.iterdir())
+    if not names:
+        return
+    foreign = [n for n in names if n not in _OUR_FILES]
+    if META_FILE not in names or foreign or not _is_our_meta(path / META_FILE):
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "") if foreign else f"no valid {META_FILE}"
+        raise NotAnIndexError(f"{path} is not empty and not a Search-QA index ({shown}); refusing to replace "
+                              f"it: choose a new or empty folder, or remove it yourself")
+
+
+def _is_our_meta(path: Path) -> bool:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and {"num_passages", "dim", "kind"} <= meta.keys()
+
+
+def _swap_into_place(new: Path, target: Path) -> None:
+    """Put the finished folder `new` at `target`; an index already there is moved aside first and deleted
+    only once the new one is in place, so a failure at any point leaves one complete index at `target`."""
+    if not target.exists():
+        os.replace(new, target)
+        return
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -104,13 +157,18 @@ def write_index_folder(
     progress: bool = True,
     extra_meta: dict[str, Any] | None = None,
     overwrite: bool = False,
+    before_swap: Callable[[Path], None] | None = None,
 ) -> Path:
     """Embed `passages` with `embed` (texts -> unit vectors), build the index and write the folder
-    atomically (built beside it, renamed into place). Returns the folder. Without `overwrite`, a complete
-    folder that appeared meanwhile (another process built it) is kept and this build discarded."""
+    atomically (built in a hidden sibling folder, renamed into place). Returns the folder. Without
+    `overwrite`, a complete folder that appeared meanwhile (another process built it) is kept and this
+    build discarded; with it, an index of ours is replaced. A folder that is not an index of ours is never
+    replaced (NotAnIndexError, checked before the build and again before the swap). `before_swap(tmp)` may
+    add files (questions) to the new folder so that they appear together with the index."""
     from tqdm.auto import tqdm
 
-    target = Path(folder)
+    target = Path(os.path.abspath(folder))  # `.` has no name to build a sibling from
+    check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -138,18 +196,19 @@ def write_index_folder(
         meta = {"num_passages": num, "dim": int(vectors.shape[1]), "kind": cfg.resolved_kind(num),
                 "config": asdict(cfg), "seconds_embed": seconds_embed, "seconds_index": seconds_index,
                 **(extra_meta or {})}
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         del vectors
+        if before_swap is not None:
+            before_swap(tmp)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
         if (target / META_FILE).is_file() and not overwrite:
             shutil.rmtree(tmp)
-            return target
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+            return Path(folder)
+        check_replaceable(target)  # something may have been put there during the build
+        _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
+    return Path(folder)
 
 
 class DenseIndex:
