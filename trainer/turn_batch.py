@@ -77,7 +77,6 @@ class TurnBatch:
     """All turn rows of one training step plus per-row trajectory-level values (1-D tensors, row order)."""
 
     rows: list[TurnRow]
-    rewards: Tensor  # (rows,) the row's trajectory reward
     success_rate: Tensor  # (rows,) the row's group success rate R̄
     traj_rewards: Tensor  # (trajectories,) reward per trajectory, in trajectory order
     traj_group_ids: Tensor  # (trajectories,)
@@ -237,7 +236,6 @@ def build_turn_batch(
     }
     return TurnBatch(
         rows=rows,
-        rewards=rewards[traj_index] if rows else torch.zeros(0, dtype=torch.float64),
         success_rate=torch.tensor([rates[trajectories[i].group_id] for i in row_traj], dtype=torch.float64),
         traj_rewards=rewards,
         traj_group_ids=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
