@@ -10,38 +10,101 @@ folder, a LoRA adapter, a trainer checkpoint); an `hf:` prefix is allowed. Endpo
 - `POST /v1/chat/completions` — `messages`, optional `temperature`, `max_tokens`, `top_p`, `stop`; `n` must
   be 1 and streaming is not offered. Generation stops at the agent closing tags (`</action>`, ...), which stay
   in the text; a client `stop` string cuts the text before it, as OpenAI does.
-- `GET /health`
+- `GET /health` — also says how many requests are queued
 
-The server binds 127.0.0.1 unless told otherwise (`--host 0.0.0.0` exposes the model to the network).
-Requests are answered one at a time (the model is not thread-safe); `--port 0` picks a free port. The first
-stdout line is `serving MODEL on http://HOST:PORT`.
+Concurrent requests are batched: one scheduler thread owns the model and generates for up to `--max-batch`
+queued requests with the same temperature/top_p at once (`agentgym_opsd.policy_batcher` explains how, and
+why each answer is exactly what it would be alone). Limits, each answered with a JSON error:
+
+- `max_tokens` over `--max-tokens-cap` -> 400 (refused, not clamped: a client asking for more than it can
+  get should hear so, as OpenAI refuses a request whose prompt plus max_tokens exceed the context);
+  the prompt plus `max_tokens` over the model's context -> 400; a prompt over `--max-prompt-tokens` -> 400.
+  Without `max_tokens` the budget is `--max-new-tokens`, shrunk to what the context has left.
+- `--max-queue` requests already waiting -> 503 with Retry-After; a request that waited more than
+  `--queue-timeout` seconds without being scheduled -> 503. The `openai:` client retries both.
+- A client that disconnects while its request is queued: the request leaves the queue and is never
+  generated (checked every 0.1 s and once more when a batch is formed). A batch whose generation has
+  started runs to its end even if its clients leave; `--max-tokens-cap` bounds how long that can be.
+- Bodies over `--max-body-bytes` -> 413; malformed JSON, NaN/Infinity, nesting deeper than 32 levels, lone
+  surrogates, out-of-range sampling settings -> 400. Any unexpected failure is a JSON 500, never an HTML page.
+
+The server binds 127.0.0.1 unless told otherwise (`--host 0.0.0.0` exposes the model to the network);
+`--port 0` picks a free port. The first stdout line is `serving MODEL on http://HOST:PORT`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
+import math
 import os
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, jsonify, request
+from werkzeug.exceptions import HTTPException
 
-from agentgym_opsd.policies import PolicyRequest
-from agentgym_opsd.serving import serve_until_interrupted
+from agentgym_opsd.policy_batcher import Completion, Job, JobError, PolicyBatcher, QueueFull, socket_alive
+from agentgym_opsd.serving import (
+    BodyError,
+    port_number,
+    positive_float,
+    positive_int,
+    read_json_body,
+    serve_until_interrupted,
+)
 
-__all__ = ["create_app", "main", "validate_chat_request"]
+__all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "create_app", "main", "validate_chat_request"]
+
+log = logging.getLogger(__name__)
+
+# Temperature is 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. The floor keeps logits / T finite in
+# float32 for any realistic logit (1e-300 overflows to inf and sampling from NaN probabilities fails);
+# below it sampling is greedy in all but name, so 0 says it plainly. The ceiling is OpenAI's.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 2.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask for and how much may wait; the CLI flags of the same names set them."""
+
+    max_tokens_cap: int = 1024
+    max_prompt_tokens: int = 4096
+    max_batch: int = 16
+    max_queue: int = 64
+    queue_timeout_s: float = 60.0
+    max_body_bytes: int = 1 << 20
+    batch_window_s: float = 0.005
 
 
 class BadRequest(ValueError):
     """A request body that is not a valid chat-completions request; answered with HTTP 400."""
 
 
-def validate_chat_request(body: Any) -> dict[str, Any]:
-    """Check a chat-completions body; returns the normalised fields or raises BadRequest saying why."""
+def _number(body: dict[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a number")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer literal too large for a float
+        value = math.inf
+    if not math.isfinite(value):  # 1e999 parses to inf even though NaN/Infinity literals are refused
+        raise BadRequest(f"'{name}' must be finite")
+    return value
+
+
+def validate_chat_request(body: Any, *, max_tokens_cap: int | None = None) -> dict[str, Any]:
+    """Check a chat-completions body; returns the normalised fields or raises BadRequest saying why.
+    A `max_tokens` over `max_tokens_cap` is refused (not clamped)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     messages = body.get("messages")
@@ -53,21 +116,23 @@ def validate_chat_request(body: Any) -> dict[str, Any]:
             raise BadRequest(f"messages[{i}] must be an object with string 'role' and 'content'")
         clean.append({"role": m["role"], "content": m["content"]})
     out: dict[str, Any] = {"messages": clean}
-    temperature = body.get("temperature")
+    temperature = _number(body, "temperature")
     if temperature is not None:
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or temperature < 0:
-            raise BadRequest("'temperature' must be a number >= 0")
-        out["temperature"] = float(temperature)
+        if temperature != 0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+            raise BadRequest(f"'temperature' must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]")
+        out["temperature"] = temperature
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None:
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise BadRequest("'max_tokens' must be an integer >= 1")
+        if max_tokens_cap is not None and max_tokens > max_tokens_cap:
+            raise BadRequest(f"'max_tokens' is {max_tokens}; this server generates at most {max_tokens_cap} tokens")
         out["max_tokens"] = max_tokens
-    top_p = body.get("top_p")
+    top_p = _number(body, "top_p")
     if top_p is not None:
-        if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+        if not 0 < top_p <= 1:
             raise BadRequest("'top_p' must be a number in (0, 1]")
-        out["top_p"] = float(top_p)
+        out["top_p"] = top_p
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -81,22 +146,63 @@ def validate_chat_request(body: Any) -> dict[str, Any]:
     return out
 
 
-def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    cuts = [i for s in stops if (i := text.find(s)) >= 0]
-    return (text[: min(cuts)], True) if cuts else (text, False)
+def _context_tokens(policy: Any) -> int | None:
+    """The model's context length when its config names one (HF: max_position_embeddings)."""
+    value = getattr(getattr(getattr(policy, "model", None), "config", None), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
-def create_app(policy: Any, model_name: str) -> Flask:
-    """A Flask app serving `policy` (an HFPolicy: `act`, `set_temperature`, `max_new_tokens`, `top_p`)."""
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
+    response = jsonify({"error": {"message": message, "type": kind, "code": status}})
+    response.status_code = status
+    if status == 503:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def _completion_body(done: Completion, model_name: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
+                     "finish_reason": done.finish_reason}],
+        "usage": {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+                  "total_tokens": done.prompt_tokens + done.completion_tokens},
+    }
+
+
+def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None, *,
+               context_tokens: int | None = None) -> Flask:
+    """A Flask app serving `policy` (an HFPolicy, or anything with what `policy_batcher.BatchPolicy` lists).
+    The policy's temperature, top_p and max_new_tokens at this call are the defaults for requests that
+    give none; from here on only the scheduler thread touches the policy. `context_tokens` defaults to the
+    model's `max_position_embeddings`. The batcher is `app.extensions["policy_batcher"]` (close it to stop
+    the scheduler thread)."""
+    limits = limits or ServerLimits()
     app = Flask("agentgym_opsd.serve_policy")
-    lock = threading.Lock()  # one generation at a time: the model and its RNG are shared state
+    default_temperature, default_top_p = float(policy.temperature), float(policy.top_p)
+    batcher = PolicyBatcher(
+        policy, default_max_tokens=int(policy.max_new_tokens), max_tokens_cap=limits.max_tokens_cap,
+        max_prompt_tokens=limits.max_prompt_tokens, context_tokens=context_tokens or _context_tokens(policy),
+        max_batch=limits.max_batch, max_queue=limits.max_queue, queue_timeout_s=limits.queue_timeout_s,
+        batch_window_s=limits.batch_window_s)
+    app.extensions["policy_batcher"] = batcher
 
-    def error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
-        return jsonify({"error": {"message": message, "type": kind}}), status
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Any:  # 404, 405, ...: JSON like every other answer
+        return _error(exc.code or 500, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def unexpected_error(exc: Exception) -> Any:
+        log.exception("unexpected error")
+        return _error(500, f"internal server error ({type(exc).__name__})", "server_error")
 
     @app.get("/health")
     def health() -> Any:
-        return jsonify({"status": "ok", "model": model_name})
+        return jsonify({"status": "ok", "model": model_name, "queued": batcher.queued(),
+                        "batches": len(batcher.batch_sizes)})
 
     @app.get("/v1/models")
     def models() -> Any:
@@ -106,32 +212,24 @@ def create_app(policy: Any, model_name: str) -> Flask:
     @app.post("/v1/chat/completions")
     def chat_completions() -> Any:
         try:
-            req = validate_chat_request(request.get_json(silent=True))
+            req = validate_chat_request(read_json_body(request, max_bytes=limits.max_body_bytes),
+                                        max_tokens_cap=limits.max_tokens_cap)
+        except BodyError as exc:
+            return _error(exc.status, str(exc))
         except BadRequest as exc:
-            return error(400, str(exc))
-        with lock:
-            saved = (policy.temperature, policy.max_new_tokens, policy.top_p)
-            try:
-                policy.set_temperature(req.get("temperature", saved[0]))
-                policy.max_new_tokens = req.get("max_tokens", saved[1])
-                policy.top_p = req.get("top_p", saved[2])
-                (out,) = policy.act([PolicyRequest(req["messages"])])
-                prompt_tokens = len(policy.prompt_ids(req["messages"])) if hasattr(policy, "prompt_ids") else 0
-            finally:
-                policy.set_temperature(saved[0])
-                policy.max_new_tokens, policy.top_p = saved[1], saved[2]
-        text, stopped = _cut_at_stop(out.text, req["stop"])
-        hit_length = not stopped and len(out.token_ids) >= req.get("max_tokens", saved[1])
-        return jsonify({
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "length" if hit_length else "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(out.token_ids),
-                      "total_tokens": prompt_tokens + len(out.token_ids)},
-        })
+            return _error(400, str(exc))
+        sock = request.environ.get("werkzeug.socket")  # absent under a test client: always connected
+        job = Job(req["messages"], temperature=req.get("temperature", default_temperature),
+                  top_p=req.get("top_p", default_top_p), max_tokens=req.get("max_tokens"), stop=req["stop"],
+                  **({"client_alive": functools.partial(socket_alive, sock)} if sock is not None else {}))
+        try:
+            batcher.submit(job)
+            done = batcher.wait(job)
+        except QueueFull as exc:
+            return _error(503, str(exc), "server_error")
+        except JobError as exc:
+            return _error(exc.status, exc.message, exc.kind)
+        return jsonify(_completion_body(done, model_name))
 
     return app
 
@@ -143,25 +241,77 @@ def _build_policy(model: str, args: argparse.Namespace) -> Any:
 
     lm, tokenizer = load_policy_model(model, dtype=args.dtype, trainable=False)
     return HFPolicy(lm, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                    seed=args.seed)
+                    seed=args.seed, batch_size=args.max_batch)  # one batch = one generation chunk
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _temperature(text: str) -> float:
+    """argparse type: a temperature requests may also ask for (0, or MIN_TEMPERATURE..MAX_TEMPERATURE)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
+        raise argparse.ArgumentTypeError(f"must be 0 or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    defaults = ServerLimits()
     p = argparse.ArgumentParser(prog="python -m agentgym_opsd.serve_policy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="embedded:smollm2-135m-instruct | tiny-random | folder | checkpoint (hf: optional)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (0 = any free port)")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (0 = any free port)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: this machine only)")
     p.add_argument("--model-name", default=None, help="model id reported and expected (default: MODEL)")
-    p.add_argument("--temperature", type=float, default=0.4, help="default temperature when a request gives none")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="default response limit")
+    p.add_argument("--temperature", type=_temperature, default=0.4,
+                   help="default temperature when a request gives none")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256,
+                   help="default response limit when a request gives no max_tokens")
+    p.add_argument("--max-tokens-cap", type=positive_int, default=defaults.max_tokens_cap,
+                   help="largest max_tokens a request may ask for (more is refused with 400)")
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens,
+                   help="longest prompt accepted, in tokens (longer is refused with 400)")
+    p.add_argument("--max-batch", type=positive_int, default=defaults.max_batch,
+                   help="most requests generated together (1 = one at a time)")
+    p.add_argument("--max-queue", type=positive_int, default=defaults.max_queue,
+                   help="most requests waiting; more are refused with 503")
+    p.add_argument("--queue-timeout", type=positive_float, default=defaults.queue_timeout_s,
+                   help="seconds a request may wait to be scheduled before it gets 503")
+    p.add_argument("--max-body-bytes", type=positive_int, default=defaults.max_body_bytes,
+                   help="largest request body accepted (larger gets 413)")
+    p.add_argument("--batch-window-ms", type=_non_negative_float, default=defaults.batch_window_s * 1000,
+                   help="how long a batch waits for more requests before it starts (0 = not at all)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = p.parse_args(argv)
+    if args.max_new_tokens > args.max_tokens_cap:
+        p.error(f"--max-new-tokens ({args.max_new_tokens}) is over --max-tokens-cap ({args.max_tokens_cap})")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)  # usage errors exit with status 2 before the model loads
     model = args.model.removeprefix("hf:")
     policy = _build_policy(model, args)
-    app = create_app(policy, args.model_name or model)
-    serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}")
+    limits = ServerLimits(max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
+                          max_batch=args.max_batch, max_queue=args.max_queue, queue_timeout_s=args.queue_timeout,
+                          max_body_bytes=args.max_body_bytes, batch_window_s=args.batch_window_ms / 1000)
+    app = create_app(policy, args.model_name or model, limits)
+    try:
+        serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}")
+    finally:
+        app.extensions["policy_batcher"].close()
     return 0
 
 

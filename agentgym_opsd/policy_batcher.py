@@ -1,0 +1,349 @@
+"""The policy server's scheduler: concurrent chat requests become batched generations on one model.
+
+Request threads `submit` a `Job` and `wait` for it; one scheduler thread owns the policy (model, tokenizer,
+sampling RNG) and is the only thread that touches it. Why the tokenizer too: a fast HF tokenizer flips
+shared state (`encode_special_tokens`) on every call, so two threads encoding at once can raise "Already
+borrowed" or, worse, encode a message's content with special tokens live (a chat-injection hole).
+
+A scheduling round:
+1. waits until a job is queued, then up to `batch_window_s` more while fewer than `max_batch` are queued
+   (clients answered by the previous batch send their next request within milliseconds);
+2. drops queued jobs whose client has disconnected (never generated) or that waited past `queue_timeout_s`
+   (answered 503);
+3. takes the oldest job and every queued job with the same sampling settings (temperature, top_p; top_p is
+   moot for greedy decoding) up to `max_batch`, in arrival order; jobs with other settings wait for a later
+   round, so the oldest job is always served next;
+4. tokenises each prompt, refusing (400) a prompt over `max_prompt_tokens` or one whose budget does not fit
+   the model's context, then generates once for the group with `max_new_tokens` = the group's largest
+   budget, and cuts each answer to its own budget. This is exact, not an approximation: tokens are sampled
+   one at a time, each row independently of the others, so the first N tokens of a longer answer are a
+   sample of an N-token answer (a row that met a closing tag or end-of-sequence before N stopped there).
+
+A generation that has started runs to its end (at most `max_tokens_cap` tokens per row, which is what
+bounds the time a batch can hold the model) even if its clients leave; their answers are discarded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentgym_opsd.policies import PolicyOutput
+from agentgym_opsd.records import ChatMessage
+
+__all__ = ["BatchPolicy", "Completion", "Job", "JobError", "PolicyBatcher", "QueueFull", "socket_alive"]
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_CLIENT_STATUS = 499  # nginx's "client closed request": written into a socket nobody reads
+
+
+class BatchPolicy(Protocol):
+    """What the scheduler needs from a policy (`HFPolicy` has all of it)."""
+
+    tokenizer: Any  # `.decode(ids, skip_special_tokens=False)` cuts an answer to a shorter budget
+    top_p: float
+    max_new_tokens: int
+
+    def set_temperature(self, temperature: float) -> None: ...
+
+    def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]: ...
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[PolicyOutput]: ...
+
+
+class QueueFull(RuntimeError):
+    """The queue holds `max_queue` jobs already; answered 503."""
+
+
+class JobError(Exception):
+    """A job answered with an HTTP error instead of a completion."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+@dataclass
+class Completion:
+    """One answer in OpenAI's terms: `finish_reason` is "stop" (closing tag, end-of-sequence or a client
+    stop string) or "length" (the request's budget ran out)."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def _always_alive() -> bool:
+    return True
+
+
+@dataclass(eq=False)
+class Job:
+    """One chat request. `max_tokens` None means the server's default budget (shrunk to fit the context);
+    `client_alive` says whether the client is still connected (checked before the job is generated)."""
+
+    messages: list[ChatMessage]
+    temperature: float
+    top_p: float
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    client_alive: Callable[[], bool] = _always_alive
+    enqueued_at: float = field(default_factory=time.monotonic)
+    started: bool = False
+    result: Completion | None = None
+    error: JobError | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def sampling_key(self) -> tuple[float, float]:
+        return (self.temperature, self.top_p if self.temperature > 0 else 1.0)
+
+    def finish(self, result: Completion | None = None, error: JobError | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+def socket_alive(sock: socket.socket) -> bool:
+    """Whether the peer of `sock` is still connected: a non-blocking peek that reads end-of-stream (b'') or
+    fails means it closed or reset the connection; no data yet (BlockingIOError) or data means it is there.
+    The peek consumes nothing and does not change the socket's blocking mode, so it is safe while another
+    thread owns the socket. Without MSG_DONTWAIT (Windows) every client counts as connected."""
+    flags = getattr(socket, "MSG_DONTWAIT", None)
+    if flags is None:
+        return True
+    try:
+        return sock.recv(1, socket.MSG_PEEK | flags) != b""
+    except (BlockingIOError, InterruptedError):
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+class PolicyBatcher:
+    """Queue + scheduler thread around one policy; see the module docstring. `close()` stops the thread and
+    answers every queued job 503."""
+
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        *,
+        default_max_tokens: int,
+        max_tokens_cap: int,
+        max_prompt_tokens: int,
+        context_tokens: int | None = None,
+        max_batch: int = 16,
+        max_queue: int = 64,
+        queue_timeout_s: float = 60.0,
+        batch_window_s: float = 0.005,
+        poll_s: float = 0.1,
+    ) -> None:
+        if not 1 <= default_max_tokens <= max_tokens_cap:
+            raise ValueError(f"the default max_tokens ({default_max_tokens}) must be in 1..max_tokens_cap "
+                             f"({max_tokens_cap})")
+        if min(max_prompt_tokens, max_batch, max_queue) < 1 or not queue_timeout_s > 0:
+            raise ValueError("max_prompt_tokens, max_batch, max_queue and queue_timeout_s must be positive")
+        self.policy = policy
+        self.default_max_tokens = default_max_tokens
+        self.max_tokens_cap = max_tokens_cap
+        self.max_prompt_tokens = max_prompt_tokens
+        self.context_tokens = context_tokens
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.queue_timeout_s = queue_timeout_s
+        self.batch_window_s = batch_window_s
+        self.poll_s = poll_s
+        self.batch_sizes: list[int] = []  # jobs per generation, for /health and the tests
+        self.dropped_disconnected = 0
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="policy-batcher", daemon=True)
+        self._thread.start()
+
+    # -- request threads ----------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`; raises QueueFull when `max_queue` jobs are waiting already."""
+        with self._cond:
+            if self._closed:
+                raise QueueFull("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{len(self._queue)} requests are queued already (the limit is {self.max_queue}); "
+                                f"retry later")
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def wait(self, job: Job) -> Completion:
+        """Block until `job` is answered; raises JobError for refusals, timeouts and disconnected clients.
+        While the job is queued, every `poll_s` the client's connection is checked (a closed one takes the
+        job out of the queue) and so is the queue timeout; once generation started it is waited for."""
+        while not job.done.wait(self.poll_s):
+            if job.started:
+                continue
+            if not job.client_alive():
+                if self._withdraw(job):
+                    with self._cond:
+                        self.dropped_disconnected += 1
+                    raise JobError(_UNKNOWN_CLIENT_STATUS, "the client closed the connection")
+            elif time.monotonic() - job.enqueued_at > self.queue_timeout_s and self._withdraw(job):
+                raise _queue_timeout(self.queue_timeout_s)
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        for job in pending:
+            job.finish(error=JobError(503, "the server is shutting down", "server_error"))
+        self._thread.join(timeout=30)
+
+    def _withdraw(self, job: Job) -> bool:
+        """Take `job` out of the queue unless the scheduler has taken it already."""
+        with self._cond:
+            if job.started or job not in self._queue:
+                return False
+            self._queue.remove(job)
+            return True
+
+    # -- scheduler thread ---------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                deadline = time.monotonic() + self.batch_window_s
+                while len(self._queue) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                group = self._take_group()
+            if group:
+                try:
+                    self._run(group)
+                except Exception as exc:  # the scheduler must outlive any one batch
+                    log.exception("generation failed")
+                    for job in group:
+                        if not job.done.is_set():
+                            job.finish(error=JobError(500, f"generation failed: {type(exc).__name__}",
+                                                      "server_error"))
+
+    def _take_group(self) -> list[Job]:
+        """Under the lock: drop gone and expired jobs, then take the oldest job's sampling group."""
+        now = time.monotonic()
+        waiting: deque[Job] = deque()
+        for job in self._queue:
+            if not job.client_alive():
+                self.dropped_disconnected += 1
+                job.finish(error=JobError(_UNKNOWN_CLIENT_STATUS, "the client closed the connection"))
+            elif now - job.enqueued_at > self.queue_timeout_s:
+                job.finish(error=_queue_timeout(self.queue_timeout_s))
+            else:
+                waiting.append(job)
+        group: list[Job] = []
+        rest: deque[Job] = deque()
+        for job in waiting:
+            if len(group) < self.max_batch and (not group or job.sampling_key == group[0].sampling_key):
+                job.started = True
+                group.append(job)
+            else:
+                rest.append(job)
+        self._queue = rest
+        return group
+
+    def _run(self, group: list[Job]) -> None:
+        ready: list[tuple[Job, list[int], int]] = []
+        for job in group:
+            try:
+                ids = self.policy.prompt_ids(job.messages)
+                ready.append((job, ids, self._budget(job, len(ids))))
+            except _Refused as exc:
+                job.finish(error=exc)
+            except ValueError as exc:  # an unknown role, say: this client's mistake, not the batch's
+                job.finish(error=JobError(400, str(exc)))
+            except Exception as exc:
+                log.exception("tokenising a prompt failed")
+                job.finish(error=JobError(500, f"tokenising the prompt failed: {type(exc).__name__}", "server_error"))
+        if not ready:
+            return
+        self.batch_sizes.append(len(ready))
+        temperature, top_p = ready[0][0].sampling_key
+        self.policy.set_temperature(temperature)
+        self.policy.top_p = top_p
+        self.policy.max_new_tokens = max(budget for _, _, budget in ready)
+        outputs = self.policy.generate_ids([ids for _, ids, _ in ready])
+        for (job, ids, budget), out in zip(ready, outputs, strict=True):
+            job.finish(self._completion(out, budget, job.stop, len(ids)))
+
+    def _budget(self, job: Job, prompt_tokens: int) -> int:
+        """The job's token budget; raises _Refused (400) when its prompt or its total does not fit."""
+        if prompt_tokens > self.max_prompt_tokens:
+            raise _Refused(f"the prompt is {prompt_tokens} tokens; this server accepts at most "
+                           f"{self.max_prompt_tokens}")
+        room = None if self.context_tokens is None else self.context_tokens - prompt_tokens
+        if job.max_tokens is not None:
+            if room is not None and job.max_tokens > room:
+                raise _Refused(f"this model's context is {self.context_tokens} tokens; the prompt ({prompt_tokens})"
+                               f" plus max_tokens ({job.max_tokens}) exceed it")
+            return job.max_tokens
+        if room is not None and room < 1:
+            raise _Refused(f"the prompt ({prompt_tokens} tokens) fills this model's context "
+                           f"({self.context_tokens} tokens)")
+        return self.default_max_tokens if room is None else min(self.default_max_tokens, room)
+
+    def _completion(self, out: PolicyOutput, budget: int, stops: Sequence[str], prompt_tokens: int) -> Completion:
+        ids, text, reason = out.token_ids, out.text, out.finish_reason
+        if len(ids) > budget:  # generated for a longer budget in the same batch: the prefix is this answer
+            ids, reason = ids[:budget], "length"
+            text = self._decode(ids)
+        cut = _first_stop(text, stops)
+        if cut is not None:
+            return Completion(text[:cut], "stop", prompt_tokens, self._tokens_through_stop(ids, stops))
+        return Completion(text, "length" if reason == "length" else "stop", prompt_tokens, len(ids))
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return str(self.policy.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def _tokens_through_stop(self, ids: list[int], stops: Sequence[str]) -> int:
+        """The fewest leading tokens whose text holds a client stop string: what OpenAI counts as generated
+        when it stops there (found by bisection, as holding a stop only grows with the prefix)."""
+        def holds_stop(k: int) -> bool:
+            return _first_stop(self._decode(ids[:k]), stops) is not None
+
+        return min(bisect.bisect_left(range(len(ids) + 1), True, key=holds_stop), len(ids))
+
+
+class _Refused(JobError):
+    """A prompt the limits refuse (400)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
+
+
+def _queue_timeout(seconds: float) -> JobError:
+    return JobError(503, f"the request waited more than {seconds:g} s in the queue; retry later", "server_error")
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int | None:
+    cuts = [i for s in stops if (i := text.find(s)) >= 0]
+    return min(cuts) if cuts else None

@@ -1,0 +1,333 @@
+"""The policy server under load and abuse: caps on max_tokens and prompts, batching of concurrent requests
+(answers reach the right clients, each cut to its own budget), the bounded queue and its timeout, clients
+that disconnect while queued, hostile bodies and CLI usage errors.
+
+Most tests use a recording stand-in policy (answers "echo:<last message>" one character per token) behind
+a real threaded werkzeug server; its `gate` holds a generation open so a test can queue requests behind it
+deterministically instead of racing the scheduler."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import requests
+from werkzeug.serving import make_server
+
+from agentgym_opsd import serve_policy
+from agentgym_opsd.policies import PolicyOutput
+from agentgym_opsd.serve_policy import ServerLimits, create_app
+
+TIMEOUT = 30  # generous: the machine may be busy; passing tests take well under a second each
+
+
+class _CharTokenizer:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(map(chr, ids))
+
+
+class RecordingPolicy:
+    """A stand-in HFPolicy: one token per character; records every batch it generates and its settings."""
+
+    def __init__(self, max_new_tokens: int = 32, fail: bool = False) -> None:
+        self.tokenizer = _CharTokenizer()
+        self.temperature, self.top_p, self.max_new_tokens = 0.0, 1.0, max_new_tokens
+        self.batches: list[list[str]] = []
+        self.settings: list[tuple[float, float, int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.fail = fail
+
+    def set_temperature(self, temperature: float) -> None:
+        self.temperature = temperature
+
+    def prompt_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        if any(m["role"] not in ("system", "user", "assistant") for m in messages):
+            raise ValueError("unknown role")
+        return [ord(c) for c in messages[-1]["content"]]
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]]) -> list[PolicyOutput]:
+        self.batches.append(["".join(map(chr, p)) for p in prompts])
+        self.settings.append((self.temperature, self.top_p, self.max_new_tokens))
+        self.entered.set()
+        assert self.gate.wait(TIMEOUT)
+        if self.fail:
+            raise RuntimeError("the model broke")
+        outputs = []
+        for p in prompts:
+            full = "echo:" + "".join(map(chr, p))
+            text = full[: self.max_new_tokens]
+            outputs.append(PolicyOutput(text, [ord(c) for c in text], [0.0] * len(text),
+                                        finish_reason="length" if len(full) > self.max_new_tokens else "stop"))
+        return outputs
+
+
+@contextmanager
+def served(policy: Any, limits: ServerLimits | None = None, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+    """A real threaded server on a free port; yields (chat-completions URL, batcher)."""
+    app = create_app(policy, "stand-in", limits or ServerLimits(batch_window_s=0.0), **kwargs)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    batcher = app.extensions["policy_batcher"]
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1/chat/completions", batcher
+    finally:
+        policy.gate.set() if hasattr(policy, "gate") else None
+        server.shutdown()
+        server.server_close()
+        batcher.close()
+
+
+def chat(content: str, **fields: Any) -> dict[str, Any]:
+    return {"model": "stand-in", "messages": [{"role": "user", "content": content}], **fields}
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@contextmanager
+def held(policy: RecordingPolicy, url: str, pool: ThreadPoolExecutor) -> Iterator[Any]:
+    """A first request whose generation is held open until the block ends; yields its future."""
+    policy.gate.clear()
+    policy.entered.clear()
+    first = pool.submit(requests.post, url, json=chat("first"), timeout=TIMEOUT)
+    assert policy.entered.wait(TIMEOUT)
+    try:
+        yield first
+    finally:
+        policy.gate.set()
+
+
+def test_huge_max_tokens_is_refused_while_another_client_is_served():
+    policy = RecordingPolicy()
+    with served(policy, ServerLimits(max_tokens_cap=64, batch_window_s=0.0)) as (url, _), ThreadPoolExecutor(2) as pool:
+        huge = pool.submit(requests.post, url, json=chat("greedy", max_tokens=10**9), timeout=TIMEOUT)
+        other = pool.submit(requests.post, url, json=chat("modest", max_tokens=8), timeout=TIMEOUT)
+        start = time.monotonic()
+        refused, answered = huge.result(), other.result()
+        assert time.monotonic() - start < 10
+    assert refused.status_code == 400 and "at most 64" in refused.json()["error"]["message"]
+    assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"] == "echo:mod"
+    assert policy.batches == [["modest"]]  # the refused request never reached the model
+
+
+def test_prompt_over_the_limit_or_the_context_is_refused():
+    policy = RecordingPolicy(max_new_tokens=8)
+    limits = ServerLimits(max_prompt_tokens=10, max_tokens_cap=64, batch_window_s=0.0)
+    with served(policy, limits, context_tokens=20) as (url, _):
+        long_prompt = requests.post(url, json=chat("x" * 11), timeout=TIMEOUT)
+        over_context = requests.post(url, json=chat("x" * 10, max_tokens=11), timeout=TIMEOUT)
+        default_budget = requests.post(url, json=chat("x" * 10), timeout=TIMEOUT)
+    assert long_prompt.status_code == 400 and "at most 10" in long_prompt.json()["error"]["message"]
+    assert over_context.status_code == 400 and "context is 20 tokens" in over_context.json()["error"]["message"]
+    assert default_budget.status_code == 200 and default_budget.json()["usage"]["completion_tokens"] == 8
+
+
+def test_concurrent_requests_are_batched_and_answers_reach_their_clients():
+    policy = RecordingPolicy()
+    prompts = [f"prompt-{i}" for i in range(6)]
+    with served(policy) as (url, batcher), ThreadPoolExecutor(8) as pool:
+        with held(policy, url, pool) as first:
+            futures = {p: pool.submit(requests.post, url, json=chat(p), timeout=TIMEOUT) for p in prompts}
+            wait_until(lambda: batcher.queued() == len(prompts), "the requests to queue")
+        answers = {p: f.result().json()["choices"][0]["message"]["content"] for p, f in futures.items()}
+        assert first.result().status_code == 200
+    assert [len(b) for b in policy.batches] == [1, len(prompts)]
+    assert answers == {p: f"echo:{p}" for p in prompts}
+
+
+def test_each_request_gets_its_own_budget_stop_and_usage_in_a_shared_batch():
+    policy = RecordingPolicy()
+    with served(policy) as (url, batcher), ThreadPoolExecutor(4) as pool:
+        with held(policy, url, pool):
+            short = pool.submit(requests.post, url, json=chat("abcdef", max_tokens=3), timeout=TIMEOUT)
+            long = pool.submit(requests.post, url, json=chat("abcdef", max_tokens=20), timeout=TIMEOUT)
+            stopped = pool.submit(requests.post, url, json=chat("abcdef", max_tokens=20, stop=["b"]), timeout=TIMEOUT)
+            wait_until(lambda: batcher.queued() == 3, "the requests to queue")
+        short, long, stopped = (f.result().json() for f in (short, long, stopped))
+    assert [len(b) for b in policy.batches] == [1, 3] and policy.settings[1][2] == 20  # the group's largest budget
+    assert short["choices"][0] == {"index": 0, "message": {"role": "assistant", "content": "ech"},
+                                   "finish_reason": "length"}
+    assert short["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
+    assert long["choices"][0]["message"]["content"] == "echo:abcdef" and long["choices"][0]["finish_reason"] == "stop"
+    assert long["usage"]["completion_tokens"] == 11
+    assert stopped["choices"][0]["message"]["content"] == "echo:a" and stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped["usage"]["completion_tokens"] == 7  # through the stop string, as OpenAI counts
+
+
+def test_requests_with_different_sampling_settings_are_not_mixed():
+    policy = RecordingPolicy()
+    with served(policy) as (url, batcher), ThreadPoolExecutor(6) as pool:
+        with held(policy, url, pool):
+            futures = [pool.submit(requests.post, url, json=chat(f"p{i}", temperature=t, top_p=0.9), timeout=TIMEOUT)
+                       for i, t in enumerate([0.5, 1.0, 0.5, 1.0])]
+            wait_until(lambda: batcher.queued() == 4, "the requests to queue")
+        assert all(f.result().status_code == 200 for f in futures)
+    assert sorted(policy.batches[1:]) == [["p0", "p2"], ["p1", "p3"]]
+    assert sorted(s[:2] for s in policy.settings[1:]) == [(0.5, 0.9), (1.0, 0.9)]
+
+
+def test_a_full_queue_answers_503():
+    policy = RecordingPolicy()
+    with served(policy, ServerLimits(max_queue=1, batch_window_s=0.0)) as (url, batcher), ThreadPoolExecutor(4) as pool:
+        with held(policy, url, pool):
+            queued = pool.submit(requests.post, url, json=chat("queued"), timeout=TIMEOUT)
+            wait_until(lambda: batcher.queued() == 1, "the request to queue")
+            refused = requests.post(url, json=chat("one too many"), timeout=TIMEOUT)
+        assert queued.result().status_code == 200
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+    assert "limit is 1" in refused.json()["error"]["message"]
+
+
+def test_a_request_waiting_past_the_queue_timeout_answers_503():
+    policy = RecordingPolicy()
+    limits = ServerLimits(queue_timeout_s=0.3, batch_window_s=0.0)
+    with served(policy, limits) as (url, _), ThreadPoolExecutor(4) as pool:
+        with held(policy, url, pool):
+            late = requests.post(url, json=chat("late"), timeout=TIMEOUT)
+    assert late.status_code == 503 and "waited more than 0.3 s" in late.json()["error"]["message"]
+    assert all("late" not in batch for batch in policy.batches)
+
+
+def test_a_disconnected_clients_request_is_not_generated():
+    policy = RecordingPolicy()
+    with served(policy) as (url, batcher), ThreadPoolExecutor(4) as pool:
+        port = int(url.split(":")[2].split("/")[0])
+        with held(policy, url, pool):
+            body = json.dumps(chat("ghost")).encode()
+            client = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            wait_until(lambda: batcher.queued() == 1, "the request to queue")
+            client.close()
+            wait_until(lambda: batcher.queued() == 0, "the server to notice the disconnect")
+        after = requests.post(url, json=chat("after"), timeout=TIMEOUT)
+    assert after.status_code == 200 and batcher.dropped_disconnected == 1
+    assert policy.batches == [["first"], ["after"]]
+
+
+def test_a_failing_generation_is_a_json_500_and_the_server_goes_on():
+    policy = RecordingPolicy(fail=True)
+    with served(policy) as (url, _):
+        failed = requests.post(url, json=chat("boom"), timeout=TIMEOUT)
+        policy.fail = False
+        fine = requests.post(url, json=chat("fine"), timeout=TIMEOUT)
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    assert fine.status_code == 200
+
+
+# -- hostile bodies (a test client: no concurrency involved) -------------------------------------------------
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    app = create_app(RecordingPolicy(), "stand-in", ServerLimits(max_body_bytes=4096, batch_window_s=0.0))
+    yield app.test_client()
+    app.extensions["policy_batcher"].close()
+
+
+def _body(content: str = "hi", **fields: str) -> bytes:
+    extra = "".join(f', "{k}": {v}' for k, v in fields.items())
+    return f'{{"messages": [{{"role": "user", "content": "{content}"}}]{extra}}}'.encode()
+
+
+@pytest.mark.parametrize("raw, status, says", [
+    (b"[" * 2000 + b"]" * 2000, 400, "nested deeper"),  # under the 4096-byte limit
+    (b'{"a":' * 40 + b"1" + b"}" * 40, 400, "nested deeper"),
+    (_body(temperature="NaN"), 400, "NaN"),
+    (_body(temperature="Infinity"), 400, "Infinity"),
+    (_body(temperature="1e999"), 400, "finite"),
+    (_body(temperature="1e-300"), 400, "temperature"),
+    (_body(temperature="2.5"), 400, "temperature"),
+    (_body(temperature="true"), 400, "temperature"),
+    (_body(top_p="0"), 400, "top_p"),
+    (_body(top_p="-Infinity"), 400, "Infinity"),
+    (_body(top_p="1.5"), 400, "top_p"),
+    (_body(max_tokens="1e9"), 400, "integer"),
+    (_body(max_tokens="1" + "0" * 400), 400, "at most"),
+    (_body(content="\\ud800"), 400, "surrogate"),
+    (_body(content="x" * 5000), 413, "at most 4096"),
+    (b"\xff\xfe{}", 400, "UTF-8"),
+    (b"", 400, "empty"),
+    (b'{"messages": "hi"}', 400, "messages"),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "role"),
+])
+def test_hostile_bodies_get_a_json_4xx(client, raw, status, says):
+    reply = client.post("/v1/chat/completions", data=raw, content_type="application/json")
+    assert reply.status_code == status and reply.is_json
+    assert says in reply.get_json()["error"]["message"]
+
+
+def test_unknown_routes_and_unexpected_errors_are_json(client, monkeypatch):
+    missing = client.get("/nowhere")
+    assert missing.status_code == 404 and missing.is_json
+    assert client.get("/v1/chat/completions").status_code == 405
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(serve_policy, "validate_chat_request", explode)
+    broken = client.post("/v1/chat/completions", data=_body(), content_type="application/json")
+    assert broken.status_code == 500 and broken.is_json and "RuntimeError" in broken.get_json()["error"]["message"]
+
+
+def test_validate_chat_request_keeps_its_old_calling_convention():
+    out = serve_policy.validate_chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9,
+                                              "temperature": 0, "stop": "a"})
+    assert out["max_tokens"] == 10**9 and out["temperature"] == 0.0 and out["stop"] == ["a"]
+
+
+# -- command line -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["--port", "99999"], "port must be in 0..65535"),
+    (["--port", "eighty"], "not a port number"),
+    (["--max-batch", "0"], "must be >= 1"),
+    (["--max-queue", "-3"], "must be >= 1"),
+    (["--queue-timeout", "nan"], "finite number > 0"),
+    (["--max-tokens-cap", "1.5"], "not an integer"),
+    (["--temperature", "1e-300"], "must be 0 or in"),
+    (["--batch-window-ms", "-1"], ">= 0"),
+    (["--max-new-tokens", "300", "--max-tokens-cap", "100"], "over --max-tokens-cap"),
+])
+def test_cli_usage_errors_exit_2_with_one_line(capsys, argv, says):
+    with pytest.raises(SystemExit) as exc:
+        serve_policy.main(["tiny-random", *argv])  # exits before loading any model
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error:" in err[-1] and says in err[-1] and "Traceback" not in "\n".join(err)
+
+
+# -- the real model -----------------------------------------------------------------------------------------
+
+def test_tiny_random_model_is_batched_with_per_request_budgets():
+    from agentgym_opsd.models.hf_policy import HFPolicy
+    from agentgym_opsd.models.loading import load_policy_model
+
+    model, tokenizer = load_policy_model("tiny-random", trainable=False)
+    policy = HFPolicy(model, tokenizer, max_new_tokens=8, temperature=1.0, seed=0)
+    limits = ServerLimits(max_tokens_cap=32, batch_window_s=0.2)  # a wide window: the four arrive together
+    with served(policy, limits) as (url, batcher), ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(requests.post, url, json=chat(f"task {i}", max_tokens=2 + 3 * i), timeout=TIMEOUT)
+                   for i in range(4)]
+        replies = [f.result() for f in futures]
+    assert all(r.status_code == 200 for r in replies)
+    for i, reply in enumerate(replies):
+        usage, choice = reply.json()["usage"], reply.json()["choices"][0]
+        assert usage["prompt_tokens"] > 0 and 1 <= usage["completion_tokens"] <= 2 + 3 * i
+        assert choice["finish_reason"] in ("stop", "length")
+        if choice["finish_reason"] == "length":
+            assert usage["completion_tokens"] == 2 + 3 * i
+    assert sum(batcher.batch_sizes) == 4 and max(batcher.batch_sizes) > 1
