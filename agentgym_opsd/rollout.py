@@ -4,6 +4,9 @@ Each turn, every active environment's prompt is rendered and the whole batch goe
 (batched generation); the answers are parsed and the environments stepped in parallel. Everything the
 trainer needs later is recorded in `Trajectory`/`Turn`: the student prompt, the sampled token ids and their
 log-probs, the action, its validity, the observation, the reward, and the task's skill context `c+`.
+When the environment reports `info["oracle_distance"]` (the expert's distance to the goal), each turn records
+it before and after its action (`Turn.info["oracle_distance_before"/"oracle_distance_after"]`), so a turn
+can be labelled progress (the distance dropped) or wasted without replaying the episode.
 This module knows only the turn API, never a concrete environment.
 """
 
@@ -23,7 +26,10 @@ from agentgym_opsd.prompts import HistoryItem, PromptRenderer
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
 
-__all__ = ["RolloutRunner"]
+__all__ = ["ORACLE_DISTANCE", "RolloutRunner"]
+
+ORACLE_DISTANCE = "oracle_distance"
+"""Optional info key: expert actions still needed from the current state (None: the goal is out of reach)."""
 
 
 @dataclass
@@ -32,6 +38,7 @@ class _Episode:
     observation: str
     admissible: list[str] | None
     history: list[HistoryItem] = field(default_factory=list)
+    oracle_distance: int | None = None  # the environment's last reported distance (before the next action)
 
 
 class RolloutRunner:
@@ -105,7 +112,8 @@ class RolloutRunner:
                 terminated=start.terminated,
                 metadata={k: v for k, v in info.items() if k not in core.INFO_KEYS and _is_json_scalar(v)},
             )
-            episodes[i] = _Episode(traj, start.observation, info.get(core.ADMISSIBLE_ACTIONS))
+            episodes[i] = _Episode(traj, start.observation, info.get(core.ADMISSIBLE_ACTIONS),
+                                   oracle_distance=info.get(ORACLE_DISTANCE))
         bar = tqdm(desc=f"rollout {self.env_spec}", unit="turn", disable=not progress, leave=False)
         try:
             while active := [i for i in episodes if self.pool.active[i]]:
@@ -170,6 +178,9 @@ class RolloutRunner:
             turn.info["finish_reason"] = out.finish_reason
         if kind is not None:
             turn.info["invalid_kind"] = kind
+        if ORACLE_DISTANCE in res.info:
+            turn.info["oracle_distance_before"] = ep.oracle_distance
+            turn.info["oracle_distance_after"] = ep.oracle_distance = res.info[ORACLE_DISTANCE]
         traj = ep.traj
         traj.turns.append(turn)
         traj.total_reward += res.reward

@@ -5,6 +5,11 @@ ALFWorld's domain and grammar). Reward: 1.0 on the step where the goal first hol
 `won`; the trainer subtracts the invalid-action penalty itself). An action is valid when, stripped of
 surrounding whitespace, it is one of the admissible commands; anything else is answered "Nothing happens."
 without changing the state, exactly as the engine would answer it.
+
+`info["oracle_distance"]` (reset and every step): the length of the planner's shortest plan from the current
+state, 0 once the goal holds, None if no plan exists. The expert's plan is kept up to date after every step
+(popped while the agent stays on it, replanned when it leaves it, through `PLAN_CACHE`, so a state the
+group has already visited is not planned again).
 """
 
 from __future__ import annotations
@@ -25,12 +30,16 @@ from agentgym_opsd.core import (
     TextEnv,
 )
 from agentgym_opsd.environments.alfworld.engine import NOTHING_HAPPENS, AlfredEngine
+from agentgym_opsd.environments.alfworld.planner import PLAN_CACHE
 from agentgym_opsd.environments.alfworld.splits import BUILTIN_SPLITS, GameRef, GeneratedSplit, RealSplit
 
-__all__ = ["ALFWorldEnv", "DATA_ENV_VAR"]
+__all__ = ["ALFWorldEnv", "DATA_ENV_VAR", "ORACLE_DISTANCE"]
 
 DATA_ENV_VAR = "ALFWORLD_DATA"
 """Folder of downloaded ALFWorld data (holding `json_2.1.1/`), used when `data_source="real"`."""
+
+ORACLE_DISTANCE = "oracle_distance"
+"""Info key: the oracle's distance to the goal (see the module docstring)."""
 
 _TASK_LINE = re.compile(r"Your task is to: (.*?)\.?\s*$", re.MULTILINE)
 
@@ -102,13 +111,13 @@ class ALFWorldEnv(TextEnv):
         # A generated game stores the planner's plan from this very state: no need to replan (and translate the
         # problem for the planner) unless the agent leaves it. Real data has no walkthrough: plan now.
         walkthrough = self.engine.walkthrough if self.data_source == "generated" else None
-        self._plan = list(walkthrough) if walkthrough is not None else self.engine.plan()
+        self._plan = list(walkthrough) if walkthrough is not None else self._replan()
         match = _TASK_LINE.search(state.observation)
         info = {
             TASK_ID: game.task_id, TASK_TYPE: game.task_type, TASK_TEXT: match.group(1) if match else "",
             ADMISSIBLE_ACTIONS: list(self._admissible), WON: state.won,
             "optimal_plan_length": len(self._plan), "game_path": str(game.game_path), "task_index": game.index,
-            "split": self.split, "data_source": self.data_source,
+            "split": self.split, "data_source": self.data_source, ORACLE_DISTANCE: self._distance(state.won),
         }
         return state.observation, info
 
@@ -117,22 +126,36 @@ class ALFWorldEnv(TextEnv):
         if command not in self._admissible:
             # The engine would answer the same and leave the state unchanged; skipping it saves ~15 ms and keeps
             # arbitrary text (control characters, 10k-character strings) away from the engine.
-            return NOTHING_HAPPENS, 0.0, False, {ACTION_VALID: False, ADMISSIBLE_ACTIONS: list(self._admissible)}
+            return NOTHING_HAPPENS, 0.0, False, {ACTION_VALID: False, ADMISSIBLE_ACTIONS: list(self._admissible),
+                                                 ORACLE_DISTANCE: self._distance(self._won)}
         state = self.engine.step(command)
         self._admissible = state.admissible_commands
         if self._plan and self._plan[0] == command:
-            self._plan.pop(0)  # still on the expert's path
+            self._plan.pop(0)  # still on the expert's path: the rest of a shortest plan is a shortest plan
         else:
-            self._plan = None  # deviated: replan when the oracle is next asked
+            # Deviated: replan now (not when the oracle is next asked), since the distance is reported every step.
+            self._plan = [] if state.won else self._replan()
         reward = 1.0 if state.won and not self._won else 0.0
         return state.observation, reward, state.won, {ACTION_VALID: True, WON: state.won, SCORE: float(state.won),
-                                                       ADMISSIBLE_ACTIONS: list(self._admissible)}
+                                                       ADMISSIBLE_ACTIONS: list(self._admissible),
+                                                       ORACLE_DISTANCE: self._distance(state.won)}
+
+    def _replan(self) -> list[str]:
+        """A shortest plan from the current state, memoised per (game, state facts)."""
+        # The engine exposes no public view of its state; the facts are what identifies a state.
+        facts = self.engine._state.facts  # noqa: SLF001
+        return PLAN_CACHE.plan(str(self._loaded_path), facts, self.engine.plan)
+
+    def _distance(self, won: bool) -> int | None:
+        if won:
+            return 0
+        return len(self._plan) if self._plan else None  # no plan from a state where the goal does not hold
 
     def oracle_action(self) -> str:
         if self.episode_ended or self._game is None:
             raise EpisodeEndedError("the episode is over; call reset() first")
         if not self._plan:
-            self._plan = self.engine.plan()
+            self._plan = self._replan()
         if not self._plan:
             raise RuntimeError(f"the planner found no plan from the current state of {self._game.game_path}")
         return self._plan[0]

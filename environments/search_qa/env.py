@@ -5,6 +5,11 @@ Each turn the agent sends `<search>query</search>` (the observation is the top-k
 matches a gold answer after normalisation, else 0). Anything else, including both tags in one action or
 an empty action, is an invalid action: a fixed message, `action_valid=False`, the episode goes on. At most
 `max_turns` (4) turns.
+
+`info["oracle_distance"]` (reset and every step): the expert actions still needed, i.e. the gold hops not yet
+retrieved (a hop counts as done once its passage was seen or its query was tried, as the expert skips it
+then; a question without a hop chain needs one search) plus 1 for the answer. 0 after a correct answer, None
+after a wrong one (the episode is over without the goal).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from agentgym_opsd.core import (
     EpisodeEndedError,
     TextEnv,
 )
-from agentgym_opsd.environments.search_qa.data import SPLITS, Question
+from agentgym_opsd.environments.search_qa.data import SPLITS, Hop, Question
 from agentgym_opsd.environments.search_qa.formats import read_questions
 from agentgym_opsd.environments.search_qa.index import IndexConfig
 from agentgym_opsd.environments.search_qa.normalize import exact_match
@@ -38,12 +43,14 @@ from agentgym_opsd.environments.search_qa.retriever import (
 )
 from agentgym_opsd.parsers import make_parser
 
-__all__ = ["SearchQAConfig", "SearchQAEnv", "INVALID_ACTION_MESSAGE", "format_information"]
+__all__ = ["SearchQAConfig", "SearchQAEnv", "INVALID_ACTION_MESSAGE", "ORACLE_DISTANCE", "format_information"]
 
 INVALID_ACTION_MESSAGE = (
     "Your previous action is invalid. Write exactly one <search>query</search> to search, or "
     "<answer>text</answer> to give your final answer, then try again."
 )
+ORACLE_DISTANCE = "oracle_distance"
+"""Info key: expert actions still needed (see the module docstring)."""
 _PARSER = make_parser("tag:search,answer")  # Search-R1: the first complete <search> or <answer> is the action
 
 
@@ -170,23 +177,36 @@ class SearchQAEnv(TextEnv):
         self._seen_passages = set()
         self._queries = set()
         info = {TASK_ID: q.id, TASK_TYPE: q.kind, TASK_TEXT: q.question, ADMISSIBLE_ACTIONS: None,
-                "num_hops": q.num_hops, "data_source": q.data_source, "split": self.split}
+                "num_hops": q.num_hops, "data_source": q.data_source, "split": self.split,
+                ORACLE_DISTANCE: self._oracle_distance()}
         return f"Question: {q.question}", info
 
     def _step_action(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         parsed = _PARSER.parse(action)
         if not parsed.valid:
-            return INVALID_ACTION_MESSAGE, 0.0, False, {ACTION_VALID: False, "invalid_reason": parsed.reason}
+            return INVALID_ACTION_MESSAGE, 0.0, False, {ACTION_VALID: False, "invalid_reason": parsed.reason,
+                                                        ORACLE_DISTANCE: self._oracle_distance()}
         content = parsed.action[len(parsed.kind or "") + 2: -(len(parsed.kind or "") + 3)]
         if parsed.kind == "search":
             hits = self.retriever.retrieve([content], self.config.topk)[0]
             self._queries.add(content)
             self._seen_passages.update(h.passage.id for h in hits)
-            return format_information(hits), 0.0, False, {ACTION_VALID: True}
+            return format_information(hits), 0.0, False, {ACTION_VALID: True, ORACLE_DISTANCE: self._oracle_distance()}
         won = exact_match(content, self.question.golden_answers)
         verdict = "correct" if won else "not correct"
         return (f"Your answer '{content}' is {verdict}.", 1.0 if won else 0.0, True,
-                {ACTION_VALID: True, WON: won, SCORE: 1.0 if won else 0.0})
+                {ACTION_VALID: True, WON: won, SCORE: 1.0 if won else 0.0, ORACLE_DISTANCE: 0 if won else None})
+
+    def _pending_hops(self) -> list[Hop]:
+        """The hops the expert would still search (the order it searches them in)."""
+        return [hop for hop in self.question.hops
+                if hop.passage_id not in self._seen_passages and hop.query not in self._queries]
+
+    def _oracle_distance(self) -> int:
+        """Expert actions still needed while the episode runs: pending searches plus the answer."""
+        q = self.question
+        searches = len(self._pending_hops()) if q.hops else int(not self._queries)
+        return searches + 1
 
     def oracle_action(self) -> str:
         """Search each hop of the chain whose passage has not been retrieved (or whose query has not been
@@ -195,9 +215,9 @@ class SearchQAEnv(TextEnv):
         if self.episode_ended:
             raise EpisodeEndedError("the episode has ended")
         q = self.question
-        for hop in q.hops:
-            if hop.passage_id not in self._seen_passages and hop.query not in self._queries:
-                return f"<search>{hop.query}</search>"
+        pending = self._pending_hops()
+        if pending:
+            return f"<search>{pending[0].query}</search>"
         if not q.hops and not self._queries:
             return f"<search>{q.question}</search>"
         return f"<answer>{q.golden_answers[0]}</answer>"

@@ -8,6 +8,10 @@ literal hint `search[<your query>]` when the search bar is shown (the agent writ
 Only `click[buy now]` ends the episode (terminated), with reward = the WebShop score in [0, 1];
 `info["won"]` iff the score is 1. Everything else gives reward 0; invalid actions change nothing and set
 `info["action_valid"] = False` (the rollout subtracts the profile's penalty).
+
+`info["oracle_distance"]` (reset and every step, text mode): how many expert actions are still needed from
+the current state (`oracle.oracle_distance`), 0 after a purchase that scored 1, None after one that scored
+less. Browser mode reports None: its session lives in the browser, out of reach of the simulation.
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ from agentgym_opsd.core import (
     TextEnv,
 )
 from agentgym_opsd.environments.webshop.models import Goal
-from agentgym_opsd.environments.webshop.oracle import oracle_next_action
+from agentgym_opsd.environments.webshop.oracle import oracle_distance, oracle_next_action
 from agentgym_opsd.environments.webshop.session import ActionResult, SessionView, ShopSession
 from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, Shop, load_shop
 
-__all__ = ["WebShopEnv", "MODES"]
+__all__ = ["WebShopEnv", "MODES", "ORACLE_DISTANCE"]
 
 MODES = ("text", "browser")
+ORACLE_DISTANCE = "oracle_distance"
+"""Info key: expert actions still needed (see the module docstring)."""
 
 
 class _Backend(Protocol):
@@ -169,13 +175,14 @@ class WebShopEnv(TextEnv):
         info = {TASK_ID: goal.goal_id, TASK_TYPE: goal.category, TASK_TEXT: goal.instruction,
                 ADMISSIBLE_ACTIONS: self._backend.admissible_actions(), "target_asin": goal.asin,
                 "category": goal.category, "price_upper": goal.price_upper, "split": self.split,
-                "mode": self.mode, "task_index": index}
+                "mode": self.mode, "task_index": index, ORACLE_DISTANCE: self._oracle_distance()}
         return self._backend.observation(), info
 
     def _step_action(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         result = self._backend.act(action)
         observation = self._backend.observation()
-        info: dict[str, Any] = {ACTION_VALID: result.valid, ADMISSIBLE_ACTIONS: self._backend.admissible_actions()}
+        info: dict[str, Any] = {ACTION_VALID: result.valid, ADMISSIBLE_ACTIONS: self._backend.admissible_actions(),
+                                ORACLE_DISTANCE: self._oracle_distance()}
         if not result.valid:
             info["invalid_reason"] = result.reason
         if result.valid and result.done:
@@ -188,6 +195,11 @@ class WebShopEnv(TextEnv):
         if self._goal is None or self.episode_ended:
             raise EpisodeEndedError("the episode is over; call reset()")
         return oracle_next_action(self._goal, self.shop.by_asin[self._goal.asin], self._backend.view())
+
+    def _oracle_distance(self) -> int | None:
+        if not isinstance(self._backend, _TextBackend) or self._backend.session is None or self._goal is None:
+            return None
+        return oracle_distance(self._goal, self.shop.by_asin[self._goal.asin], self._backend.session)
 
     def close(self) -> None:
         self._backend.close()

@@ -1,15 +1,18 @@
 """The expert: from a goal and a session view, the next action that buys the target with the wanted
 options. It searches the target's title (then its asin if the title search misses), pages through the
-results to the target, opens it, clicks each wanted option value and buys."""
+results to the target, opens it, clicks each wanted option value and buys. `oracle_distance` counts the
+expert actions still needed from a session's state (the environment's `info["oracle_distance"]`)."""
 
 from __future__ import annotations
+
+import copy
 
 from rapidfuzz import fuzz
 
 from agentgym_opsd.environments.webshop.models import Goal, Product
-from agentgym_opsd.environments.webshop.session import SessionView
+from agentgym_opsd.environments.webshop.session import SessionView, ShopSession
 
-__all__ = ["oracle_next_action", "wanted_option_values"]
+__all__ = ["oracle_distance", "oracle_next_action", "wanted_option_values"]
 
 
 def wanted_option_values(goal: Goal, product: Product) -> dict[str, str]:
@@ -44,3 +47,23 @@ def oracle_next_action(goal: Goal, target: Product, view: SessionView) -> str:
         if view.chosen.get(group) != value:
             return f"click[{value.lower()}]"
     return "click[buy now]"
+
+
+_MAX_SIMULATED_ACTIONS = 200
+"""A bound on the simulated expert (it pages through at most MAX_RESULTS results twice, then buys)."""
+
+
+def oracle_distance(goal: Goal, target: Product, session: ShopSession) -> int | None:
+    """How many expert actions are still needed from this session's state: the expert is played on a copy
+    of the session until it buys. 0 once the purchase scored 1; None after a purchase that scored less
+    (the goal can no longer be reached) or if the expert does not finish."""
+    if session.done:
+        return 0 if session.score >= 1.0 else None
+    sim = copy.copy(session)
+    sim.chosen = dict(session.chosen)  # the one field `act` mutates in place; the others are reassigned
+    for steps in range(1, _MAX_SIMULATED_ACTIONS + 1):
+        if not sim.act(oracle_next_action(goal, target, sim.view())).valid:
+            return None  # the expert cannot go on from here (never seen; a guard, not a case)
+        if sim.done:
+            return steps
+    return None
