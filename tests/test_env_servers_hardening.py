@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
+from test_webshop_helpers import small_shop
 from werkzeug.serving import make_server
 
 from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
@@ -86,13 +87,14 @@ def post_json(url: str, path: str, payload: Any) -> tuple[int, Any]:
     return status, json.loads(raw)
 
 
-HOSTILE_BODIES = {
-    "deep-list": b"[" * 100_000 + b"]" * 100_000,
+HOSTILE_BODIES = {  # each under the shop's 64 KiB limit, so each must reach the JSON reader
+    "deep-list": b"[" * 30_000 + b"]" * 30_000,
     "deep-object": b'{"a":' * 5_000 + b"1" + b"}" * 5_000,
     "lone-surrogate": b'{"queries": ["\\ud800 x"], "action": "search[\\udfff]", "split": "\\ud83d"}',
     "malformed": b'{"queries": ["a"',
     "nan": b'{"queries": ["a"], "topk": NaN, "goal": NaN}',
     "not-utf8": b'{"action": "\xff\xfe"}',
+    "not-an-object": b'["action"]',
 }
 
 
@@ -389,3 +391,144 @@ def test_a_crash_mid_build_leaves_the_old_index(tmp_path: Path, tiny_index: tupl
     monkeypatch.undo()
     assert _snapshot(out) == before and _hidden_leftovers(tmp_path) == []
     assert len(DenseRetriever(out, encoder=HashingEncoder().encode).index) == 50
+
+
+# ------------------------------------------------------------------------------- WebShop: items 4 and 5
+
+
+@pytest.fixture(scope="module")
+def shop_url() -> Iterator[str]:
+    from agentgym_opsd.environments.webshop.server import ShopServer
+
+    with ShopServer(small_shop()) as srv:
+        yield srv.url
+
+
+def _new_session(url: str) -> str:
+    status, reply = post_json(url, "/api/sessions", {"split": "test", "goal": 0})
+    assert status == 200
+    return reply["sid"]
+
+
+def _state(url: str, sid: str) -> dict[str, Any]:
+    status, _, body = send(url, f"/s/{sid}/state.json", [], content_length=0, method="GET")
+    assert status == 200
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_BODIES))
+@pytest.mark.parametrize("chunked", [False, True])
+def test_shop_hostile_json_is_a_json_400(shop_url: str, name: str, chunked: bool) -> None:
+    sid = _new_session(shop_url)
+    body = HOSTILE_BODIES[name]
+    for path in ("/api/sessions", f"/api/sessions/{sid}/step"):
+        status, ctype, reply = send(shop_url, path, [body], content_length=None if chunked else len(body))
+        assert status == 400 and ctype.startswith("application/json") and json.loads(reply)["error"], path
+
+
+@pytest.mark.parametrize("url_fixture", ["shop_url", "search_url"])
+def test_100k_open_brackets_are_refused_with_json(url_fixture: str, request: pytest.FixtureRequest) -> None:
+    url = request.getfixturevalue(url_fixture)
+    path = f"/api/sessions/{_new_session(url)}/step" if url_fixture == "shop_url" else "/retrieve"
+    status, ctype, reply = send(url, path, [b"[" * 100_000], content_length=100_000)
+    assert status in (400, 413) and ctype.startswith("application/json") and json.loads(reply)["error"]
+
+
+def test_shop_oversize_chunked_json_is_413_not_cut(shop_url: str) -> None:
+    sid = _new_session(shop_url)
+    action = json.dumps({"action": "search[" + "q" * 100_000 + "]"}).encode()
+    parts = [action[i:i + 8192] for i in range(0, len(action), 8192)]
+    status, ctype, reply = send(shop_url, f"/api/sessions/{sid}/step", parts)
+    assert status == 413 and ctype.startswith("application/json") and "at most" in json.loads(reply)["error"]
+    assert _state(shop_url, sid)["num_searches"] == 0
+
+
+@pytest.mark.parametrize("route, field", [("search", "query"), ("click", "name")])
+def test_shop_oversize_chunked_form_is_413_not_a_truncated_action(shop_url: str, route: str, field: str) -> None:
+    sid = _new_session(shop_url)
+    form = f"{field}=".encode() + b"shoes+" * 20_000
+    parts = [form[i:i + 8192] for i in range(0, len(form), 8192)]
+    status, ctype, _ = send(shop_url, f"/s/{sid}/{route}", parts, content_type="application/x-www-form-urlencoded")
+    assert status == 413 and ctype.startswith("text/html")
+    assert _state(shop_url, sid)["num_searches"] == 0
+    # a small chunked form still works: the body is read, not dropped
+    status, _, _ = send(shop_url, f"/s/{sid}/search", [b"query=olive", b"+oil"],
+                        content_type="application/x-www-form-urlencoded")
+    assert status == 303 and _state(shop_url, sid)["num_searches"] == 1
+
+
+def test_shop_empty_body_still_means_defaults(shop_url: str) -> None:
+    status, _, reply = send(shop_url, "/api/sessions", [], content_length=0)
+    assert status == 200 and json.loads(reply)["sid"]
+    status, _, reply = send(shop_url, "/api/sessions", [])  # chunked, no chunks
+    assert status == 200 and json.loads(reply)["sid"]
+
+
+def test_shop_failures_are_json_on_the_api_and_html_on_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentgym_opsd.environments.webshop.server import ShopServer
+    from agentgym_opsd.environments.webshop.session import ShopSession
+
+    monkeypatch.setenv("FLASK_DEBUG", "1")
+
+    def explode(self: Any, action: str) -> Any:
+        raise RuntimeError("secret detail")
+
+    with ShopServer(small_shop()) as srv:
+        sid = _new_session(srv.url)
+        monkeypatch.setattr(ShopSession, "act", explode)
+        status, reply = post_json(srv.url, f"/api/sessions/{sid}/step", {"action": "search[x]"})
+        assert status == 500 and "secret" not in reply["error"]
+        status, ctype, body = send(srv.url, f"/s/{sid}/search", [b"query=x"],
+                                   content_type="application/x-www-form-urlencoded", content_length=7)
+        assert status == 500 and ctype.startswith("text/html") and b"Traceback" not in body
+        status, ctype, _ = send(srv.url, "/api/nowhere", [], content_length=0, method="PUT")
+        assert status == 404 and ctype.startswith("application/json")
+
+
+# -------------------------------------------------------------------------------- command lines: item 6
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "99999"], "65535"),
+    (["--port", "-1"], "65535"),
+    (["--session-ttl", "0"], "> 0"),
+    (["--session-ttl", "nan"], "> 0"),
+    (["--max-sessions", "0"], ">= 1"),
+    (["--num-products", "0"], ">= 1"),
+    (["--data-dir", "/etc"], "items_shuffle*.json, items_ins_v2*.json"),
+    (["--data-dir", "/no/such/folder"], "no such folder"),
+])
+def test_shop_serve_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentgym_opsd.environments.webshop import serve
+
+    with pytest.raises(SystemExit) as exit_:
+        serve.main(argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # usage, then one line saying what is wrong
+    assert exit_.value.code == 2 and "error:" in last and message in last
+
+
+def test_shop_serve_refuses_unreadable_real_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentgym_opsd.environments.webshop import serve
+
+    (tmp_path / "items_shuffle_1000.json").write_text("{not json")
+    (tmp_path / "items_ins_v2_1000.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_:
+        serve.main(["--data-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and "cannot read JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "99999"], "65535"),
+    (["--index", "{missing}"], "no such folder"),
+    (["--index", "{empty}"], "not a complete index folder"),
+])
+def test_search_serve_usage_errors(argv: list[str], message: str, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from agentgym_opsd.environments.search_qa import serve
+
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty") for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        serve.main(argv if "--index" in argv else ["--index", str(tmp_path), *argv])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and "error:" in last and message in last

@@ -22,7 +22,12 @@ from typing import Any
 from agentgym_opsd.environments.webshop.generator import SPLITS, TEST_EVERY, price_cap
 from agentgym_opsd.environments.webshop.models import CATEGORY_SEPARATOR, Goal, Product
 
-__all__ = ["load_real_products", "load_real_goals", "load_real_shop_data", "parse_price", "RealDataError"]
+__all__ = ["load_real_products", "load_real_goals", "load_real_shop_data", "parse_price", "RealDataError",
+           "REQUIRED_FILES", "OPTIONAL_FILES", "missing_real_files"]
+
+REQUIRED_FILES = ("items_shuffle*.json", "items_ins_v2*.json")
+"""The file patterns a real-data folder must hold (products; their attributes and synthetic goals)."""
+OPTIONAL_FILES = ("items_human_ins*.json",)
 
 _PRICE = re.compile(r"\$?\s*([0-9][0-9,]*\.?[0-9]*)")
 
@@ -46,6 +51,13 @@ def _find(folder: Path, pattern: str, required: bool = True) -> Path | None:
     if not found and required:
         raise RealDataError(f"{folder}: no file matching {pattern!r}")
     return found[0] if found else None
+
+
+def missing_real_files(folder: Path) -> list[str]:
+    """The REQUIRED_FILES patterns that match nothing in `folder` (all of them when it is no folder)."""
+    if not folder.is_dir():
+        return list(REQUIRED_FILES)
+    return [pattern for pattern in REQUIRED_FILES if not any(folder.glob(pattern))]
 
 
 def _read_json(path: Path) -> Any:
@@ -132,7 +144,17 @@ def load_real_shop_data(folder: Path, seed: int = 0) -> tuple[list[Product], dic
     """Products and goals from a folder holding the real files."""
     ins_path = _find(folder, "items_ins_v2*.json")
     ins_v2 = _read_json(ins_path) if ins_path else {}
-    products = load_real_products(_find(folder, "items_shuffle*.json"), ins_v2)  # type: ignore[arg-type]
+    if not isinstance(ins_v2, dict):
+        raise RealDataError(f"{ins_path}: expected a JSON object {{asin: {{attributes, ...}}}}")
+    items_path = _find(folder, "items_shuffle*.json")
+    products = load_real_products(items_path, ins_v2)  # type: ignore[arg-type]
+    if not products:
+        raise RealDataError(f"{items_path}: no product with an asin and a price")
     human_path = _find(folder, "items_human_ins*.json", required=False)
     human = _read_json(human_path) if human_path else None
-    return products, load_real_goals(products, ins_v2, human, seed)
+    if human is not None and not isinstance(human, dict):
+        raise RealDataError(f"{human_path}: expected a JSON object {{asin: [instruction, ...]}}")
+    goals = load_real_goals(products, ins_v2, human, seed)
+    if not any(goals.values()):
+        raise RealDataError(f"{folder}: no instruction names a known product, so there are no goals")
+    return products, goals

@@ -17,26 +17,38 @@ JSON routes (programs, tests and the browser adapter's oracle):
 
 Sessions are kept in memory, at most `max_sessions` at once (a new one beyond that gets HTTP 503), and a
 session unused for `session_ttl_s` seconds is freed on the next request.
+
+Bodies are at most 64 KiB, chunked or not (413, never silently cut). JSON bodies are read by
+`serving.read_json_body`: malformed JSON, deep nesting, lone surrogates or NaN get 400; an empty body
+means `{}`. Errors on `/api/...` and `*.json` routes are JSON `{"error": ...}` (a 500 too), HTML elsewhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from flask import Flask, Response, abort, jsonify, redirect, request
+from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from agentgym_opsd.environments.webshop.html import render_message, render_page
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
+from agentgym_opsd.serving import BodyError, read_json_body
 
-__all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer"]
+__all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer", "MAX_BODY_BYTES"]
 
 _MAX_FORM_CHARS = 10_000
+MAX_BODY_BYTES = 64 * 1024
+"""Form posts and JSON bodies are tiny."""
+_TOO_LARGE = "agentgym_opsd.body_too_large"
 
 
 class SessionLimitError(RuntimeError):
@@ -73,6 +85,8 @@ class SessionStore:
 
     def create(self, split: str, goal_index: int | None) -> str:
         goals = self.shop.split_goals(split)
+        if not goals:
+            raise ValueError(f"split {split!r} of this shop has no goals")
         if goal_index is None:
             goal_index = secrets.randbelow(len(goals))
         if not 0 <= goal_index < len(goals):
@@ -116,12 +130,64 @@ def _step_payload(entry: _Entry, valid: bool, reason: str) -> dict[str, object]:
             "score": session.score, "page": page.kind, "admissible_actions": session.admissible_actions(page)}
 
 
+class _BufferChunkedBodies:
+    """WSGI middleware: a chunked body (no Content-Length) is read here, up to `max_bytes`, and handed on
+    as a body of known length; a longer one is marked too large and not passed on. Werkzeug would
+    otherwise cut a chunked body at MAX_CONTENT_LENGTH without a word (a form query or JSON body silently
+    truncated) instead of refusing it."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if chunked and not environ.get("CONTENT_LENGTH"):
+            body = self._read_at_most(environ["wsgi.input"], self.max_bytes + 1)
+            if len(body) > self.max_bytes:
+                environ[_TOO_LARGE] = True
+                body = b""
+            # from here on a plain body of known length (werkzeug ignores CONTENT_LENGTH while it sees chunked)
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+            environ.pop("HTTP_TRANSFER_ENCODING")
+            environ.pop("wsgi.input_terminated", None)
+        return self.app(environ, start_response)
+
+    @staticmethod
+    def _read_at_most(stream: Any, limit: int) -> bytes:
+        parts, size = [], 0
+        while size < limit:  # some servers return short reads before the end of the body
+            part = stream.read(limit - size)
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+        return b"".join(parts)
+
+
+def _json_object() -> dict[str, Any]:
+    """The request's JSON object; an empty body is `{}` (every field has a default). Hostile bodies are
+    refused with 400/413 (see serving.read_json_body) instead of being taken for `{}`."""
+    if not request.content_length:  # none sent (chunked bodies have a length by now: _BufferChunkedBodies)
+        return {}
+    try:
+        body = read_json_body(request, max_bytes=MAX_BODY_BYTES)
+    except BodyError as exc:
+        abort(exc.status, description=str(exc))
+    if not isinstance(body, dict):
+        abort(400, description="expected a JSON object")
+    return body
+
+
 def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 512) -> Flask:
     """The Flask app over `shop`; `app.config["SESSIONS"]` is its SessionStore."""
     app = Flask("agentgym_opsd.webshop")
+    app.debug = False  # FLASK_DEBUG would make Flask re-raise errors past the handlers below
     store = SessionStore(shop, session_ttl_s=session_ttl_s, max_sessions=max_sessions)
     app.config["SESSIONS"] = store
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024  # form posts and JSON bodies are tiny
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES  # declared lengths over it get 413 before any read
+    app.wsgi_app = _BufferChunkedBodies(app.wsgi_app, MAX_BODY_BYTES)  # type: ignore[method-assign]
 
     def entry_or_404(sid: str) -> _Entry:
         entry = store.get(sid)
@@ -137,16 +203,25 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
         except ValueError as exc:
             abort(400, description=str(exc))
 
-    @app.errorhandler(400)
-    @app.errorhandler(404)
-    @app.errorhandler(413)
-    @app.errorhandler(503)
-    def _error(exc: object) -> tuple[Response | str, int]:
-        code = getattr(exc, "code", 500)
-        description = str(getattr(exc, "description", "error"))
+    def error_page(code: int, description: str) -> tuple[Response | str, int]:
         if request.path.startswith("/api/") or request.path.endswith(".json"):
             return jsonify({"error": description}), code
         return render_message("WebShop", description, "/new", "start a new session"), code
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> tuple[Response | str, int]:
+        return error_page(exc.code or 500, str(exc.description))
+
+    @app.errorhandler(Exception)
+    def _internal_error(exc: Exception) -> tuple[Response | str, int]:
+        app.logger.exception("%s %s failed", request.method, request.path)  # details to the log only
+        return error_page(500, "internal error while answering the request")
+
+    @app.before_request
+    def _refuse_oversize_chunked_body() -> None:
+        if request.environ.get(_TOO_LARGE):
+            abort(413, description=f"the body is over {MAX_BODY_BYTES} bytes; at most {MAX_BODY_BYTES} "
+                                   f"are accepted")
 
     @app.get("/healthz")
     def healthz() -> str:
@@ -195,9 +270,7 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
 
     @app.post("/api/sessions")
     def api_create() -> Response:
-        body = request.get_json(silent=True) or {}
-        if not isinstance(body, dict):
-            abort(400, description="expected a JSON object")
+        body = _json_object()
         sid = new_session(str(body.get("split", "train")), _int_or_none(body.get("goal")))
         entry = entry_or_404(sid)
         with entry.lock:
@@ -205,8 +278,7 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
 
     @app.post("/api/sessions/<sid>/step")
     def api_step(sid: str) -> Response:
-        body = request.get_json(silent=True) or {}
-        action = body.get("action", "") if isinstance(body, dict) else ""
+        action = _json_object().get("action", "")
         entry = entry_or_404(sid)
         with entry.lock:
             result = entry.session.act(action if isinstance(action, str) else "")
