@@ -95,6 +95,7 @@ HOSTILE_BODIES = {  # each under the shop's 64 KiB limit, so each must reach the
     "nan": b'{"queries": ["a"], "topk": NaN, "goal": NaN}',
     "not-utf8": b'{"action": "\xff\xfe"}',
     "not-an-object": b'["action"]',
+    "huge-integer": b'{"topk": ' + b"9" * 5_000 + b', "goal": 1}',  # json refuses > 4,300 digits
 }
 
 
@@ -532,3 +533,13 @@ def test_search_serve_usage_errors(argv: list[str], message: str, tmp_path: Path
         serve.main(argv if "--index" in argv else ["--index", str(tmp_path), *argv])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_.value.code == 2 and "error:" in last and message in last
+
+
+def test_shop_split_without_goals_is_a_400_not_a_crash() -> None:
+    from agentgym_opsd.environments.webshop.server import ShopServer
+    from agentgym_opsd.environments.webshop.shop import Shop
+
+    with ShopServer(Shop.generated(1)) as srv:  # one product: its goal is in test, train has none
+        status, reply = post_json(srv.url, "/api/sessions", {"split": "train"})
+        assert status == 400 and "no goals" in reply["error"]
+        assert post_json(srv.url, "/api/sessions", {"split": "test"})[0] == 200

@@ -83,8 +83,8 @@ def create_app(retriever: Retriever, *, num_passages: int | None = None, max_bod
         try:
             queries, topk, return_scores = _validate(read_json_body(request, max_bytes=max_body_bytes),
                                                      max_query_chars)
-        except BodyError as exc:
-            return jsonify({"error": str(exc)}), exc.status
+        except ValueError as exc:  # BodyError, or a limit of json itself (an integer of over 4,300 digits)
+            return jsonify({"error": str(exc)}), getattr(exc, "status", 400)
         results = retriever.retrieve(queries, topk)
         out = [[{"document": {"id": h.passage.id, "contents": h.passage.contents},
                  **({"score": h.score} if return_scores else {})} for h in hits] for hits in results]

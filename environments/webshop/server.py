@@ -41,7 +41,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from agentgym_opsd.environments.webshop.html import render_message, render_page
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
-from agentgym_opsd.serving import BodyError, read_json_body
+from agentgym_opsd.serving import read_json_body
 
 __all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer", "MAX_BODY_BYTES"]
 
@@ -173,8 +173,8 @@ def _json_object() -> dict[str, Any]:
         return {}
     try:
         body = read_json_body(request, max_bytes=MAX_BODY_BYTES)
-    except BodyError as exc:
-        abort(exc.status, description=str(exc))
+    except ValueError as exc:  # BodyError, or a limit of json itself (an integer of over 4,300 digits)
+        abort(getattr(exc, "status", 400), description=str(exc))
     if not isinstance(body, dict):
         abort(400, description="expected a JSON object")
     return body
