@@ -61,7 +61,7 @@ def send(url: str, path: str, parts: Iterable[bytes], *, content_length: int | N
     (it may claim more than is sent), else `Transfer-Encoding: chunked`, one chunk per part. Sending stops
     quietly if the server hangs up early. Returns (status, content type, body)."""
     host = urlsplit(url)
-    conn = http.client.HTTPConnection(host.hostname, host.port, timeout=timeout_s)
+    conn = http.client.HTTPConnection(host.hostname or "127.0.0.1", host.port, timeout=timeout_s)
     try:
         conn.putrequest(method, path)
         conn.putheader("Content-Type", content_type)
@@ -162,7 +162,8 @@ class CountingEncoder:
     """HashingEncoder that counts its calls and takes `delay_s` per call, like a real model would."""
 
     def __init__(self, delay_s: float) -> None:
-        self.delay_s, self.calls, self.sizes = delay_s, 0, []  # type: ignore[var-annotated]
+        self.delay_s, self.calls = delay_s, 0
+        self.sizes: list[int] = []
         self._inner = HashingEncoder()
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:

@@ -121,7 +121,8 @@ class EncodeBatcher:
     def _take(self) -> list[_Job]:
         """The oldest queued callers, whole, up to `max_texts` texts (at least one caller)."""
         with self._cond:
-            batch, count = [], 0
+            batch: list[_Job] = []
+            count = 0
             while self._queue and (not batch or count + len(self._queue[0].texts) <= self.max_texts):
                 job = self._queue.popleft()
                 batch.append(job)
