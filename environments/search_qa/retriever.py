@@ -83,7 +83,8 @@ class EncodeBatcher:
     A caller that finds the encoder busy queues its texts and waits; the caller that finds it idle encodes
     everything queued (whole callers, up to `max_texts` texts) in one call and hands each caller its rows,
     until its own texts are done. One padded forward pass over many short queries costs far less than one
-    pass per request, and concurrent requests no longer queue on a lock one by one. The encoder is only
+    pass per request, and concurrent requests no longer queue on a lock one by one. If a merged call fails,
+    each caller is encoded alone, so only the caller whose texts fail gets the error. The encoder is only
     ever called by one thread at a time, so it need not be thread-safe. No thread of its own is kept.
     """
 
@@ -131,17 +132,16 @@ class EncodeBatcher:
 
     def _encode_batch(self, batch: list[_Job]) -> None:
         try:
-            texts = [t for job in batch for t in job.texts]
-            vectors = self._encode(texts)
-            if len(vectors) != len(texts):
-                raise ValueError(f"the encoder returned {len(vectors)} vectors for {len(texts)} texts")
-            start = 0
-            for job in batch:
-                job.vectors = vectors[start:start + len(job.texts)]
-                start += len(job.texts)
-        except Exception as exc:  # each caller of the batch gets the failure in its own thread
-            for job in batch:
-                job.error = exc
+            self._encode_into(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+            else:  # one caller's bad input must not fail the others: encode each alone to find out
+                for job in batch:
+                    try:
+                        self._encode_into([job])
+                    except Exception as own:
+                        job.error = own
         finally:
             with self._cond:
                 for job in batch:  # even when interrupted, so no caller waits for rows that never come
@@ -149,6 +149,16 @@ class EncodeBatcher:
                         job.error = RuntimeError("encoding was interrupted")
                     job.done = True
                 self._cond.notify_all()
+
+    def _encode_into(self, batch: list[_Job]) -> None:
+        texts = [t for job in batch for t in job.texts]
+        vectors = self._encode(texts)
+        if len(vectors) != len(texts):
+            raise ValueError(f"the encoder returned {len(vectors)} vectors for {len(texts)} texts")
+        start = 0
+        for job in batch:
+            job.vectors = vectors[start:start + len(job.texts)]
+            start += len(job.texts)
 
 
 class DenseRetriever:
