@@ -86,6 +86,8 @@ def parse_json_text(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         value = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise BodyError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits (Python's int-from-text limit)
+        raise BodyError(f"unacceptable JSON value: {str(exc)[:120]}") from None
     except RecursionError:  # unreachable after the depth scan, kept as a last guard
         raise BodyError("JSON nested too deeply") from None
     if _has_lone_surrogate(value):

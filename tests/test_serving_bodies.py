@@ -89,3 +89,9 @@ def test_positive_number_types() -> None:
         with pytest.raises(argparse.ArgumentTypeError):
             positive_float(bad)
     assert positive_int("3") == 3 and positive_float("0.5") == 0.5
+
+
+def test_an_integer_past_pythons_digit_limit_is_400_not_a_crash() -> None:
+    with pytest.raises(BodyError, match="unacceptable JSON value") as err:
+        parse_json_text(b'{"n": ' + b"9" * 5000 + b"}")
+    assert err.value.status == 400
