@@ -6,8 +6,10 @@ shared state (`encode_special_tokens`) on every call, so two threads encoding at
 borrowed" or, worse, encode a message's content with special tokens live (a chat-injection hole).
 
 A scheduling round:
-1. waits until a job is queued, then up to `batch_window_s` more while fewer than `max_batch` are queued
-   (clients answered by the previous batch send their next request within milliseconds);
+1. waits until a job is queued, then up to `batch_window_s` more while fewer jobs are queued than were in
+   flight when the previous generation ended (its jobs plus those queued then; capped at `max_batch`):
+   clients answered by a batch send their next request within milliseconds, and waiting for them keeps
+   batches full instead of settling into half batches that alternate. A lone client never waits;
 2. drops queued jobs whose client has disconnected (never generated) or that waited past `queue_timeout_s`
    (answered 503);
 3. takes the oldest job and every queued job with the same sampling settings (temperature, top_p; top_p is
@@ -145,7 +147,7 @@ class PolicyBatcher:
         max_batch: int = 16,
         max_queue: int = 64,
         queue_timeout_s: float = 60.0,
-        batch_window_s: float = 0.005,
+        batch_window_s: float = 0.02,
         poll_s: float = 0.1,
     ) -> None:
         if not 1 <= default_max_tokens <= max_tokens_cap:
@@ -164,6 +166,7 @@ class PolicyBatcher:
         self.batch_window_s = batch_window_s
         self.poll_s = poll_s
         self.batch_sizes: list[int] = []  # jobs per generation, for /health and the tests
+        self._expected = 1  # jobs the next round waits for: those in flight when the last generation ended
         self.dropped_disconnected = 0
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
@@ -235,7 +238,8 @@ class PolicyBatcher:
                 if self._closed:
                     return
                 deadline = time.monotonic() + self.batch_window_s
-                while len(self._queue) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                target = min(self.max_batch, self._expected)
+                while len(self._queue) < target and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
                 group = self._take_group()
             if group:
@@ -292,6 +296,8 @@ class PolicyBatcher:
         self.policy.top_p = top_p
         self.policy.max_new_tokens = max(budget for _, _, budget in ready)
         outputs = self.policy.generate_ids([ids for _, ids, _ in ready])
+        with self._cond:  # counted before any answer goes out, so no client is counted twice
+            self._expected = len(ready) + len(self._queue)
         for (job, ids, budget), out in zip(ready, outputs, strict=True):
             job.finish(self._completion(out, budget, job.stop, len(ids)))
 

@@ -80,7 +80,7 @@ class ServerLimits:
     max_queue: int = 64
     queue_timeout_s: float = 60.0
     max_body_bytes: int = 1 << 20
-    batch_window_s: float = 0.005
+    batch_window_s: float = 0.02
 
 
 class BadRequest(ValueError):
@@ -291,7 +291,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=positive_int, default=defaults.max_body_bytes,
                    help="largest request body accepted (larger gets 413)")
     p.add_argument("--batch-window-ms", type=_non_negative_float, default=defaults.batch_window_s * 1000,
-                   help="how long a batch waits for more requests before it starts (0 = not at all)")
+                   help="how long a batch may wait for as many requests as the previous batch had (0 = never)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = p.parse_args(argv)

@@ -318,16 +318,31 @@ def test_tiny_random_model_is_batched_with_per_request_budgets():
 
     model, tokenizer = load_policy_model("tiny-random", trainable=False)
     policy = HFPolicy(model, tokenizer, max_new_tokens=8, temperature=1.0, seed=0)
-    limits = ServerLimits(max_tokens_cap=32, batch_window_s=0.2)  # a wide window: the four arrive together
-    with served(policy, limits) as (url, batcher), ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(requests.post, url, json=chat(f"task {i}", max_tokens=2 + 3 * i), timeout=TIMEOUT)
-                   for i in range(4)]
+    gate, entered, generate = threading.Event(), threading.Event(), policy.generate_ids
+
+    def held_generate(prompts: Sequence[Sequence[int]]) -> list[PolicyOutput]:
+        entered.set()
+        assert gate.wait(TIMEOUT)
+        return generate(prompts)
+
+    policy.generate_ids = held_generate  # type: ignore[method-assign]
+    with served(policy, ServerLimits(max_tokens_cap=32, batch_window_s=0.0)) as (url, batcher), \
+            ThreadPoolExecutor(5) as pool:
+        try:
+            first = pool.submit(requests.post, url, json=chat("first"), timeout=TIMEOUT)
+            assert entered.wait(TIMEOUT)
+            futures = [pool.submit(requests.post, url, json=chat(f"task {i}", max_tokens=2 + 3 * i), timeout=TIMEOUT)
+                       for i in range(4)]
+            wait_until(lambda: batcher.queued() == 4, "the requests to queue")
+        finally:
+            gate.set()
         replies = [f.result() for f in futures]
-    assert all(r.status_code == 200 for r in replies)
+        assert first.result().status_code == 200
+    assert batcher.batch_sizes == [1, 4]
     for i, reply in enumerate(replies):
+        assert reply.status_code == 200
         usage, choice = reply.json()["usage"], reply.json()["choices"][0]
         assert usage["prompt_tokens"] > 0 and 1 <= usage["completion_tokens"] <= 2 + 3 * i
         assert choice["finish_reason"] in ("stop", "length")
         if choice["finish_reason"] == "length":
             assert usage["completion_tokens"] == 2 + 3 * i
-    assert sum(batcher.batch_sizes) == 4 and max(batcher.batch_sizes) > 1
