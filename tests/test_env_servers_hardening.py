@@ -194,7 +194,7 @@ def test_search_concurrent_requests_share_encoder_calls(tiny_index: tuple[Any, P
     for i, qs in enumerate(queries):
         status, reply = replies[i]
         want = [[h.passage.id for h in hits] for hits in reference.retrieve(qs, 2)]
-        assert status == 200 and [[d["document"]["id"] for d in hits] for hits in reply["result"]] == want
+        assert status == 200 and [[d["id"] for d in hits] for hits in reply["result"]] == want
     assert sum(encoder.sizes) == 2 * len(queries)
     assert encoder.calls < len(queries), f"{encoder.calls} encoder calls for {len(queries)} requests"
 

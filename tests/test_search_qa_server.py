@@ -15,7 +15,7 @@ from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
 from agentgym_opsd.environments.search_qa.generator import generate_dataset
 from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
 from agentgym_opsd.environments.search_qa.retriever import DenseRetriever, HttpRetriever, RetrievalError
-from agentgym_opsd.environments.search_qa.serve import create_app
+from agentgym_opsd.environments.search_qa.serve import DEFAULT_TOPK, create_app
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +59,22 @@ def test_retrieve_format(server) -> None:
     first = reply["result"][0][0]
     assert first["document"] == {"id": target.id, "contents": target.contents}
     assert isinstance(first["score"], float) and len(reply["result"][0]) == 4
-    status, reply = _post(url, json.dumps({"queries": ["x"], "topk": 2, "return_scores": False}).encode())
-    assert status == 200 and "score" not in reply["result"][0][0]
+    status, reply = _post(url, json.dumps({"queries": [target.contents], "topk": 2, "return_scores": False}).encode())
+    # Search-R1's shape without scores: bare documents, not {"document": ...} wrappers
+    assert status == 200 and reply["result"][0][0] == {"id": target.id, "contents": target.contents}
+    assert len(reply["result"][0]) == 2
+
+
+@pytest.mark.parametrize("topk", ["missing", None, 0])
+def test_topk_missing_null_or_zero_falls_back_to_the_default(server, topk) -> None:
+    body = {"queries": ["x"], **({} if topk == "missing" else {"topk": topk})}
+    status, reply = _post(server[0], json.dumps(body).encode())
+    assert status == 200 and len(reply["result"][0]) == DEFAULT_TOPK == 3
 
 
 @pytest.mark.parametrize("body", [
     b"{not json", b"\xff\xfe\x00garbage", b"[1, 2]", b'{"queries": "one", "topk": 3}', b'{"queries": [1], "topk": 3}',
-    b'{"queries": ["a"], "topk": 0}', b'{"queries": ["a"], "topk": 101}', b'{"queries": ["a"], "topk": "5"}',
+    b'{"queries": ["a"], "topk": -1}', b'{"queries": ["a"], "topk": 101}', b'{"queries": ["a"], "topk": "5"}',
     b'{"queries": ["a"], "topk": 3, "return_scores": "yes"}',
 ])
 def test_bad_requests_get_400_with_message(server, body: bytes) -> None:

@@ -2,12 +2,13 @@
 
     python -m agentgym_opsd.environments.search_qa.serve --index idx/ --port 8000
 
-`POST /retrieve` with `{"queries": [...], "topk": k, "return_scores": bool}` answers
-`{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}` (without `score` when
-`return_scores` is false). `GET /health` answers `{"status": "ok", "num_passages": n}`.
+`POST /retrieve` with `{"queries": [...], "topk": k, "return_scores": bool}` answers, as Search-R1's server
+does, `{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}` with `return_scores`, and bare
+documents `{"result": [[{"id", "contents"}, ...], ...]}` without; a missing, null or 0 `topk` means 3.
+`GET /health` answers `{"status": "ok", "num_passages": n}`.
 
 Every refusal is JSON `{"error": message}`: malformed or hostile JSON (deep nesting, lone surrogates, NaN),
-a missing or non-list `queries`, non-string queries, more than 1,024 queries, or `topk` outside [1, 100]
+a missing or non-list `queries`, non-string queries, more than 1,024 queries, or `topk` outside [0, 100]
 get 400; a body over 2 MiB or queries over 100,000 characters in total get 413; an unexpected failure is a
 JSON 500. Concurrent requests are encoded together (`retriever.EncodeBatcher`). It binds 127.0.0.1 by
 default and never runs Werkzeug's debugger, whatever FLASK_DEBUG says.
@@ -29,10 +30,18 @@ from agentgym_opsd.environments.search_qa.retriever import (
 )
 from agentgym_opsd.serving import BodyError, port_number, read_json_body, serve_until_interrupted
 
-__all__ = ["create_app", "main", "MAX_BODY_BYTES", "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS"]
+__all__ = ["create_app", "main", "DEFAULT_TOPK", "MAX_BODY_BYTES", "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS"]
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 """Room for MAX_REQUEST_QUERY_CHARS characters even when every one is JSON-escaped (up to 12 bytes each)."""
+
+
+DEFAULT_TOPK = 3
+"""Passages per query when a request gives no `topk` (Search-R1's launch default)."""
+
+
+def _document(hit: Any) -> dict[str, str]:
+    return {"id": hit.passage.id, "contents": hit.passage.contents}
 
 
 def _validate(payload: Any, max_query_chars: int) -> tuple[list[str], int, bool]:
@@ -47,9 +56,9 @@ def _validate(payload: Any, max_query_chars: int) -> tuple[list[str], int, bool]
     if total > max_query_chars:
         raise BodyError(f"the queries hold {total} characters; at most {max_query_chars} per request are "
                         f"accepted (split them over several requests)", 413)
-    topk = payload.get("topk", 3)
+    topk = payload.get("topk") or DEFAULT_TOPK  # missing, null or 0: the default, as Search-R1's server does
     if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
-        raise BodyError(f"'topk' must be an integer in [1, {MAX_TOPK}], got {topk!r}")
+        raise BodyError(f"'topk' must be an integer in [1, {MAX_TOPK}] (0 or null = {DEFAULT_TOPK}), got {topk!r}")
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise BodyError(f"'return_scores' must be true or false, got {return_scores!r}")
@@ -86,8 +95,9 @@ def create_app(retriever: Retriever, *, num_passages: int | None = None, max_bod
         except ValueError as exc:  # BodyError, or a limit of json itself (an integer of over 4,300 digits)
             return jsonify({"error": str(exc)}), getattr(exc, "status", 400)
         results = retriever.retrieve(queries, topk)
-        out = [[{"document": {"id": h.passage.id, "contents": h.passage.contents},
-                 **({"score": h.score} if return_scores else {})} for h in hits] for hits in results]
+        # Search-R1's shapes: bare documents, or {"document", "score"} pairs when scores are asked for
+        out = [[{"document": _document(h), "score": h.score} if return_scores else _document(h) for h in hits]
+               for hits in results]
         return jsonify({"result": out})
 
     return app
