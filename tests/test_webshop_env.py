@@ -73,17 +73,19 @@ def test_wrong_purchase_scores_below_one(env: WebShopEnv) -> None:
 def test_invalid_actions_change_nothing(env: WebShopEnv) -> None:
     obs0, _ = env.reset(options={"task_index": 0})
     for bad in ["", "buy it", "click[]", "click[not on page]", "click[buy now]", "search[" + "x" * 5000 + "]",
-                "search[a" * 3, None, "CLICK[[[", "search[\x00\x01]"]:
+                "search[a" * 3, None, "CLICK[[[", "Search[x]", "click[ buy now]", "look[around]"]:
         obs, reward, terminated, truncated, info = env.step(bad)  # type: ignore[arg-type]
         assert obs == obs0 and reward == 0 and not terminated and not info["action_valid"]
         assert info["invalid_reason"]
     env.reset(options={"task_index": 0})
     obs, *_ , info = env.step("search[black white grey navy]")
     assert info["action_valid"] and obs.count("[SEP]") > 5
-    obs2, *_, info = env.step("search[other]")  # no search bar on the results page
-    assert obs2 == obs and not info["action_valid"]
-    obs3, *_, info = env.step("click[NEXT >]")  # case-insensitive click
+    obs2, *_, info = env.step("think[page 2 next]")  # a thought: valid, nothing changes
+    assert obs2 == obs and info["action_valid"]
+    obs3, *_, info = env.step("click[NEXT >]")  # the argument is lower-cased, as in the original
     assert info["action_valid"] and "Page 2" in obs3
+    obs4, *_, info = env.step("search[other]")  # search works on every page, as in the original
+    assert info["action_valid"] and "Page 1" in obs4
 
 
 def test_turn_limit_truncates() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentgym_opsd.environments.webshop.models import Goal, Product
 from agentgym_opsd.environments.webshop.reward import (
+    NOUNS_ENV,
     attribute_matches,
     normalize_color,
     option_matches,
@@ -17,6 +19,12 @@ from agentgym_opsd.environments.webshop.reward import (
     title_nouns,
     type_factor,
 )
+
+
+@pytest.fixture(autouse=True)
+def heuristic_nouns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These values are computed with the model-free noun heuristic, whether or not spaCy is installed."""
+    monkeypatch.setenv(NOUNS_ENV, "heuristic")
 
 PRODUCT = Product(
     asin="B0TEST0001", name="Northwind Classic T-Shirt - Cotton, Slim Fit", category="apparel",
@@ -42,13 +50,15 @@ def test_attribute_fuzzy_and_substring() -> None:
 
 
 def test_color_normalisation_and_options() -> None:
-    assert normalize_color("Navy Blue") == "navy"
+    # The original's rule: the alphabetically first colour that is a (case-sensitive) substring.
+    assert normalize_color("navy blue") == "blue"
+    assert normalize_color("Navy Blue") == "Navy Blue"  # no lower-case colour inside
     assert normalize_color("heather grey") == "grey"
     assert normalize_color("x-large") == "x-large"
     assert option_matches(["navy blue", "large"], ["navy blue", "large"]) == 2
-    assert option_matches(["navy"], ["navy blue"]) == 1  # both normalise to navy
-    assert option_matches(["blue"], ["navy blue"]) == 0  # navy is found before blue
-    assert option_matches(["large"], ["x-large"]) == 0
+    assert option_matches(["navy"], ["navy blue"]) == 0  # navy vs blue
+    assert option_matches(["blue"], ["navy blue"]) == 1  # both normalise to blue
+    assert option_matches(["large"], ["x-large"]) == 1  # "x large" vs "large": token subset, 100
     assert option_matches(["large"], []) == 0
 
 
@@ -57,10 +67,11 @@ def test_price_term() -> None:
 
 
 def test_title_nouns_substitute() -> None:
-    nouns = title_nouns("Northwind Classic T-Shirt - Cotton, Slim Fit for Everyday Wear")
+    nouns = title_nouns("Northwind Classic T-Shirt - Cotton, Slim Fit for Everyday Wear", "heuristic")
     assert "t-shirt" in nouns and "northwind" in nouns
-    assert not {"classic", "cotton", "slim", "fit", "for"} & nouns
-    assert title_nouns("soft red slim") == set()
+    assert not {"classic", "cotton", "slim", "fit", "for"} & set(nouns)
+    assert title_nouns("soft red slim", "heuristic") == []
+    assert title_nouns("Kestrel Boots Kestrel", "heuristic") == ["kestrel", "boots", "kestrel"]
 
 
 def test_type_factor_levels() -> None:

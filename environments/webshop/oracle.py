@@ -1,5 +1,5 @@
 """The expert: from a goal and a session view, the next action that buys the target with the wanted
-options. It searches the target's title (then its asin if the title search misses), pages through the
+options. It searches the target's title (then title and description if the title search misses), pages through the
 results to the target, opens it, clicks each wanted option value and buys. `oracle_distance` counts the
 expert actions still needed from a session's state (the environment's `info["oracle_distance"]`)."""
 
@@ -36,7 +36,8 @@ def oracle_next_action(goal: Goal, target: Product, view: SessionView) -> str:
     if view.done:
         raise ValueError("the session is done; there is no next action")
     if view.kind == "search":
-        return f"search[{target.name if view.num_searches == 0 else target.asin}]"
+        # Product ids are not indexed (as in the original), so the second try adds the description instead.
+        return f"search[{target.name if view.num_searches == 0 else target.name + ' ' + target.description}]"
     if view.kind == "results":
         if target.asin in view.page_asins:
             return f"click[{target.asin.lower()}]"

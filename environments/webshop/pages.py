@@ -7,12 +7,13 @@ browser mode read the same strings in the same order by construction, and a test
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentgym_opsd.environments.webshop.models import Goal, Product
 
 __all__ = ["Segment", "Page", "SEP", "search_page", "results_page", "item_page", "detail_page", "done_page",
-           "normalize_text", "PAGE_KINDS", "DETAIL_KINDS", "BACK_TO_SEARCH", "PREV", "NEXT", "BUY_NOW"]
+           "normalize_text", "price_text", "rating_text", "PAGE_KINDS", "DETAIL_KINDS", "BACK_TO_SEARCH", "PREV", "NEXT", "BUY_NOW"]
 
 SEP = " [SEP] "
 PAGE_KINDS = ("search", "results", "item", "detail", "done")
@@ -26,6 +27,18 @@ BUY_NOW = "Buy Now"
 def normalize_text(text: str) -> str:
     """Whitespace collapsed to single spaces (the browser's textContent is normalised the same way)."""
     return " ".join(text.split())
+
+
+def price_text(prices: Sequence[float]) -> str:
+    """A price as the original prints it: Python's float text after "$" ("$19.99", "$100.0"), a range as
+    "$24.49 to $39.99"."""
+    return " to ".join(f"${float(p)}" for p in prices[:2])
+
+
+def rating_text(rating: float | None) -> str:
+    """The rating value as the original's template prints it; "N.A." when there is none (the original's
+    loader never fills ratings, so there every product shows N.A.)."""
+    return "N.A." if rating is None else str(rating)
 
 
 @dataclass(frozen=True)
@@ -74,16 +87,18 @@ def search_page(goal: Goal) -> Page:
 
 
 def results_page(goal: Goal, products: list[Product], page_num: int, total: int, per_page: int) -> Page:
-    """`products` are the ones on this page; `page_num` counts from 1."""
+    """`products` are the ones on this page; `page_num` counts from 1. "Next >" is on every results page,
+    the last one included (it then leads to an empty page), as in the original; `per_page` and `total`
+    only label the page."""
+    del per_page
     segments = [*_instruction(goal), _clickable(BACK_TO_SEARCH, "nav"),
                 Segment(f"Page {page_num} (Total results: {total})", "page-info")]
     if page_num > 1:
         segments.append(_clickable(PREV, "nav"))
-    if page_num * per_page < total:
-        segments.append(_clickable(NEXT, "nav"))
+    segments.append(_clickable(NEXT, "nav"))
     for product in products:
         segments += [_clickable(product.asin, "result-id"), Segment(product.name, "result-title"),
-                     Segment(f"${product.price:.2f}", "result-price")]
+                     Segment(price_text((product.price,)), "result-price")]
     return Page("results", tuple(segments))
 
 
@@ -92,9 +107,8 @@ def item_page(goal: Goal, product: Product, chosen: dict[str, str]) -> Page:
     for group, values in product.options.items():
         segments.append(Segment(group, "option-group"))
         segments += [_clickable(v, "option", selected=chosen.get(group) == v, group=group) for v in values]
-    rating = "N.A." if product.rating is None else f"{product.rating:.1f}"
-    segments += [Segment(product.name, "title"), Segment(f"Price: ${product.price:.2f}", "price"),
-                 Segment(f"Rating: {rating}", "rating")]
+    segments += [Segment(product.name, "title"), Segment(f"Price: {price_text((product.price,))}", "price"),
+                 Segment(f"Rating: {rating_text(product.rating)}", "rating")]
     segments += [_clickable(kind.capitalize(), "tab") for kind in DETAIL_KINDS]
     segments.append(_clickable(BUY_NOW, "buy"))
     return Page("item", tuple(segments), meta={"asin": product.asin})
@@ -103,18 +117,17 @@ def item_page(goal: Goal, product: Product, chosen: dict[str, str]) -> Page:
 def detail_page(goal: Goal, product: Product, kind: str) -> Page:
     if kind not in DETAIL_KINDS:
         raise ValueError(f"detail page kind must be one of {DETAIL_KINDS}, got {kind!r}")
+    # Empty texts are left out (the original's pages show nothing there, and an empty segment would add a
+    # bare [SEP]); a review shows its quoted title, its star count and its body, as there.
     segments = [*_instruction(goal), _clickable(BACK_TO_SEARCH, "nav"), _clickable(PREV, "nav")]
     if kind == "description":
-        segments.append(Segment(product.description or "No description.", "body"))
+        segments += [Segment(product.description, "body")] if product.description.strip() else []
     elif kind == "features":
-        segments += [Segment(f, "bullet") for f in product.features] or [Segment("No features.", "body")]
+        segments += [Segment(f, "bullet") for f in product.features if f.strip()]
     else:
         for review in product.reviews:
-            segments += [Segment(review.title, "review-title"), Segment(f"{review.rating} out of 5 stars",
-                                                                        "review-rating"),
+            segments += [Segment(f'"{review.title}"', "review-title"), Segment(str(review.rating), "review-rating"),
                          Segment(review.body, "review-body")]
-        if not product.reviews:
-            segments.append(Segment("No reviews yet.", "body"))
     return Page("detail", tuple(segments), meta={"asin": product.asin, "detail": kind})
 
 

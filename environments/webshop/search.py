@@ -1,7 +1,10 @@
 """Product search: BM25 (the `bm25s` library) over each product's text.
 
-The original runs Lucene through pyserini (Java); BM25 with English stop words is the same family of
-ranking and needs nothing outside PyPI.
+The original runs Lucene through pyserini (Java); BM25 with Lucene's English stop words and pyserini's
+default parameters (k1 = 0.9, b = 0.4) is the same ranking family and needs nothing outside PyPI. What is
+indexed is what the original indexes (`index_text`): title, description, first bullet point and the option
+lists — not the hidden attributes the reward checks, nor the product id. Known difference: Lucene also
+Porter-stems words ("shirts" finds "shirt"); we do not stem.
 """
 
 from __future__ import annotations
@@ -12,10 +15,22 @@ import bm25s
 
 from agentgym_opsd.environments.webshop.models import Product
 
-__all__ = ["ProductSearch", "MAX_QUERY_TOKENS"]
+__all__ = ["ProductSearch", "MAX_QUERY_TOKENS", "index_text", "BM25_K1", "BM25_B"]
+
+BM25_K1 = 0.9
+BM25_B = 0.4
+"""pyserini's default BM25 parameters (the original searches with them)."""
 
 MAX_QUERY_TOKENS = 64
 """Longer queries are cut to their first 64 known tokens (a huge query would only cost time)."""
+
+
+def index_text(product: Product) -> str:
+    """The searchable text of a product, the fields the original indexes: title, description, first bullet
+    point, then "group: value, value, and group: value, ..." for the options."""
+    options = ", and ".join(f"{group}: {', '.join(values)}" for group, values in product.options.items())
+    parts = [product.name, product.description, product.features[0] if product.features else "", options]
+    return " ".join(parts).lower()
 
 
 class ProductSearch:
@@ -25,8 +40,8 @@ class ProductSearch:
         if not products:
             raise ValueError("ProductSearch needs at least one product")
         self.num_products = len(products)
-        corpus_tokens = bm25s.tokenize([p.search_text() for p in products], stopwords="en", show_progress=False)
-        self._bm25 = bm25s.BM25()
+        corpus_tokens = bm25s.tokenize([index_text(p) for p in products], stopwords="en", show_progress=False)
+        self._bm25 = bm25s.BM25(k1=BM25_K1, b=BM25_B)
         self._bm25.index(corpus_tokens, show_progress=False)
 
     def search(self, query: str, k: int = 50) -> list[int]:

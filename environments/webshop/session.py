@@ -1,8 +1,12 @@
 """One shopper's session: the state machine behind the pages (search -> results -> item -> detail -> done).
 
 `ShopSession.act("search[red shirt]")` / `act("click[next >]")` applies one action and says whether it was
-valid; `page()` renders the current page. Invalid actions (malformed text, a click on a name that is not on
-the page, search where no search bar is shown, anything after the purchase) change nothing.
+valid; `page()` renders the current page. Actions are read as the original reads them (`parse_action`):
+`search[...]` works on every page (the search bar is only *shown* on the search page), `click[...]` needs the
+lower-cased argument to be a clickable of the page, and `think[...]` is a valid action that changes nothing.
+Invalid actions (anything else, a click on a name that is not on the page, a query over MAX_QUERY_CHARS,
+anything after the purchase) change nothing either; they differ from `think` only in being reported invalid
+(the original has no notion of invalid, so nothing is penalised there).
 """
 
 from __future__ import annotations
@@ -33,19 +37,27 @@ __all__ = ["ShopSession", "ActionResult", "SessionView", "parse_action", "MAX_QU
 MAX_QUERY_CHARS = 500
 """Longer search queries are invalid actions (no real query is that long)."""
 
+THINK = "think"
+"""The verb of a reasoning step (ReAct's `think[...]`): accepted, and nothing changes, as in the original."""
+
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
-_ACTION = re.compile(r"^\s*(search|click)\[(.*)\]\s*$", re.DOTALL | re.IGNORECASE)
 
 
 def parse_action(action: str) -> tuple[str, str] | None:
-    """`search[x]` / `click[x]` -> (verb, normalised argument); None when malformed or empty."""
+    """(verb, argument) the way the original splits an action, else None.
+
+    Only the first line counts. The argument runs from the last "[" that has a "]" at least one character
+    later up to the last "]" of the line; the verb is everything before that "[", unchanged (so "Search[x]"
+    and " search[x]" are not searches, as there); text after the last "]" is ignored. Example:
+    "search[shirt [large]] please" -> ("search[shirt ", "large]")."""
     if not isinstance(action, str):
         return None
-    match = _ACTION.match(action)
-    if match is None:
+    line = action.split("\n", 1)[0]
+    close = line.rfind("]")
+    opening = line.rfind("[", 1, close - 1) if close >= 3 else -1
+    if opening < 1:
         return None
-    argument = normalize_text(_CONTROL_CHARS.sub(" ", match.group(2)))
-    return (match.group(1).lower(), argument) if argument else None
+    return line[:opening], line[opening + 1:close]
 
 
 @dataclass(frozen=True)
@@ -139,14 +151,17 @@ class ShopSession:
             return ActionResult(False, "expected search[query] or click[name]")
         verb, argument = parsed
         if verb == "search":
-            return self._search(argument)
-        return self._click(argument.lower())
+            return self._search(argument.lower())
+        if verb == "click":
+            return self._click(argument.lower())
+        if verb == THINK:
+            return ActionResult(True, "thought noted; nothing changes")
+        return ActionResult(False, "expected search[query], click[name] or think[thought]")
 
     def _search(self, query: str) -> ActionResult:
-        if self.kind != "search":
-            return ActionResult(False, "there is no search bar on this page (click 'back to search' first)")
         if len(query) > MAX_QUERY_CHARS:
             return ActionResult(False, f"search query longer than {MAX_QUERY_CHARS} characters")
+        query = normalize_text(_CONTROL_CHARS.sub(" ", query))
         self.query = query
         self.results = self.shop.search(query)[:MAX_RESULTS]
         self.page_num = 1
@@ -156,7 +171,7 @@ class ShopSession:
 
     def _click(self, name: str) -> ActionResult:
         page = self.page()
-        if name not in page.clickables:
+        if name not in page.clickables or name == "search":
             return ActionResult(False, f"'{name[:80]}' is not a clickable on this page")
         if name == BACK_TO_SEARCH.lower():
             self.kind, self.item, self.chosen, self.results, self.page_num = "search", None, {}, [], 1
@@ -164,7 +179,7 @@ class ShopSession:
             self.page_num += 1
         elif name == PREV.lower():
             self._go_back()
-        elif self.kind == "results":
+        elif self.kind == "results":  # a product id
             self.item = self.shop.by_asin[next(p.asin for p in self.results if p.asin.lower() == name)]
             self.kind, self.chosen = "item", {}
         elif self.kind == "item":
@@ -182,7 +197,8 @@ class ShopSession:
     def _click_item(self, name: str) -> ActionResult:
         assert self.item is not None
         if name == BUY_NOW.lower():
-            self.reward = score_purchase(self.goal, self.item, self.chosen.values())
+            # The original scores the clicked (lower-cased) option texts.
+            self.reward = score_purchase(self.goal, self.item, [v.lower() for v in self.chosen.values()])
             self.purchased = self.item
             self.kind = "done"
             return ActionResult(True, done=True)

@@ -36,12 +36,34 @@ class CategorySpec:
     uses: tuple[str, ...]
 
 
-COLORS = (
+_COLOR_FAMILIES: dict[str, tuple[str, ...]] = {
+    "neutral": ("white", "black", "grey", "gray", "ivory", "cream", "beige", "natural", "nude", "sand", "stone",
+                "taupe", "wheat", "alabaster", "seashell", "ash", "slate", "granite", "graphite", "charcoal",
+                "steel", "pewter", "asphalt", "silver", "heather", "mushroom", "elephant", "dark", "light"),
+    "red": ("red", "rose", "pink", "blush", "coral", "peach", "apricot", "cranberry", "burgundy", "bordeaux",
+            "merlot", "wine", "maroon", "magenta", "fuchsia", "rust"),
+    "brown": ("brown", "tan", "khaki", "camel", "caramel", "chestnut", "chocolate", "coffee", "cognac", "copper",
+              "bronze", "espresso", "mocha", "walnut"),
+    "yellow": ("yellow", "gold", "mustard", "lemon", "banana", "sunflower", "champagne", "orange"),
+    "green": ("green", "olive", "lime", "mint", "ivy", "grass", "teal"),
+    "blue": ("blue", "navy", "azure", "aqua", "turquoise", "sapphire", "indigo", "denim", "midnight", "royal",
+             "stonewash"),
+    "purple": ("purple", "violet", "lavender", "lilac", "plum", "grape", "eggplant", "mauve"),
+    "pattern": ("camo", "cheetah", "leopard", "tiger", "skull", "rainbow", "multicolor", "crystal", "christmas"),
+}
+
+COLORS: tuple[str, ...] = tuple(sorted(c for family in _COLOR_FAMILIES.values() for c in family))
+"""The colour words of WebShop's colour normalisation (the same 102 words as the original), in the order it
+tries them: alphabetical, and the first one that is a substring of the option text wins (so "navy blue" and
+"royal blue" both normalise to "blue", and "light pink" to "light")."""
+
+_PLAIN_COLORS = (
     "black", "white", "navy", "blue", "red", "green", "olive", "grey", "gray", "beige", "brown", "pink",
     "purple", "yellow", "orange", "teal", "khaki", "burgundy", "silver", "gold", "ivory", "charcoal", "coral",
     "mint", "lavender", "tan", "maroon", "turquoise", "cream", "multicolor",
 )
-"""Known colour words, in the order colour normalisation tries them (first contained word wins)."""
+# Colour words the noun heuristic never counts as nouns. Not COLORS: that list also holds words that are
+# nouns in titles ("coffee", "chocolate", "stone", "crystal").
 
 _APPAREL_COLORS = ("black", "white", "navy blue", "heather grey", "red", "olive green", "burgundy", "khaki",
                    "light pink", "royal blue", "charcoal", "mint green", "mustard yellow", "purple")
@@ -225,7 +247,7 @@ PRODUCT_TYPE_NOUNS: frozenset[str] = frozenset(
 
 NON_NOUN_WORDS: frozenset[str] = frozenset(
     {w for spec in CATEGORIES.values() for w in spec.adjectives}
-    | {w for c in COLORS for w in c.split()}
+    | set(_PLAIN_COLORS)
     | {
         # function words
         "a", "an", "the", "and", "or", "for", "with", "of", "in", "on", "to", "by", "from", "at", "as", "is",
