@@ -105,14 +105,17 @@ class TagParser:
         return f"<{self.tags[0]}>{action}</{self.tags[0]}>"
 
 
-_WEBSHOP_ACTION = re.compile(r"\b(search|click)\[(.*?)\]", re.DOTALL | re.IGNORECASE)
+_WEBSHOP_VERB = re.compile(r"\b(search|click|think)\[", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class WebShopParser:
-    """WebShop-style `search[query]` / `click[name]`, bare or inside `<action>...</action>`.
+    """WebShop-style `search[query]` / `click[name]` (and `think[thought]`, which the environment accepts
+    and ignores), bare or inside `<action>...</action>`.
 
     The first command inside the action tag wins; without a tag, the first command anywhere in the text.
+    An action is one line, and its argument runs to the last "]" on that line, as the original WebShop
+    reads actions ("search[shirt [xl]] now" -> "search[shirt [xl]]").
     """
 
     tag: str = "action"
@@ -122,10 +125,15 @@ class WebShopParser:
             return ParsedAction("", False, reason=f"expected text, got {type(text).__name__}")
         tagged = re.search(rf"<{self.tag}>(.*?)</{self.tag}>", text, re.DOTALL | re.IGNORECASE)
         region = tagged.group(1) if tagged else text
-        match = _WEBSHOP_ACTION.search(region)
+        match = _WEBSHOP_VERB.search(region)
         if match is None:
             return ParsedAction("", False, reason="no search[...] or click[...] found")
-        verb, argument = match.group(1).lower(), _clean(match.group(2))
+        verb = match.group(1).lower()
+        line = region[match.end():].split("\n", 1)[0]
+        close = line.rfind("]")
+        if close < 0:
+            return ParsedAction("", False, kind=verb, reason=f"{verb}[ without a closing ] on its line")
+        argument = _clean(line[:close])
         if not argument:
             return ParsedAction("", False, kind=verb, reason=f"empty {verb}[...]")
         if len(argument) > MAX_ACTION_CHARS:
@@ -145,7 +153,7 @@ def make_parser(spec: str) -> ActionParser:
     - `tag:search,answer`: several tags, kept in the action; the first complete tag is acted on, empty tags
       are actions and tag names are case-sensitive — Search-R1's rules;
     - `tag-strict:search,answer`: the same, but two tags in one response are invalid (verl-agent);
-    - `webshop`: `search[...]` / `click[...]`.
+    - `webshop`: `search[...]` / `click[...]` (and `think[...]`).
     """
     kind, _, argument = spec.partition(":")
     if kind in ("tag", "tag-strict"):
