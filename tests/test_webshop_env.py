@@ -137,8 +137,9 @@ def test_real_data_loader(tmp_path: Path) -> None:
         {"instruction": "i want a red cotton t-shirt", "instruction_attributes": ["cotton"],
          "instruction_options": ["red", "large"]}]}))
     products, goals = load_real_shop_data(tmp_path)
-    assert [p.asin for p in products] == ["B0REAL0001"] and products[0].price == 12.5
-    assert products[0].options == {"color": ("Red", "Blue"), "size": ("Large",)}
+    assert [p.asin for p in products] == ["B0REAL0001", "B0REAL0002"] and products[0].price == 12.5
+    assert products[1].price == 100.0  # the original's price for a product without one
+    assert products[0].options == {"color": ("red", "blue"), "size": ("large",)}
     goal = goals["test"][0]
     assert goal.options == {"color": "red", "size": "large"} and goal.price_upper > 12.5
     shop = Shop(products, goals)
