@@ -121,9 +121,17 @@ def test_search_answer_and_turn_limit(fast_env) -> None:
     obs, reward, term, _, info = fast_env.step(f"<answer>The {q.golden_answers[0].upper()}!</answer>")
     assert term and reward == 1.0 and info["won"] and info["score"] == 1.0
     fast_env.reset(options={"task_index": 0})
+    for _turn in range(4):  # max_turns = 4 search turns, as Search-R1 counts them ...
+        obs, reward, term, trunc, info = fast_env.step("<search>x</search>")
+        assert obs.count("Doc ") == 3 and not (term or trunc)
+    # ... then one final turn for the answer, in which a search runs no retrieval
+    obs, reward, term, trunc, info = fast_env.step("<search>x</search>")
+    assert obs == "\n\n<information></information>\n\n" and trunc and not term and not info["won"] and reward == 0.0
+    fast_env.reset(options={"task_index": 0})
     for _turn in range(4):
-        _, reward, term, trunc, info = fast_env.step("<search>x</search>")
-    assert trunc and not term and not info["won"] and reward == 0.0
+        fast_env.step("<search>x</search>")
+    _, reward, term, trunc, info = fast_env.step(f"<answer>{q.golden_answers[0]}</answer>")
+    assert term and reward == 1.0 and info["won"]
     fast_env.reset(options={"task_index": 0})
     _, reward, term, _, info = fast_env.step("<answer>surely wrong</answer>")
     assert term and reward == 0.0 and not info["won"]

@@ -2,9 +2,11 @@
 
 Each turn the agent sends `<search>query</search>` (the observation is the top-k passages inside
 `<information>...</information>`) or `<answer>text</answer>` (the episode ends; reward 1 when the answer
-matches a gold answer after normalisation, else 0). Anything else, including both tags in one action or
-an empty action, is an invalid action: a fixed message, `action_valid=False`, the episode goes on. At most
-`max_turns` (4) turns.
+matches a gold answer after normalisation, else 0). As in Search-R1, the first complete tag of the response
+is acted on, an empty tag is an action (an empty query is searched, an empty answer is scored); a response
+with no complete tag is an invalid action: a fixed message, `action_valid=False`, the episode goes on.
+`max_turns` (4) means what it means in Search-R1: that many search turns, then one final turn for the answer,
+in which a search is not run (its `<information>` block is empty) — at most `max_turns + 1` turns.
 
 `info["oracle_distance"]` (reset and every step): the expert actions still needed, i.e. the gold hops not yet
 retrieved (a hop counts as done once its passage was seen or its query was tried, as the expert skips it
@@ -105,7 +107,11 @@ class SearchQAEnv(TextEnv):
     def __init__(self, *, split: str = "train", max_turns: int = 4, render_mode: str | None = None,
                  config: SearchQAConfig | None = None, retriever: Retriever | None = None,
                  **overrides: Any) -> None:
-        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        # Search-R1 counts search turns; the final answer turn comes on top (module docstring)
+        super().__init__(max_turns=max_turns + 1, render_mode=render_mode)
+        self.search_turns = max_turns
         known = {f.name for f in fields(SearchQAConfig)}
         unknown = sorted(set(overrides) - known)
         if unknown:
@@ -187,6 +193,8 @@ class SearchQAEnv(TextEnv):
             return INVALID_ACTION_MESSAGE, 0.0, False, {ACTION_VALID: False, "invalid_reason": parsed.reason,
                                                         ORACLE_DISTANCE: self._oracle_distance()}
         content = parsed.action[len(parsed.kind or "") + 2: -(len(parsed.kind or "") + 3)]
+        if parsed.kind == "search" and self.turn >= self.search_turns:  # the final turn is for the answer
+            return format_information([]), 0.0, False, {ACTION_VALID: True, ORACLE_DISTANCE: self._oracle_distance()}
         if parsed.kind == "search":
             hits = self.retriever.retrieve([content], self.config.topk)[0]
             self._queries.add(content)
