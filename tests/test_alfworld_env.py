@@ -191,3 +191,18 @@ def test_skill_library_by_task_type():
     texts = {library.specific_for(task_type=t) for t in TASK_TYPES}
     assert len(texts) == 6 and all(texts)
     assert "microwave" in library.context_for(text="put a hot apple in fridge")
+
+
+def test_action_case_matching_is_exact_by_default_and_lower_cased_on_request():
+    from agentgym_opsd.registry import make
+
+    exact, lower = (make("ALFWorld-v0:easy", lowercase_actions=flag) for flag in (False, True))
+    try:
+        for env in (exact, lower):
+            env.reset(options={"task_index": 0})
+        shouted = "  " + exact.unwrapped.oracle_action().upper() + " "
+        assert not exact.step(shouted)[4]["action_valid"]  # exact: the case must match ALFWorld's commands
+        assert lower.step(shouted)[4]["action_valid"]  # released trainer: lower-cased, whitespace ignored
+    finally:
+        exact.close()
+        lower.close()

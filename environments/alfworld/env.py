@@ -4,7 +4,10 @@ Observations, admissible commands and "Nothing happens." are ALFWorld's own (Tex
 ALFWorld's domain and grammar). Reward: 1.0 on the step where the goal first holds, else 0.0 (ALFWorld's
 `won`; the trainer subtracts the invalid-action penalty itself). An action is valid when, stripped of
 surrounding whitespace, it is one of the admissible commands; anything else is answered "Nothing happens."
-without changing the state, exactly as the engine would answer it.
+without changing the state, exactly as the engine would answer it. `lowercase_actions=True` matches as the
+released AgentOPSD / verl-agent trainer does (the action lower-cased first, so "Go to Desk 1" is "go to desk
+1"); the default is exact matching (ALFWorld's commands are all lower case, so this only decides whether an
+upper-case reply counts).
 
 `info["oracle_distance"]` (reset and every step): the length of the planner's shortest plan from the current
 state, 0 once the goal holds, None if no plan exists. The expert's plan is kept up to date after every step
@@ -59,8 +62,9 @@ class ALFWorldEnv(TextEnv):
 
     def __init__(self, *, split: str = "train", data_source: str = "generated",
                  data_root: str | os.PathLike[str] | None = None, max_turns: int = 50,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, lowercase_actions: bool = False) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
+        self.lowercase_actions = lowercase_actions
         if data_source == "generated":
             if split not in BUILTIN_SPLITS:
                 raise ValueError(f"unknown generated split {split!r}; expected one of {sorted(BUILTIN_SPLITS)}")
@@ -122,7 +126,7 @@ class ALFWorldEnv(TextEnv):
         return state.observation, info
 
     def _step_action(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        command = action.strip()
+        command = action.strip().lower() if self.lowercase_actions else action.strip()
         if command not in self._admissible:
             # The engine would answer the same and leave the state unchanged; skipping it saves ~15 ms and keeps
             # arbitrary text (control characters, 10k-character strings) away from the engine.
