@@ -2,8 +2,8 @@
 mode (headless Chromium on the running site, observations read from the DOM).
 
 Observation: the page's visible strings joined by " [SEP] " (the instruction is on every page, as in the
-original). Actions: `search[query]` (only where the search bar is shown) and `click[name]` (a current
-clickable, case-insensitive). `admissible_actions`: the current clickables as `click[...]` strings, plus the
+original). Actions: `search[query]` (on any page, as in the original) and `click[name]` (a current
+clickable; the argument is lower-cased); `think[...]` is valid and changes nothing. `admissible_actions`: the current clickables as `click[...]` strings, plus the
 literal hint `search[<your query>]` when the search bar is shown (the agent writes its own query there).
 Only `click[buy now]` ends the episode (terminated), with reward = the WebShop score in [0, 1];
 `info["won"]` iff the score is 1. Everything else gives reward 0; invalid actions change nothing and set
