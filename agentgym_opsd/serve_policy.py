@@ -52,6 +52,8 @@ from werkzeug.exceptions import HTTPException
 from agentgym_opsd.policy_batcher import Completion, Job, JobError, PolicyBatcher, QueueFull, socket_alive
 from agentgym_opsd.serving import (
     BodyError,
+    non_negative_float,
+    number_type,
     port_number,
     positive_float,
     positive_int,
@@ -244,26 +246,9 @@ def _build_policy(model: str, args: argparse.Namespace) -> Any:
                     seed=args.seed, batch_size=args.max_batch)  # one batch = one generation chunk
 
 
-def _temperature(text: str) -> float:
-    """argparse type: a temperature requests may also ask for (0, or MIN_TEMPERATURE..MAX_TEMPERATURE)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value != 0 and not MIN_TEMPERATURE <= value <= MAX_TEMPERATURE:
-        raise argparse.ArgumentTypeError(f"must be 0 or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+_temperature = number_type(float, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                           f"0 or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]")
+"""argparse type: a temperature requests may also ask for (0, or MIN_TEMPERATURE..MAX_TEMPERATURE)."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -290,7 +275,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds a request may wait to be scheduled before it gets 503")
     p.add_argument("--max-body-bytes", type=positive_int, default=defaults.max_body_bytes,
                    help="largest request body accepted (larger gets 413)")
-    p.add_argument("--batch-window-ms", type=_non_negative_float, default=defaults.batch_window_s * 1000,
+    p.add_argument("--batch-window-ms", type=non_negative_float, default=defaults.batch_window_s * 1000,
                    help="how long a batch may wait for as many requests as the previous batch had (0 = never)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")

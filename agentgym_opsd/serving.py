@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
 from werkzeug.serving import make_server
 
-__all__ = ["BodyError", "MAX_JSON_DEPTH", "parse_json_text", "port_number", "positive_float", "positive_int", "read_json_body",
-           "serve_until_interrupted"]
+__all__ = ["BodyError", "MAX_JSON_DEPTH", "non_negative_float", "non_negative_int", "number_type", "parse_json_text",
+           "port_number", "positive_float", "positive_int", "read_json_body", "serve_until_interrupted"]
 
 MAX_JSON_DEPTH = 32  # our request schemas nest 3 levels; 32 leaves room and stays far from Python's stack
 
@@ -110,37 +111,37 @@ def read_json_body(request: Any, *, max_bytes: int, max_depth: int = MAX_JSON_DE
     return parse_json_text(raw, max_depth=max_depth)
 
 
-def port_number(text: str) -> int:
-    """argparse type: a TCP port in 0..65535 (0 = any free port); anything else is a usage error."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535 (0 = any free port), got {port}")
-    return port
+def number_type(cast: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str, *,
+                name: str = "", subject: str = "") -> Callable[[str], Any]:
+    """An argparse type: `cast(text)` (a usage error naming the text when it is not a number), then
+    `accept(value)` (a usage error saying `must be <requirement>` otherwise). The servers' and tools'
+    numeric flags are all built from this, so their messages read alike."""
+    noun = "an integer" if cast is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {name or noun}: {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{subject + ' ' if subject else ''}must be {requirement}, got {text}")
+        return value
+
+    parse.__name__ = name or cast.__name__  # argparse names the type in some messages
+    return parse
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+port_number = number_type(int, lambda v: 0 <= v <= 65535, "in 0..65535 (0 = any free port)", name="a port number",
+                          subject="port")
+"""argparse type: a TCP port in 0..65535 (0 = any free port)."""
+positive_int = number_type(int, lambda v: v >= 1, ">= 1")
+"""argparse type: an integer >= 1."""
+non_negative_int = number_type(int, lambda v: v >= 0, ">= 0")
+"""argparse type: an integer >= 0."""
+positive_float = number_type(float, lambda v: 0 < v < math.inf, "a finite number > 0")
+"""argparse type: a finite number > 0."""
+non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+"""argparse type: a finite number >= 0."""
 
 
 def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str],

@@ -30,7 +30,7 @@ from agentgym_opsd.environments.search_qa.index import (
     check_replaceable,
     write_index_folder,
 )
-from agentgym_opsd.serving import positive_int
+from agentgym_opsd.serving import non_negative_int, positive_int
 
 __all__ = ["main"]
 
@@ -47,19 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hnsw-m", type=positive_int, default=32, help="HNSW graph degree")
     p.add_argument("--hnsw-ef-search", type=positive_int, default=64, help="HNSW search breadth")
     p.add_argument("--batch-size", type=positive_int, default=256, help="passages per embedding batch")
-    p.add_argument("--threads", type=_threads, default=0, help="torch CPU threads (0 = default)")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0 = default)")
     p.add_argument("--device", default="cpu", help="torch device for the encoder (cpu, cuda)")
     return p
-
-
-def _threads(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = torch's default), got {value}")
-    return value
 
 
 def _check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
