@@ -75,3 +75,13 @@ def test_human_goals_skip_empty_attributes_strip_the_dot_and_split_as_the_origin
     first = goals["test"][0]
     assert first.instruction.startswith(f"goal {order[0]}, and price lower than ")  # both dots stripped
     assert first.price_upper in {20.0, 30.0, 40.0}
+
+
+def test_a_price_range_is_listed_as_the_original_prints_it(tmp_path):
+    from agentgym_opsd.environments.webshop.pages import price_text
+
+    _write(tmp_path, [_item("B0R", pricing="$24.49 - $39.99"), _item("B0S", pricing="$100")],
+           human={"B0R": [{"instruction": "x", "instruction_attributes": ["a"], "instruction_options": []}]})
+    products, _ = load_real_shop_data(tmp_path)
+    assert [price_text(p.listed_prices) for p in products] == ["$24.49 to $39.99", "$100.0"]
+    assert products[0].price == 24.49

@@ -152,6 +152,7 @@ def _read_products(items_path: Path, attributes: dict[str, Any] | None = None
             attributes=tuple(str(a) for a in (attributes.get(asin) or {}).get("attributes", [])),
             options=options,
             rating=float(rating) if isinstance(rating, (int, float)) else None,
+            price_range=tuple(pricing[str(asin)]),
         ))
     return products, pricing
 

@@ -49,6 +49,12 @@ class Product:
     attributes: tuple[str, ...] = ()
     options: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rating: float | None = None
+    price_range: tuple[float, ...] = ()  # the listed price(s): one, or a low-high range (real data); () = (price,)
+
+    @property
+    def listed_prices(self) -> tuple[float, ...]:
+        """What the pages show: the range the data lists, else the one price."""
+        return self.price_range or (self.price,)
 
     def option_values(self) -> list[str]:
         return [v for values in self.options.values() for v in values]

@@ -98,7 +98,7 @@ def results_page(goal: Goal, products: list[Product], page_num: int, total: int,
     segments.append(_clickable(NEXT, "nav"))
     for product in products:
         segments += [_clickable(product.asin, "result-id"), Segment(product.name, "result-title"),
-                     Segment(price_text((product.price,)), "result-price")]
+                     Segment(price_text(product.listed_prices), "result-price")]
     return Page("results", tuple(segments))
 
 
@@ -107,7 +107,7 @@ def item_page(goal: Goal, product: Product, chosen: dict[str, str]) -> Page:
     for group, values in product.options.items():
         segments.append(Segment(group, "option-group"))
         segments += [_clickable(v, "option", selected=chosen.get(group) == v, group=group) for v in values]
-    segments += [Segment(product.name, "title"), Segment(f"Price: {price_text((product.price,))}", "price"),
+    segments += [Segment(product.name, "title"), Segment(f"Price: {price_text(product.listed_prices)}", "price"),
                  Segment(f"Rating: {rating_text(product.rating)}", "rating")]
     segments += [_clickable(kind.capitalize(), "tab") for kind in DETAIL_KINDS]
     segments.append(_clickable(BUY_NOW, "buy"))
