@@ -28,7 +28,8 @@ def test_same_observations_and_oracle_wins(envs) -> None:
         t_obs, t_info = text.reset(options={"task_index": index})
         b_obs, b_info = browser.reset(options={"task_index": index})
         assert t_obs == b_obs and t_info["admissible_actions"] == b_info["admissible_actions"]
-        script = ["click[nope]", "search[cotton black]", "click[next >]", "click[< prev]", "click[back to search]"]
+        script = ["click[nope]", "search[cotton black]", "click[next >]", "think[the first page was better]",
+                  "click[< prev]", "search[cotton]", "look[around]", "click[back to search]"]
         for action in script:
             t, b = text.step(action), browser.step(action)
             assert t[0] == b[0], action

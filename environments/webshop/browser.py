@@ -12,9 +12,10 @@ import tempfile
 import urllib.request
 from dataclasses import dataclass
 
-from agentgym_opsd.environments.webshop.pages import SEP
+from agentgym_opsd.environments.webshop.pages import BACK_TO_SEARCH, SEP
 from agentgym_opsd.environments.webshop.session import (
     MAX_QUERY_CHARS,
+    THINK,
     ActionResult,
     SessionView,
     parse_action,
@@ -138,11 +139,21 @@ class BrowserShopper:
         if parsed is None:
             return ActionResult(False, "expected search[query] or click[name]")
         verb, argument = parsed
+        if verb == THINK:  # as in text mode: a reasoning step, valid, nothing on the site changes
+            return ActionResult(True, "thought noted; nothing changes")
+        if verb not in ("search", "click"):
+            return ActionResult(False, "expected search[query], click[name] or think[thought]")
         page = self._read()
+        if verb == "search" and not page.has_search:
+            # text mode (and the original) search from any page: a user goes back to the search bar first
+            if BACK_TO_SEARCH.lower() not in page.clickables:
+                return ActionResult(False, "there is no way back to the search bar from this page")
+            if len(argument) > MAX_QUERY_CHARS:
+                return ActionResult(False, f"search query longer than {MAX_QUERY_CHARS} characters")
+            self._click_and_wait(BACK_TO_SEARCH.lower())
+            page = self._read()
         old_root = self._driver.find_element(By.TAG_NAME, "html")
         if verb == "search":
-            if not page.has_search:
-                return ActionResult(False, "there is no search bar on this page (click 'back to search' first)")
             if len(argument) > MAX_QUERY_CHARS:
                 return ActionResult(False, f"search query longer than {MAX_QUERY_CHARS} characters")
             box = self._driver.find_element(By.CSS_SELECTOR, "[data-search]")
@@ -158,3 +169,13 @@ class BrowserShopper:
         WebDriverWait(self._driver, self.page_load_timeout_s).until(expected_conditions.staleness_of(old_root))
         self._page = None
         return ActionResult(True, done=name == "buy now" if verb == "click" else False)
+
+    def _click_and_wait(self, name: str) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        old_root = self._driver.find_element(By.TAG_NAME, "html")
+        self._driver.execute_script(_FIND_CLICK, name).click()
+        WebDriverWait(self._driver, self.page_load_timeout_s).until(expected_conditions.staleness_of(old_root))
+        self._page = None
