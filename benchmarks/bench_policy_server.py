@@ -10,7 +10,8 @@ the clients do not share the server's interpreter lock; `--threads` torch thread
 a small shared CPU box slows down badly when torch's threads and the request threads compete), warms it up
 with one request per client, then `--clients` threads each send `--requests-per-client` chat requests back
 to back (distinct prompts, `--max-tokens` each, every temperature of `--temperatures`: sampled and greedy
-decoding cost differently per row). Requests/s = answered requests / wall time of that phase.
+decoding cost differently per row). Requests/s = answered requests / wall time of that phase; the phases
+of the two settings alternate `--repeats` times and the median is reported.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,31 +39,45 @@ SYSTEM = "You play a text game. Answer with one action inside <action>...</actio
 
 
 @dataclass
+class Phase:
+    """One client phase against one server."""
+
+    seconds: float
+    latencies: list[float]
+    batches: int
+    completion_tokens: int
+
+
+@dataclass
 class Result:
     model: str
     temperature: float
     max_batch: int
     clients: int
-    requests: int
-    seconds: float
-    requests_per_s: float
+    requests: int  # per repeat
+    repeats: int
+    requests_per_s: float  # median over the repeats
+    requests_per_s_all: list[float]
     mean_latency_s: float
     p95_latency_s: float
     mean_batch: float
-    completion_tokens: int
+    completion_tokens: int  # over all repeats
 
 
 def start_server(model: str, max_batch: int, max_tokens: int, threads: int) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
+    log = tempfile.TemporaryFile(mode="w+")  # the server's request log; shown only if it fails to start
     proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serve_policy", model, "--port", "0",
                              "--max-batch", str(max_batch), "--max-new-tokens", str(max_tokens),
                              "--max-queue", "256"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # "serving MODEL on http://HOST:PORT", printed once the socket is bound
     if " on http://" not in line:
         proc.kill()
-        raise RuntimeError(f"serve_policy did not start: {line!r}")
+        proc.wait()
+        log.seek(0)
+        raise RuntimeError(f"serve_policy did not start: {line!r}\n{log.read()[-3000:]}")
     return proc, line.rsplit(" on ", 1)[1].strip()
 
 
@@ -91,33 +107,56 @@ def run_clients(url: str, clients: int, per_client: int, max_tokens: int,
     return time.perf_counter() - start, latencies, tokens[0]
 
 
-def measure(model: str, temperature: float, max_batch: int, args: argparse.Namespace) -> Result:
-    proc, url = start_server(model, max_batch, args.max_tokens, args.threads)
-    try:
-        run_clients(url, args.clients, 1, args.max_tokens, temperature)  # warm-up: first-call costs out
-        batches_before = requests.get(url + "/health", timeout=30).json()["batches"]
-        seconds, latencies, tokens = run_clients(url, args.clients, args.requests_per_client, args.max_tokens,
-                                                 temperature)
-        batches = requests.get(url + "/health", timeout=30).json()["batches"] - batches_before
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def phase(url: str, temperature: float, args: argparse.Namespace) -> Phase:
+    batches_before = requests.get(url + "/health", timeout=30).json()["batches"]
+    seconds, latencies, tokens = run_clients(url, args.clients, args.requests_per_client, args.max_tokens,
+                                             temperature)
+    batches = requests.get(url + "/health", timeout=30).json()["batches"] - batches_before
+    return Phase(seconds, latencies, batches, tokens)
+
+
+def summarise(model: str, temperature: float, max_batch: int, phases: list[Phase], clients: int) -> Result:
+    rates = [len(p.latencies) / p.seconds for p in phases]
+    latencies = sorted(x for p in phases for x in p.latencies)
     n = len(latencies)
-    return Result(model, temperature, max_batch, args.clients, n, seconds, n / seconds, statistics.fmean(latencies),
-                  sorted(latencies)[max(int(0.95 * n) - 1, 0)], n / max(batches, 1), tokens)
+    return Result(model, temperature, max_batch, clients, n // len(phases), len(phases), statistics.median(rates),
+                  rates, statistics.fmean(latencies), latencies[max(int(0.95 * n) - 1, 0)],
+                  n / max(sum(p.batches for p in phases), 1), sum(p.completion_tokens for p in phases))
+
+
+def measure(model: str, args: argparse.Namespace) -> list[Result]:
+    """Both servers run at once (an idle one costs nothing) and the phases alternate between them, so a
+    burst of load from elsewhere on the machine hits both settings alike; the median repeat is reported."""
+    batches = (1, args.max_batch)
+    servers = [start_server(model, b, args.max_tokens, args.threads) for b in batches]
+    results = []
+    try:
+        for temperature in args.temperatures:
+            for _, url in servers:  # warm-up: first-call costs out of the measurement
+                run_clients(url, args.clients, 1, args.max_tokens, temperature)
+            phases: list[list[Phase]] = [[], []]
+            for _ in range(args.repeats):
+                for side, (_, url) in enumerate(servers):
+                    phases[side].append(phase(url, temperature, args))
+            results += [summarise(model, temperature, b, ph, args.clients) for b, ph in zip(batches, phases, strict=True)]
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return results
 
 
 def table(results: list[Result]) -> Table:
     t = Table(title=f"policy server at {results[0].clients} concurrent clients: one request at a time vs batched")
-    for col in ("model", "temperature", "max batch", "requests", "seconds", "requests/s", "vs one-at-a-time",
-                "mean latency s", "p95 latency s", "mean batch", "completion tokens"):
+    for col in ("model", "temperature", "max batch", "requests x repeats", "requests/s (median)", "vs one-at-a-time",
+                "requests/s (each repeat)", "mean latency s", "p95 latency s", "mean batch"):
         t.add_column(col, justify="right")
     base = {(r.model, r.temperature): r.requests_per_s for r in results if r.max_batch == 1}
     for r in results:
         ratio = r.requests_per_s / base.get((r.model, r.temperature), float("nan"))
-        t.add_row(r.model, f"{r.temperature:g}", str(r.max_batch), str(r.requests), f"{r.seconds:.1f}",
-                  f"{r.requests_per_s:.2f}", f"{ratio:.2f}x", f"{r.mean_latency_s:.2f}", f"{r.p95_latency_s:.2f}",
-                  f"{r.mean_batch:.1f}", str(r.completion_tokens))
+        t.add_row(r.model, f"{r.temperature:g}", str(r.max_batch), f"{r.requests} x {r.repeats}",
+                  f"{r.requests_per_s:.2f}", f"{ratio:.2f}x", " ".join(f"{x:.1f}" for x in r.requests_per_s_all),
+                  f"{r.mean_latency_s:.2f}", f"{r.p95_latency_s:.2f}", f"{r.mean_batch:.1f}")
     return t
 
 
@@ -128,13 +167,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=positive_int, default=32, help="max_tokens of every request")
     ap.add_argument("--max-batch", type=positive_int, default=16, help="the batched setting's --max-batch")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0], help="0 = greedy")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="alternating phases per setting")
     ap.add_argument("--threads", type=positive_int, default=1, help="torch threads of the server")
     ap.add_argument("--smollm", action="store_true", help="also measure embedded:smollm2-135m-instruct")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     models = ["tiny-random"] + (["embedded:smollm2-135m-instruct"] if args.smollm else [])
-    results = [measure(model, temperature, batch, args)
-               for model in models for temperature in args.temperatures for batch in (1, args.max_batch)]
+    results = [r for model in models for r in measure(model, args)]
     Console(width=200).print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
