@@ -119,6 +119,17 @@ def _cache_kwarg_of(model_type: type) -> str:
     return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from (rows, vocab) probabilities (not necessarily normalised), by inverse CDF: a
+    uniform draw located in the row's cumulative sum. The same distribution as `torch.multinomial`, ~10x
+    faster on a CPU for a 49k vocabulary (multinomial was two thirds of a batched sampling step); a token of
+    probability 0 owns an empty interval and is never drawn (`right=True`)."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=cdf.dtype, device=cdf.device)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
 class HFPolicy(Policy):
     """Samples answers from an HF causal LM (plain, PEFT-wrapped, or the module inside a DeepSpeed engine).
 
@@ -230,7 +241,7 @@ class HFPolicy(Policy):
                 drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= self.top_p
                 sorted_p = sorted_p.masked_fill(drop, 0.0)
                 probs = torch.zeros_like(probs).scatter_(-1, sorted_i, sorted_p)
-            tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            tokens = _draw(probs, self.generator)
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
     def _hit_stop(self, ids: list[int]) -> bool:

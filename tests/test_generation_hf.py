@@ -220,3 +220,15 @@ def test_embedded_smollm2_answers_with_a_closing_tag():
         assert "</action>" not in tok.decode(out.token_ids[:-1], skip_special_tokens=False)
     expected = _teacher_forced(model, policy.prompt_ids(request.messages), out.token_ids, 0.0)
     torch.testing.assert_close(torch.tensor(out.logprobs), expected, rtol=0, atol=1e-4)
+
+
+def test_inverse_cdf_draw_samples_the_distribution_and_never_a_zero_probability_token():
+    from agentgym_opsd.models.hf_policy import _draw
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(20_000, 1)
+    counts = torch.bincount(_draw(probs, gen), minlength=6).double() / 20_000
+    assert counts[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(counts[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), atol=0.015, rtol=0)
+    unnormalised = torch.tensor([[0.0, 2.0, 0.0, 2.0]])  # top-p leaves rows that do not sum to one
+    assert set(_draw(unnormalised.repeat(2000, 1), gen).tolist()) == {1, 3}
