@@ -13,15 +13,22 @@ How it is used (vLLM's current `LLM` / `SamplingParams` / sleep-mode API):
 - Prompts go in as token ids (`{"prompt_token_ids": ids}`), rendered with the same chat template as the HF
   backend (`chat_prompt_ids`), so the trainer can rebuild them exactly; answers come back as token ids that
   are never re-tokenised. `include_stop_str_in_output=True` keeps the closing tag in the answer.
-- Weight sync (`sync_weights(model)`, after every optimiser step): the trainer's weights, under their HF
-  checkpoint names (PEFT adapters merged, wrapper prefixes stripped, ZeRO-3 shards gathered one parameter
-  at a time), are pushed with the vLLM model's `load_weights`, then the prefix cache is reset (its KV
-  entries were computed with the old weights).
+- Weight sync (`sync_weights(model)`): the trainer's weights, under their HF checkpoint names (PEFT
+  adapters merged, wrapper prefixes stripped, ZeRO-3 shards gathered one parameter at a time), are pushed
+  with the vLLM model's `load_weights`, then the prefix cache is reset (its KV entries were computed with
+  the old weights). The trainer syncs before the first generation after any change: after the warm start,
+  after a resume, after every RL step.
+- One engine per process: `with_sampling(temperature=, seed=)` returns a policy that shares the engine
+  (validation at 0.4 next to training rollouts at 1.0), never a second `LLM`.
+- Sleep mode (`enable_sleep_mode=True`, what the trainer uses): `sleep()` after a generation phase frees
+  the KV cache and moves the weights off the GPU (vLLM level 1) while the trainer runs its passes;
+  `wake_up()` before the next one (and before a sync: the weights must be on the GPU to be overwritten).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 from collections.abc import Iterator, Sequence
@@ -123,8 +130,9 @@ def vllm_weight_name(name: str) -> str | None:
 
 @contextlib.contextmanager
 def _gathered(param: torch.nn.Parameter) -> Iterator[None]:
-    """Under ZeRO-3 a parameter is a shard: gather it (read-only) for the duration; a no-op otherwise."""
-    if hasattr(param, "ds_id"):
+    """Under ZeRO-3 a parameter is a shard: gather it (read-only) for the duration; a no-op otherwise, and
+    when it is gathered already (DeepSpeed refuses nested gathers of one parameter)."""
+    if hasattr(param, "ds_id") and getattr(getattr(param, "ds_status", None), "name", "") == "NOT_AVAILABLE":
         import deepspeed
 
         with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
@@ -233,8 +241,29 @@ class VLLMPolicy:
             options["distributed_executor_backend"] = "external_launcher"
         options.update(llm_kwargs or {})
         self._vllm = vllm
+        self.sleep_mode = bool(options["enable_sleep_mode"])
         self.llm = vllm.LLM(**options)
         self._calls = 0
+        self._engine_state = {"asleep": False}  # shared with every `with_sampling` view of this engine
+
+    def with_sampling(self, *, temperature: float, seed: int) -> VLLMPolicy:
+        """A policy over the same engine (no second `LLM`, no second copy of the weights) that samples at
+        `temperature` from its own seed stream; the rollout policy's settings and stream are untouched."""
+        view = copy.copy(self)
+        view.seed, view._calls = seed, 0
+        view.set_temperature(temperature)
+        return view
+
+    def sleep(self) -> None:
+        """Free the KV cache and offload the weights (sleep mode only; a no-op otherwise or when asleep)."""
+        if self.sleep_mode and not self._engine_state["asleep"]:
+            self.llm.sleep(level=1)
+            self._engine_state["asleep"] = True
+
+    def wake_up(self) -> None:
+        if self._engine_state["asleep"]:
+            self.llm.wake_up()
+            self._engine_state["asleep"] = False
 
     def set_temperature(self, temperature: float) -> None:
         if not temperature >= 0.0:
@@ -253,6 +282,7 @@ class VLLMPolicy:
         return self._vllm.SamplingParams(**kwargs)
 
     def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
+        self.wake_up()  # a caller that never slept it pays nothing
         prompts = [{"prompt_token_ids": self.prompt_ids(r.messages)} for r in requests]
         results = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
         outputs = []
@@ -269,6 +299,7 @@ class VLLMPolicy:
 
     def sync_weights(self, model: torch.nn.Module) -> int:
         """Push the trainer's current weights into the engine; returns how many tensors were pushed."""
+        self.wake_up()
         load = self._loader()
         count = 0
         for name, tensor in hf_weight_items(model):

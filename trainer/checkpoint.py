@@ -5,17 +5,33 @@ Layout of one checkpoint (`<output_dir>/checkpoints/step_000010/`)::
     model/               save_pretrained: safetensors weights (or the LoRA adapter) + config + tokenizer
     trainer_state.pt     optimiser state, RNG states (python, numpy, torch, sampler), step, task cursor: tensors
                          and plain data only, read with torch.load(weights_only=True)
-    deepspeed/           the DeepSpeed engine checkpoint (only with ZeRO stage > 0)
+    deepspeed/           the DeepSpeed engine checkpoint (only with ZeRO stage > 0; every rank writes its shards)
     config.yaml          the resolved run config
+    MANIFEST.json        every other file with its size, and the SHA-256 of each file that is unpickled on load
     COMPLETE             written last; a folder without it is not a checkpoint
 
 A checkpoint is written into a hidden temporary folder, every file is fsync'ed, and the folder is renamed
 into place: a crash (even kill -9) mid-write leaves the previous checkpoint untouched and at most a stray
 temporary folder, which the next save removes. `latest_checkpoint` picks the highest complete step.
+
+Several processes (data parallel): `save_checkpoint` is collective. Rank 0 picks the temporary folder and
+tells the others, every rank writes its part (`save_model` gathers ZeRO-3 weights, `save_extra` writes the
+DeepSpeed shards), a barrier, then rank 0 alone writes the trainer state (with every rank's RNG state), the
+manifest and the marker and renames; a last barrier keeps any rank from moving on before the checkpoint is
+in place. The output folder must be one filesystem that all ranks see.
+
+What is trusted on resume: our own `trainer_state.pt` is read with `torch.load(weights_only=True)` (tensors
+and plain data; anything else is refused) and the weights are safetensors. DeepSpeed's ZeRO > 0 files
+(`deepspeed/`) are full pickles that DeepSpeed loads with `weights_only=False`, i.e. loading one can run
+code. So before DeepSpeed reads anything, `verify_manifest` requires our manifest, refuses a file it does
+not list, and checks sizes and the SHA-256 of those pickles: a folder that is not one of our checkpoints,
+or one changed after it was written, is refused. The manifest is no signature: a checkpoint folder is
+trusted exactly as much as whoever can write to it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -40,11 +56,26 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "prune_checkpoints",
+    "verify_manifest",
+    "Ranks",
+    "MANIFEST",
 ]
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "MANIFEST.json"
+MANIFEST_FORMAT = "agentgym-opsd-checkpoint"
 _PREFIX = "step_"
+_PICKLED_UNDER = ("deepspeed/",)  # loaded by DeepSpeed with weights_only=False: hashed and checked
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """How a collective save talks to the other processes (a single process needs none of it)."""
+
+    rank: int = 0
+    barrier: Callable[[], None] = lambda: None
+    broadcast: Callable[[Any], Any] = lambda obj: obj  # rank 0's value, on every rank
 
 
 class CheckpointError(RuntimeError):
@@ -62,6 +93,8 @@ class TrainerState:
     engine: dict[str, Any]
     rng: dict[str, Any]
     extra: dict[str, Any]
+    world_size: int = 1
+    rank_rng: list[dict[str, Any]] | None = None  # every rank's RNG states, in rank order (data parallel)
 
 
 def capture_rng(sampler_state: torch.Tensor | None = None) -> dict[str, Any]:
@@ -101,6 +134,67 @@ def _fsync_tree(folder: Path) -> None:
         os.close(fd)
 
 
+def _sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _hashed(rel: str) -> bool:
+    return rel == STATE_FILE or rel.startswith(_PICKLED_UNDER)
+
+
+def write_manifest(folder: Path, step: int, world_size: int) -> None:
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel in (MANIFEST, COMPLETE):
+            continue
+        entry: dict[str, Any] = {"bytes": path.stat().st_size}
+        if _hashed(rel):
+            entry["sha256"] = _sha256(path)
+        files[rel] = entry
+    (folder / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "version": 1, "step": step,
+                                               "world_size": world_size, "files": files}, indent=1),
+                                   encoding="utf-8")
+
+
+def verify_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check a checkpoint against its manifest before anything in it is unpickled; returns the manifest.
+
+    A CheckpointError when the manifest is missing or not ours, when a file is not listed (or a listed one
+    is missing), or when a size or a SHA-256 differs."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {folder} has no {MANIFEST}: not written by this trainer (or by a version "
+                              "before manifests); refusing to let DeepSpeed unpickle its files")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        listed = manifest["files"]
+        ok = manifest.get("format") == MANIFEST_FORMAT and isinstance(listed, dict)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {folder}: unreadable {MANIFEST} ({exc})") from exc
+    if not ok:
+        raise CheckpointError(f"checkpoint {folder}: {MANIFEST} is not an agentgym-opsd checkpoint manifest")
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {MANIFEST, COMPLETE}
+    extra = sorted(present - set(listed))
+    if extra:
+        raise CheckpointError(f"checkpoint {folder} holds files its manifest does not list: {extra[:5]}; refusing "
+                              "to load it")
+    missing = sorted(set(listed) - present)
+    if missing:
+        raise CheckpointError(f"checkpoint {folder} is corrupt: files in its manifest are missing: {missing[:5]}")
+    for rel, entry in listed.items():
+        target = folder / rel
+        if target.stat().st_size != entry.get("bytes"):
+            raise CheckpointError(f"checkpoint {folder}: {rel} changed after it was written (size differs from "
+                                  f"the manifest); refusing to load it")
+        if _hashed(rel) and entry.get("sha256") != _sha256(target):
+            raise CheckpointError(f"checkpoint {folder}: {rel} changed after it was written (SHA-256 differs from "
+                                  f"the manifest); refusing to load it")
+    return manifest
+
+
 def save_checkpoint(
     checkpoints_dir: str | os.PathLike[str],
     state: TrainerState,
@@ -108,40 +202,53 @@ def save_checkpoint(
     save_model: Callable[[Path], None],
     config_yaml: str,
     save_extra: Callable[[Path], None] | None = None,
+    ranks: Ranks | None = None,
 ) -> Path:
     """Write a checkpoint for `state.step` atomically; returns its folder.
 
     `save_model(folder)` writes the weights (save_pretrained); `save_extra(folder)` may add files
-    (e.g. the DeepSpeed engine checkpoint) before the folder is sealed.
+    (e.g. the DeepSpeed engine checkpoint) before the folder is sealed. With `ranks` every process calls
+    this (both callbacks run on every rank; rank 0 writes the rest), see the module docstring.
     """
+    ranks = ranks or Ranks()
+    main = ranks.rank == 0
     root = Path(checkpoints_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f".tmp-{_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a crash during an earlier save
     final = root / f"{_PREFIX}{state.step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+    tmp_name = None
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(f".tmp-{_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a crash during an earlier save
+        tmp_name = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root)).name
+    tmp = root / ranks.broadcast(tmp_name)
     try:
         save_model(tmp / "model")
-        torch.save({
-            "step": state.step, "task_cursor": state.task_cursor, "warm_start_done": state.warm_start_done,
-            "engine": state.engine, "rng": state.rng, "extra": state.extra,
-        }, tmp / STATE_FILE)
-        (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         if save_extra is not None:
             save_extra(tmp)
-        (tmp / COMPLETE).write_text(json.dumps({"step": state.step}), encoding="utf-8")
-        _fsync_tree(tmp)
-        if final.exists():  # a re-save of the same step (resume replayed it): replace
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if main:
+            torch.save({
+                "step": state.step, "task_cursor": state.task_cursor, "warm_start_done": state.warm_start_done,
+                "engine": state.engine, "rng": state.rng, "extra": state.extra, "world_size": state.world_size,
+                "rank_rng": state.rank_rng,
+            }, tmp / STATE_FILE)
+            (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        ranks.barrier()  # every rank's files are on disk
+        if main:
+            write_manifest(tmp, state.step, state.world_size)
+            (tmp / COMPLETE).write_text(json.dumps({"step": state.step}), encoding="utf-8")
+            _fsync_tree(tmp)
+            if final.exists():  # a re-save of the same step (resume replayed it): replace
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            fd = os.open(root, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     finally:
-        if tmp.exists():
+        if main and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    ranks.barrier()  # nobody moves on (or prunes, or resumes) before the checkpoint is in place
     return final
 
 
@@ -185,4 +292,5 @@ def load_trainer_state(folder: str | os.PathLike[str]) -> TrainerState:
         raise CheckpointError(f"checkpoint {folder} is corrupt: {STATE_FILE} lacks {sorted(missing)}")
     return TrainerState(step=int(data["step"]), task_cursor=int(data["task_cursor"]),
                         warm_start_done=bool(data["warm_start_done"]), engine=data["engine"], rng=data["rng"],
-                        extra=data.get("extra", {}))
+                        extra=data.get("extra", {}), world_size=int(data.get("world_size", 1)),
+                        rank_rng=data.get("rank_rng"))

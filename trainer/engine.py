@@ -7,22 +7,37 @@ count, so neither backend rescales by the number of micro-batches.
 
 DeepSpeed on a CPU-only machine: a single process works with the gloo backend once the usual launcher
 variables exist, so we set MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK when they are absent (the
-`deepspeed` launcher and torchrun set them for multi-process runs). Torch's AdamW is passed in as the
+`deepspeed` launcher and torchrun set them for multi-process runs). `init_distributed` picks the process
+group backend from the training device: nccl on CUDA, gloo on the CPU. Torch's AdamW is passed in as the
 optimiser so DeepSpeed never compiles its fused CPU/GPU Adam ops (ZeRO supports torch Adam/AdamW).
+
+Data parallel: every rank holds its own engine; DeepSpeed averages the gradients over the ranks. The small
+collective helpers below (`rank`, `world_size`, `barrier`, `all_reduce`, `all_gather_objects`,
+`broadcast_object`) are no-ops in a single process, so the trainer calls them unconditionally.
+
+ZeRO-3 partitions every parameter: a forward pass is then collective (each layer is all-gathered), and
+`module.state_dict()` holds empty shards. `full_weights()` gathers the parameters once (DeepSpeed's
+`unwrap_model_for_generation`) for passes whose length differs by rank (generation, no-grad log-probs);
+`full_state_dict()` consolidates the weights on rank 0 for saving; `load_full_state_dict()` writes full
+weights back into the shards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
 
 from agentgym_opsd.trainer.config import DeepSpeedConfig, OptimConfig
 
-__all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "ensure_dist_env", "deepspeed_config"]
+__all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "ensure_dist_env", "deepspeed_config",
+           "init_distributed", "rank", "world_size", "is_main", "barrier", "all_reduce", "all_gather_objects",
+           "broadcast_object", "innermost_optimizer"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +56,26 @@ class Engine(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def set_lr(self, lr: float) -> None: ...
+
+    def reset_optimizer_state(self) -> None:
+        """Forget the optimiser's moments (RL after the warm start starts from fresh AdamW statistics)."""
+        ...
+
+    def full_weights(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None: ...
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor], *, strict_keys: bool = True) -> Any: ...
+
+
+def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
+    """The torch optimiser inside DeepSpeed's wrappers (ZeRO-1/2/3 and the bf16 optimiser keep it in
+    `.optimizer`); the moments live there."""
+    seen = 0
+    while optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer) and seen < 8:
+        optimizer = getattr(optimizer, "optimizer", None)
+        seen += 1
+    return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
 def _adamw(model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) -> torch.optim.AdamW:
@@ -80,6 +115,18 @@ class TorchEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def reset_optimizer_state(self) -> None:
+        self.optimizer.state.clear()
+
+    def full_weights(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return None  # the module's own state_dict is complete
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor], *, strict_keys: bool = True) -> Any:
+        return self.module.load_state_dict(state, strict=False)
+
 
 def _grad_norm(model: torch.nn.Module) -> float:
     grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
@@ -95,6 +142,76 @@ def ensure_dist_env() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
+
+
+def init_distributed(device: torch.device | str = "cpu") -> None:
+    """Join the process group (once): nccl when training on CUDA, gloo on the CPU. A launcher (torchrun,
+    `deepspeed`) sets the rendezvous variables; a plain `python -m` run gets single-process ones."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    ensure_dist_env()
+    cuda = torch.device(device).type == "cuda"
+    if cuda:  # one GPU per rank: LOCAL_RANK picks it (the launchers set it)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+
+
+def _dist() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def rank() -> int:
+    """This process's rank (from the launcher's RANK before the process group exists)."""
+    return torch.distributed.get_rank() if _dist() else int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if _dist() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    if _dist() and world_size() > 1:
+        torch.distributed.barrier()
+
+
+def _comm_device() -> torch.device:
+    # nccl only moves CUDA tensors; gloo only CPU ones
+    if _dist() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Element-wise sum or max of `values` over the ranks (float64), returned on every rank."""
+    if not (_dist() and world_size() > 1) or not values:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` in rank order (pickled in memory between our own processes, never read from disk)."""
+    if not (_dist() and world_size() > 1):
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` on every rank."""
+    if not (_dist() and world_size() > 1):
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig) -> dict[str, Any]:
@@ -124,10 +241,7 @@ class DeepSpeedEngineAdapter:
                  lr: float | None = None) -> None:
         import deepspeed
 
-        ensure_dist_env()
-        if not torch.distributed.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            deepspeed.init_distributed(dist_backend=backend)
+        init_distributed(next(model.parameters()).device)
         self.config = deepspeed_config(ds, optim)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=_adamw(model, optim, lr),
                                                        config=self.config)
@@ -137,6 +251,12 @@ class DeepSpeedEngineAdapter:
         self.zero_stage = ds.zero_stage
 
     def backward(self, loss: torch.Tensor, *, is_last: bool) -> None:
+        # DeepSpeed's own forward() opens each micro-step (ZeRO counts them to accumulate rather than overwrite
+        # the previous micro-batch's gradient); we call the module directly, so open it here, before backward.
+        from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+        if isinstance(self.engine.optimizer, ZeROOptimizer):
+            self.engine.optimizer.clear_backward_seen_flag()
         # The boundary tells DeepSpeed when to reduce gradients across ranks (only on the last micro-batch).
         self.engine.set_gradient_accumulation_boundary(is_last)
         self.engine.backward(loss, scale_wrt_gas=False)
@@ -172,6 +292,64 @@ class DeepSpeedEngineAdapter:
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    def reset_optimizer_state(self) -> None:
+        inner = innermost_optimizer(self.optimizer)
+        if inner is None:
+            raise RuntimeError(f"cannot find the torch optimiser inside {type(self.optimizer).__name__} to reset")
+        inner.state.clear()
+
+    def full_weights(self) -> contextlib.AbstractContextManager[None]:
+        """ZeRO-3: all parameters gathered on every rank and the partitioning hooks lifted for the duration,
+        so forward passes are local (their number may differ by rank); collective to enter. Otherwise a no-op."""
+        if self.zero_stage < 3:
+            return contextlib.nullcontext()
+        return self._unwrapped()
+
+    @contextlib.contextmanager
+    def _unwrapped(self) -> Iterator[None]:
+        from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+
+        with torch.no_grad(), unwrap_model_for_generation(self.engine):
+            yield
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """ZeRO-3: the consolidated weights on rank 0 (None elsewhere), gathered one layer at a time;
+        every rank must call it. Below ZeRO-3: None (the module's state_dict is already complete)."""
+        if self.zero_stage < 3:
+            return None
+        return self.engine._zero3_consolidated_16bit_state_dict()
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor], *, strict_keys: bool = True) -> Any:
+        """Write full weights into the live module (in place, so the optimiser keeps its parameters), then
+        refresh the optimiser's fp32 master copy (ZeRO-1/2/3, bf16) or the next step would undo the load."""
+        if self.zero_stage == 3:
+            import deepspeed
+
+            named = dict(self.module.named_parameters())
+            buffers = dict(self.module.named_buffers())
+            result = _LoadResult([k for k in named if k not in state],
+                                 [k for k in state if k not in named and k not in buffers])
+            for name, param in named.items():
+                if name not in state:
+                    continue
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                    if rank() == 0:
+                        param.data.copy_(state[name].to(param.dtype))
+        else:
+            result = self.module.load_state_dict(state, strict=False)
+        refresh = getattr(self.optimizer, "refresh_fp32_params", None)
+        if callable(refresh):
+            refresh()
+        return result
+
+
+class _LoadResult:
+    """The two lists `nn.Module.load_state_dict` reports, for the ZeRO-3 path."""
+
+    def __init__(self, missing_keys: list[str], unexpected_keys: list[str]) -> None:
+        self.missing_keys = missing_keys
+        self.unexpected_keys = unexpected_keys
 
 
 def make_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig, *, backend: str = "deepspeed",
