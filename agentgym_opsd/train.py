@@ -9,6 +9,11 @@ Examples::
 
 Presets live in `agentgym_opsd/trainer/presets/` (`--list-presets`); `--print-config` shows the resolved
 config and exits. Unknown keys and bad values are errors that name the key.
+
+Several processes (data parallel; gloo on the CPU, nccl on GPUs, chosen from the training device)::
+
+    torchrun --nproc-per-node 2 -m agentgym_opsd.train --config cpu-tiny deepspeed.zero_stage=3
+    deepspeed --num_gpus 8 -m agentgym_opsd.train --config paper-alfworld
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = trainer.train()
     finally:
         trainer.close()
+    if not trainer.is_main:  # data parallel: rank 0 reports for all
+        return 0
     if lines:
         last = lines[-1]
         print(f"done: step {last['step']} success_rate {last['success_rate']:.3f} loss {last['loss']:.4f} "

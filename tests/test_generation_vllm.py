@@ -1,8 +1,11 @@
-"""vLLM backend: what the CPU can check (clear error without vLLM, sampling params, weight names)."""
+"""vLLM backend: what the CPU can check (clear error without vLLM, sampling params, weight names, and the
+trainer's engine lifecycle against a recording stand-in)."""
 
 from __future__ import annotations
 
 import os
+import types
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ from agentgym_opsd.models import vllm_policy as vllm_backend
 from agentgym_opsd.models.hf_policy import make_policy_backend
 from agentgym_opsd.models.loading import LoraSettings, load_policy_model
 from agentgym_opsd.models.vllm_policy import hf_weight_items, sampling_params_kwargs, vllm_weight_name
+from agentgym_opsd.policies import PolicyRequest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -93,3 +97,110 @@ def test_weight_items_of_a_lora_model_are_the_merged_base_weights_and_the_adapte
         torch.testing.assert_close(model(ids).logits, before)  # unmerged again afterwards
     assert not torch.equal(items["model.layers.0.self_attn.q_proj.weight"],
                            dict(model.named_parameters())["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+# ---- the trainer's vLLM lifecycle, against a recording stand-in for vLLM -------------------------------------
+# This checks the wiring (which engine calls happen, in which order, with which settings), not vLLM itself.
+
+
+def _recording_vllm(events: list[tuple], tokenizer) -> types.ModuleType:
+    """A `vllm` module whose LLM records every call and answers every prompt with `<action>inc</action>`."""
+    answer = tokenizer("<action>inc</action>", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    class LLM:
+        def __init__(self, **options):
+            events.append(("LLM", options))
+            worker = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(load_weights=self._load)))
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+
+        def _load(self, weights):
+            if not events or events[-1][0] != "load_weights":
+                events.append(("load_weights",))
+
+        def generate(self, prompts, params, use_tqdm=False):
+            events.append(("generate", params.kwargs["temperature"]))
+            step = SimpleNamespace(logprob=-0.5)
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(answer), finish_reason="stop",
+                                                             logprobs=[{t: step} for t in answer])])
+                    for _ in prompts]
+
+        def sleep(self, level=1):
+            events.append(("sleep", level))
+
+        def wake_up(self):
+            events.append(("wake_up",))
+
+        def reset_prefix_cache(self):
+            events.append(("reset_prefix_cache",))
+
+    module = types.ModuleType("vllm")
+    module.LLM, module.SamplingParams = LLM, SamplingParams
+    return module
+
+
+def test_trainer_keeps_one_vllm_engine_synced_after_the_warm_start_and_every_step(tmp_path, monkeypatch,
+                                                                                  toy_env_ids):
+    from agentgym_opsd.models.loading import load_tokenizer
+    from agentgym_opsd.trainer.config import load_config
+    from agentgym_opsd.trainer.loop import Trainer
+
+    events: list[tuple] = []
+    fake = _recording_vllm(events, load_tokenizer("tiny-random"))
+    monkeypatch.setattr(vllm_backend, "require_vllm", lambda: fake)
+    cfg = load_config("cpu-tiny", [
+        "env.id=ToyCounter-v0", "rollout.backend=vllm", "trainer.backend=torch", "trainer.total_steps=2",
+        "trainer.eval_every=1", "trainer.eval_episodes=2", "trainer.eval_temperature=0.4", "trainer.save_every=0",
+        "trainer.tensorboard=false", "warm_start.steps=1", "warm_start.episodes=2", "warm_start.cache=off",
+        f"trainer.output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    kinds = [e[0] for e in events]
+    assert kinds.count("LLM") == 1  # validation reuses the rollout engine
+    options = events[0][1]
+    assert options["dtype"] == "float32" and options["enable_sleep_mode"] is True
+    assert options["distributed_executor_backend"] == "external_launcher"
+    # phases: (sync?) generate... sleep; a sync is load_weights then reset_prefix_cache, while awake
+    phases, current = [], []
+    for event in events[1:]:
+        current.append(event)
+        if event[0] == "sleep":
+            phases.append(current)
+            current = []
+    assert not current
+
+    def temperatures(phase):
+        return {e[1] for e in phase if e[0] == "generate"}
+
+    def synced(phase):
+        names = [e[0] for e in phase]
+        return "load_weights" in names and names.index("load_weights") < names.index("generate") and \
+            names.index("reset_prefix_cache") < names.index("generate")
+
+    # step 1 (after the warm start), validation 1, step 2, validation 2
+    assert [temperatures(p) for p in phases] == [{1.0}, {0.4}, {1.0}, {0.4}]
+    assert synced(phases[0]), "the first RL step sampled from the pre-warm-start weights"
+    assert synced(phases[1]) and not synced(phases[2]) and synced(phases[3])  # synced once per weight change
+    assert all(p[0][0] == "wake_up" for p in phases[1:])  # woken before anything touches the engine
+
+
+def test_with_sampling_shares_the_engine_and_its_sleep_state(monkeypatch):
+    from agentgym_opsd.models.loading import load_tokenizer
+
+    events: list[tuple] = []
+    tok = load_tokenizer("tiny-random")
+    monkeypatch.setattr(vllm_backend, "require_vllm", lambda: _recording_vllm(events, tok))
+    policy = vllm_backend.VLLMPolicy("somewhere", tokenizer=tok, temperature=1.0, enable_sleep_mode=True)
+    view = policy.with_sampling(temperature=0.4, seed=123)
+    assert view.llm is policy.llm and policy.temperature == 1.0 and view.temperature == 0.4
+    policy.sleep()
+    view.act([PolicyRequest([{"role": "user", "content": "hi"}])])
+    assert [e[0] for e in events] == ["LLM", "sleep", "wake_up", "generate"]
+    policy.wake_up()  # already awake through the view: nothing to do
+    assert [e[0] for e in events][-1] == "generate"

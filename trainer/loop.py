@@ -14,6 +14,17 @@ then `trainer.total_steps` RL steps. One RL step (`Trainer.step`):
              `ppo_epochs` passes, π_old fixed for the whole step; micro-batched inside for memory;
 6. log       metrics.jsonl, TensorBoard, trajectories, periodic validation and atomic checkpoints.
 
+Data parallel (several processes under torchrun or the `deepspeed` launcher): rank r of W collects tasks
+`cursor + r·B/W .. cursor + (r+1)·B/W − 1` of the step's B (all G copies of a task on one rank, so GRPO
+groups and the credit, which are per group and per trajectory, are computed locally and equal what one
+process would compute on the union), with its own sampling seed. The update's loss is the token mean over
+the whole step on all ranks: each rank divides its token sums by the global token count of the mini-batch
+and multiplies by W (DeepSpeed averages gradients over the ranks), and all ranks run the same number of
+micro-batches (padding with zero-weight ones) so ZeRO's collectives line up. Metrics are reduced across
+ranks; rank 0 alone writes metrics, TensorBoard, trajectories (the union, each trajectory's
+`metadata["rank"]` saying who collected it), credit files and the config; checkpoints are collective.
+The warm start and validation run identically on every rank (no speed-up, no divergence).
+
 Old log-probs: the rollout's sampling log-probs are kept in the trajectories, but the ratio uses the
 trainer's recomputation (identical up to float noise for the HF backend; for vLLM the two differ and the
 recomputed ones are the consistent reference for the trainer's own forward pass).
@@ -47,7 +58,8 @@ from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.registry import env_profile, parse_env_spec
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
-from agentgym_opsd.trainer.config import Config
+from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.logprobs import (
     batched_response_logprobs,
@@ -125,10 +137,13 @@ class Trainer:
         self.ckpt_dir = self.out / "checkpoints"
         self.device = torch.device("cuda" if cfg.trainer.device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device))
+        self._join_ranks()
         self.state: ckpt.TrainerState | None = None
-        resume_from = self._resume_path(resume)
+        # rank 0 decides, so every rank resumes from the same folder
+        resume_from = dist.broadcast_object(self._resume_path(resume) if self.is_main else None)
         if resume_from is not None:
             self.state = ckpt.load_trainer_state(resume_from)
+            self._check_resumable(resume_from, self.state)
             log.info("resuming from %s (step %d)", resume_from, self.state.step)
         seed_everything(cfg.trainer.seed)
         self.step_done = self.state.step if self.state else 0
@@ -139,22 +154,65 @@ class Trainer:
         self.model.to(self.device)
         self.engine = make_engine(self.model, cfg.optim, cfg.deepspeed, backend=cfg.trainer.backend)
         self.model = self.engine.module
+        if self.rank:  # ranks share the weights (seeded alike above), not their random streams
+            seed_everything(self._rank_seed(cfg.trainer.seed))
         self.profile = env_profile(parse_env_spec(cfg.env.id)[0])
         self.invalid_penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty >= 0
                                 else self.profile.invalid_action_penalty)
-        self.runner = self._make_runner(cfg.env.id, cfg.rollout.tasks_per_step * cfg.rollout.group_size)
+        self.runner = self._make_runner(cfg.env.id, self.tasks_per_rank * cfg.rollout.group_size)
         self.env_num_tasks = self._num_tasks(self.runner)
         self.num_tasks = cfg.env.num_train_tasks or self.env_num_tasks
-        self.policy = self._make_policy(cfg.rollout.temperature, cfg.trainer.seed)
+        self.policy: Any = None
+        self.policy = self._make_policy(cfg.rollout.temperature, self._rank_seed(cfg.trainer.seed))
         self.reference: torch.nn.Module | None = None
+        self._weights_dirty = False  # the trainer's weights changed since the vLLM engine last got them
         self._val_runner: RolloutRunner | None = None
         self._writer: Any = None
         self._credit_record: CreditRecord | None = None  # this step's credit numbers, until saved
         if self.state is not None:
             self._restore(resume_from)
-        else:
+        elif self.is_main:
             self._set_aside_old_metrics()
-        self.out.joinpath("config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        if self.is_main:
+            self.out.joinpath("config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        dist.barrier()  # nobody starts before rank 0 has set the run folder up
+
+    # ---- ranks ------------------------------------------------------------------------------------------
+    def _join_ranks(self) -> None:
+        """Join the process group (DeepSpeed backend) and split B over the ranks; a bad split is an error."""
+        if self.cfg.trainer.backend == "deepspeed":
+            dist.init_distributed(self.device)
+        self.rank, self.world = dist.rank(), dist.world_size()
+        self.is_main = self.rank == 0
+        if self.world > 1 and self.cfg.trainer.backend != "deepspeed":
+            raise ConfigError(f"trainer.backend={self.cfg.trainer.backend}: runs in one process; with "
+                              f"{self.world} processes use trainer.backend=deepspeed")
+        b = self.cfg.rollout.tasks_per_step
+        if b % self.world:
+            raise ConfigError(f"rollout.tasks_per_step: {b} tasks cannot be split evenly over {self.world} ranks "
+                              "(each rank collects B / ranks whole groups)")
+        self.tasks_per_rank = b // self.world
+
+    def _rank_seed(self, seed: int) -> int:
+        """Rank 0 keeps the run's seed (a one-process run is unchanged); others get distinct streams."""
+        return seed + 7_919 * self.rank
+
+    def _check_resumable(self, folder: Path, state: ckpt.TrainerState) -> None:
+        """Our manifest first (before DeepSpeed unpickles anything), then the same number of ranks and the
+        same ZeRO layout."""
+        zero = self.cfg.trainer.backend == "deepspeed" and self.cfg.deepspeed.zero_stage > 0
+        if zero or (folder / "deepspeed").is_dir():
+            ckpt.verify_manifest(folder)
+        if state.world_size != self.world:
+            raise ckpt.CheckpointError(f"checkpoint {folder} was written by {state.world_size} process(es); this run "
+                                       f"has {self.world}: resume with the same number of processes")
+        has_ds = (folder / "deepspeed").is_dir()
+        if zero and not has_ds:
+            raise ckpt.CheckpointError(f"checkpoint {folder} has no deepspeed/ folder (written without ZeRO); resume "
+                                       "with the deepspeed.zero_stage it was written with")
+        if not zero and has_ds and not state.engine:
+            raise ckpt.CheckpointError(f"checkpoint {folder} holds a ZeRO > 0 DeepSpeed state; resume with the "
+                                       "deepspeed.zero_stage it was written with")
 
     # ---- setup ------------------------------------------------------------------------------------------
     def _resume_path(self, resume: str | None) -> Path | None:
@@ -207,6 +265,8 @@ class Trainer:
         return int(value) if isinstance(value, int) and value > 0 else None
 
     def _make_policy(self, temperature: float, seed: int) -> Any:
+        """The rollout policy (first call), or a sampler at another temperature/seed over the same weights:
+        for vLLM a view of the one engine (never a second engine)."""
         from agentgym_opsd.models.hf_policy import make_policy_backend
 
         r = self.cfg.rollout
@@ -214,15 +274,39 @@ class Trainer:
             return make_policy_backend("hf", model=self.model, tokenizer=self.tokenizer,
                                        max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p,
                                        batch_size=r.batch_size, seed=seed)
+        if self.policy is not None:
+            return self.policy.with_sampling(temperature=temperature, seed=seed)
+        # Sleep mode: the engine frees its KV cache and weights while the trainer runs its passes.
         return make_policy_backend(
             "vllm", model_path=self._export_for_vllm(), tokenizer=self.tokenizer, max_new_tokens=r.max_new_tokens,
-            temperature=temperature, top_p=r.top_p, seed=seed,
-            gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.vllm_max_model_len)
+            temperature=temperature, top_p=r.top_p, seed=seed, dtype=self.cfg.model.dtype,
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.vllm_max_model_len,
+            enable_sleep_mode=True)
 
     def _export_for_vllm(self) -> str:
         folder = self.out / "vllm_init_model"
         self._save_model(folder)
+        dist.barrier()  # every rank's engine reads rank 0's files
         return str(folder)
+
+    @contextlib.contextmanager
+    def _generating(self):
+        """Around every generation phase: the vLLM engine woken and, when the trainer's weights changed since
+        it last saw them, synced (every rank, in step: gathering ZeRO-3 shards is collective), put back to
+        sleep afterwards; the HF backend generates with the trainer model, under ZeRO-3 with its weights
+        gathered for the phase."""
+        if hasattr(self.policy, "wake_up"):
+            self.policy.wake_up()
+        if self._weights_dirty and hasattr(self.policy, "sync_weights"):
+            self.policy.sync_weights(self.model)
+        self._weights_dirty = False
+        hf = self.cfg.rollout.backend == "hf"
+        with self.engine.full_weights() if hf else contextlib.nullcontext():
+            try:
+                yield
+            finally:
+                if hasattr(self.policy, "sleep"):
+                    self.policy.sleep()
 
     def _restore(self, folder: Path | None) -> None:
         assert self.state is not None and folder is not None
@@ -230,10 +314,13 @@ class Trainer:
             self.engine.load_deepspeed_checkpoint(str(folder / "deepspeed"))
         else:
             self.engine.load_state_dict(self.state.engine)
-        sampler = ckpt.restore_rng(self.state.rng)
+        rng = self.state.rank_rng[self.rank] if self.state.rank_rng else self.state.rng
+        sampler = ckpt.restore_rng(rng)
         if sampler is not None and hasattr(self.policy, "set_rng_state"):
             self.policy.set_rng_state(sampler)
-        self._truncate_metrics(self.state.step)
+        self._weights_dirty = True  # a vLLM engine was built before DeepSpeed loaded its state
+        if self.is_main:
+            self._truncate_metrics(self.state.step)
 
     def _set_aside_old_metrics(self) -> None:
         """A run that starts from step 0 (fresh, or `--resume auto` without a finished checkpoint) begins a
@@ -267,6 +354,7 @@ class Trainer:
         cfg = self.cfg.trainer
         if not self.warm_start_done:
             self.warm_start()
+            self._weights_dirty = True  # the rollout engine must sample from the warm-started weights
         self._setup_reference()
         if cfg.eval_at_start and self.step_done == 0:
             self._log(self.validate(), step=0)
@@ -298,7 +386,9 @@ class Trainer:
         folder = self.out / "warm_start"
         folder.mkdir(parents=True, exist_ok=True)
         cached = self._warm_start_cache_dir()
-        if cached is not None and (cached / "summary.json").is_file():
+        # rank 0 decides: another run may fill the shared cache between two ranks' looks
+        if dist.broadcast_object(cached is not None and (cached / "summary.json").is_file()):
+            assert cached is not None
             self._load_weights(cached / "model")
             summary = json.loads((cached / "summary.json").read_text(encoding="utf-8"))
             summary.update({"warm_start/cache_hit": 1.0, "warm_start/sft_steps_this_run": 0.0,
@@ -309,7 +399,9 @@ class Trainer:
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
         self._reset_optimizer_moments()
         self.warm_start_done = True
-        (folder / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        if self.is_main:
+            (folder / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        dist.barrier()
         log.info("warm start: %s", summary)
         return summary
 
@@ -379,7 +471,8 @@ class Trainer:
                                          max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0,
                                          batch_size=self.cfg.rollout.batch_size, seed=t.seed)
             self.model.eval()
-            exact = action_exact_match(greedy, heldout, self.runner.parser)
+            with self.engine.full_weights():
+                exact = action_exact_match(greedy, heldout, self.runner.parser)
         target = cache_dir if cache_dir is not None else self.out / "warm_start"
         summary: dict[str, Any] = {
             "warm_start/loss_first": losses[0] if losses else math.nan,
@@ -395,11 +488,15 @@ class Trainer:
         return summary
 
     def _save_atomically(self, target: Path, summary: dict[str, Any]) -> None:
-        """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers)."""
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.mkdir()
+        """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers).
+        Collective: every rank helps gather the weights, rank 0 writes, the others wait for it."""
+        tmp = target.parent / dist.broadcast_object(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
         self._save_model(tmp / "model")
+        if self.is_main:
+            self._publish(tmp, target, summary)
+        dist.barrier()
+
+    def _publish(self, tmp: Path, target: Path, summary: dict[str, Any]) -> None:
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
         if target.exists() and target != self.out / "warm_start":
             shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good
@@ -426,8 +523,11 @@ class Trainer:
 
             result = set_peft_model_state_dict(self.model, state)
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
+            refresh = getattr(getattr(self.engine, "optimizer", None), "refresh_fp32_params", None)
+            if callable(refresh):  # ZeRO / bf16 keep an fp32 master copy the next step would write back
+                refresh()
         else:
-            result = self.model.load_state_dict(state, strict=False)
+            result = self.engine.load_full_state_dict(state)
             tied = {k for k in result.missing_keys if "lm_head" in k}
             missing = [k for k in result.missing_keys if k not in tied]
             if missing:
@@ -437,9 +537,7 @@ class Trainer:
             raise ckpt.CheckpointError(f"{folder}: unexpected weights {unexpected[:5]}")
 
     def _reset_optimizer_moments(self) -> None:
-        optimizer = getattr(self.engine, "optimizer", None)
-        if isinstance(optimizer, torch.optim.Optimizer):
-            optimizer.state.clear()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
+        self.engine.reset_optimizer_state()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
 
     def _setup_reference(self) -> None:
         """The frozen reference for the KL term: the policy at RL start (after any warm start). With LoRA it
@@ -481,11 +579,16 @@ class Trainer:
 
     # ---- one RL step ------------------------------------------------------------------------------------
     def collect(self) -> list[Trajectory]:
+        """This rank's share of the step's tasks: B / ranks whole groups, numbered as in a one-process run."""
         r = self.cfg.rollout
-        tasks = train_task_specs(self.task_cursor, r.tasks_per_step, num_tasks=self.num_tasks, seed=self.cfg.trainer.seed)
+        first = self.task_cursor + self.rank * self.tasks_per_rank
+        tasks = train_task_specs(first, self.tasks_per_rank, num_tasks=self.num_tasks, seed=self.cfg.trainer.seed)
         self.model.eval()
-        trajs = self.runner.run(self.policy, tasks, group_size=r.group_size, first_group_id=self.task_cursor,
-                                first_traj_id=self.task_cursor * r.group_size)
+        with self._generating():
+            trajs = self.runner.run(self.policy, tasks, group_size=r.group_size, first_group_id=first,
+                                    first_traj_id=first * r.group_size)
+        for traj in trajs:
+            traj.metadata["rank"] = self.rank
         self.task_cursor += r.tasks_per_step
         return trajs
 
@@ -498,10 +601,11 @@ class Trainer:
         self.step_done += 1
         metrics["step"] = self.step_done
         if self.cfg.trainer.save_trajectories:
-            save_jsonl(trajs, self.out / "trajectories" / f"step_{self.step_done:06d}.jsonl")
+            union = [t for part in dist.all_gather_objects(trajs) for t in part]
+            if self.is_main:
+                save_jsonl(union, self.out / "trajectories" / f"step_{self.step_done:06d}.jsonl")
             self._save_credit(trajs)
-        if hasattr(self.policy, "sync_weights"):
-            self.policy.sync_weights(self.model)  # vLLM: push the updated weights into the engine
+        self._weights_dirty = True  # vLLM gets the updated weights before it next generates
         return metrics
 
     def score(self, trajs: list[Trajectory]) -> TurnBatch:
@@ -526,14 +630,15 @@ class Trainer:
         responses = [r.response_ids for r in rows]
 
         t0 = time.perf_counter()
-        old = self._old_logprobs(rows, prompts, responses)
-        ref = self._reference_logprobs(prompts, responses)
-        seconds_logprobs = time.perf_counter() - t0
+        with self.engine.full_weights():  # ZeRO-3: these passes differ in length by rank
+            old = self._old_logprobs(rows, prompts, responses)
+            ref = self._reference_logprobs(prompts, responses)
+            seconds_logprobs = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        # GRPO reads no evidence: the teacher is the student itself, so every gap (and e_k) is exactly 0.
-        teacher = self.teacher_logprobs(batch, old) if a.needs_teacher else list(old)
-        seconds_teacher = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            # GRPO reads no evidence: the teacher is the student itself, so every gap (and e_k) is exactly 0.
+            teacher = self.teacher_logprobs(batch, old) if a.needs_teacher else list(old)
+            seconds_teacher = time.perf_counter() - t0
         gaps = [t - s for t, s in zip(teacher, old, strict=True)]  # per-token evidence (0 without c+)
         evidence = torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64)
 
@@ -561,9 +666,54 @@ class Trainer:
             "seconds_update": seconds_update,
             "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         }
+        if self.world > 1:
+            metrics = self._reduce_metrics(metrics, trajs, evidence, tok_adv, seq_adv)
         # one key style for every phase: `<phase>/<env spec>/<metric>`, as validation writes `val/<spec>/...`
-        metrics[f"train/{self.cfg.env.id}/success_rate"] = batch.stats["success_rate"]
+        metrics[f"train/{self.cfg.env.id}/success_rate"] = metrics["success_rate"]
         return metrics
+
+    def _reduce_metrics(self, metrics: dict[str, Any], trajs: list[Trajectory], evidence: Tensor, tok_adv: Tensor,
+                        seq_adv: Tensor) -> dict[str, Any]:
+        """This rank's step metrics -> the whole step's: each mean weighted by what it averages over (episodes,
+        turns, rows, tokens), counts summed, stds from sums of squares, timings and memory the maximum;
+        the update's numbers (loss, kl, grad_norm, ...) are global already. One all-reduce for the sums, one for the maxima."""
+        per = {"traj": float(len(trajs)), "turn": float(sum(t.num_turns for t in trajs)),
+               "row": float(len(evidence)), "token": float(tok_adv.numel())}
+        by_turn = {"invalid_action_rate"} | {k for k in metrics if k.startswith("invalid/")}
+        by_traj = {"success_rate", "reward_mean", "turns_mean", "score_mean"}
+        summed = {"env_errors", "num_rows", "teacher_rows", "response_tokens"}
+        biggest = {k for k in metrics if k.startswith(("seconds_", "memory/"))}
+        weighted = [k for k in metrics if k in by_turn | by_traj and isinstance(metrics[k], (int, float))]
+        gap = metrics.get("sample_logprob_gap", math.nan)
+        gap_rows = per["row"] if math.isfinite(gap) else 0.0
+        e, q = evidence.double(), seq_adv.double()
+        vector = ([per["traj"], per["turn"], per["row"], per["token"], float(len(q)), gap_rows,
+                   gap * gap_rows if gap_rows else 0.0, float(e.sum()), float((e * e).sum()),
+                   float(tok_adv.double().sum()), float(tok_adv.double().abs().sum()), float(q.sum()),
+                   float((q * q).sum())]
+                  + [float(metrics[k]) * (per["turn"] if k in by_turn else per["traj"]) for k in weighted]
+                  + [float(metrics.get(k, 0.0)) for k in sorted(summed)])
+        total = dist.all_reduce(vector)
+        n_traj, n_turn, n_row, n_tok, n_seq, n_gap, gap_sum, e1, e2, a1, a_abs, q1, q2 = total[:13]
+        out = dict(metrics)
+        for k, v in zip(weighted, total[13:13 + len(weighted)], strict=True):
+            out[k] = v / max(n_turn if k in by_turn else n_traj, 1.0)
+        for k, v in zip(sorted(summed), total[13 + len(weighted):], strict=True):
+            if k in metrics:
+                out[k] = v
+        mean_e = e1 / n_row if n_row else 0.0
+        out["evidence_mean"] = mean_e
+        out["evidence_std"] = math.sqrt(max(e2 / n_row - mean_e ** 2, 0.0)) if n_row else 0.0
+        out["advantage_mean"] = a1 / n_tok if n_tok else 0.0
+        out["advantage_abs_mean"] = a_abs / n_tok if n_tok else 0.0
+        mean_q = q1 / n_seq if n_seq else 0.0
+        out["seq_advantage_std"] = math.sqrt(max(q2 / n_seq - mean_q ** 2, 0.0)) if n_seq else 0.0
+        out["sample_logprob_gap"] = gap_sum / n_gap if n_gap else math.nan
+        keys = sorted(biggest)
+        for k, v in zip(keys, dist.all_reduce([float(metrics[k]) for k in keys], op="max"), strict=True):
+            out[k] = v
+        out["ranks"] = float(self.world)
+        return out
 
     def _old_logprobs(self, rows: list[Any], prompts: list[list[int]], responses: list[list[int]]) -> list[Tensor]:
         """π_old of every response token: the sampler's own numbers when they are trustworthy (HF backend,
@@ -651,26 +801,39 @@ class Trainer:
         """`credit/step_N.jsonl` beside the trajectories: per turn e_k, B_k, ΔB_k, w_k, Ã_k (and GiGPO's step
         numbers, per-token gaps for a token-level estimator), one line per trajectory, joined by traj_id/turn."""
         record, self._credit_record = self._credit_record, None
-        if record is None:
-            return
-        token_text = None
-        if record.result.granularity == "token":
-            token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in record.batch.rows]
-        lines = credit_lines(trajs, record, estimator=self.cfg.algorithm.estimator, step=self.step_done,
-                             token_text=token_text)
-        write_jsonl_atomic(lines, self.out / "credit" / f"step_{self.step_done:06d}.jsonl")
+        lines: list[dict[str, Any]] = []
+        if record is not None:
+            token_text = None
+            if record.result.granularity == "token":
+                token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in record.batch.rows]
+            lines = credit_lines(trajs, record, estimator=self.cfg.algorithm.estimator, step=self.step_done,
+                                 token_text=token_text)
+        # every rank takes part, also one without rows (no record): the gather is collective
+        lines = [line for part in dist.all_gather_objects(lines) for line in part]
+        if self.is_main and lines:
+            write_jsonl_atomic(lines, self.out / "credit" / f"step_{self.step_done:06d}.jsonl")
 
-    def mini_batches(self, num_rows: int) -> list[list[int]]:
+    def mini_batches(self, num_rows: int, global_rows: int | None = None) -> list[list[int]]:
         """Row indices of each optimiser step of this RL step: `ppo_epochs` passes, each a fresh shuffle
         cut into `ppo_mini_batch_rows` (all rows at once when 0); seeded by the step, so a resumed run
-        replays the same order."""
+        replays the same order.
+
+        Data parallel (`global_rows` = the rows of all ranks): every rank must take the same number of
+        optimiser steps, so each cuts its own shuffled rows into ceil(global_rows / ppo_mini_batch_rows)
+        near-equal parts (possibly empty); mini-batch k is the union of the ranks' k-th parts."""
         a = self.cfg.algorithm
-        size = a.ppo_mini_batch_rows or num_rows
-        gen = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.step_done)
-        out = []
+        gen = torch.Generator().manual_seed(self.cfg.trainer.seed * 1_000_003 + self.step_done + 7_919 * self.rank)
+        out: list[list[int]] = []
+        if global_rows is None or self.world == 1:
+            size = a.ppo_mini_batch_rows or num_rows
+            for _ in range(a.ppo_epochs):
+                order = torch.randperm(num_rows, generator=gen).tolist() if size < num_rows else list(range(num_rows))
+                out += [order[i:i + size] for i in range(0, num_rows, size)]
+            return out
+        parts = max(math.ceil(global_rows / a.ppo_mini_batch_rows), 1) if a.ppo_mini_batch_rows else 1
         for _ in range(a.ppo_epochs):
-            order = torch.randperm(num_rows, generator=gen).tolist() if size < num_rows else list(range(num_rows))
-            out += [order[i:i + size] for i in range(0, num_rows, size)]
+            order = torch.randperm(num_rows, generator=gen) if parts > 1 else torch.arange(num_rows)
+            out += [chunk.tolist() for chunk in torch.tensor_split(order, parts)]
         return out
 
     def update(self, batch: TurnBatch, old: list[Tensor], ref: list[Tensor] | None,
@@ -680,7 +843,8 @@ class Trainer:
         a, o = self.cfg.algorithm, self.cfg.optim
         rows = batch.rows
         keys = ("loss", "policy_loss", "kl", "entropy", "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps")
-        if not rows:
+        global_rows = int(dist.all_reduce([len(rows)])[0])
+        if not global_rows:
             return dict.fromkeys(keys, 0.0)
         prompts = [r.prompt_ids for r in rows]
         responses = [r.response_ids for r in rows]
@@ -688,13 +852,21 @@ class Trainer:
         sums = dict.fromkeys(("policy", "kl", "entropy", "clipped", "approx_kl", "tokens"), 0.0)
         losses, grad_norms = [], []
         self.model.train()
-        for chosen in self.mini_batches(len(rows)):
-            num_tokens = sum(len(responses[i]) for i in chosen)
-            local = bucket_micro_batches([lengths[i] for i in chosen], max_tokens=o.micro_batch_tokens,
-                                         max_rows=o.micro_batch_rows)
+        plan = self.mini_batches(len(rows), global_rows)
+        micro = [bucket_micro_batches([lengths[i] for i in chosen], max_tokens=o.micro_batch_tokens,
+                                      max_rows=o.micro_batch_rows) if chosen else [] for chosen in plan]
+        # Token mean over every rank's rows: divide by the mini-batch's global token count; times the number of
+        # ranks, since DeepSpeed averages the gradients over them. All ranks run the same number of micro-batches.
+        local_tokens = [float(sum(len(responses[i]) for i in chosen)) for chosen in plan]
+        global_tokens = dist.all_reduce(local_tokens)
+        rounds = [int(n) for n in dist.all_reduce([float(len(m)) for m in micro], op="max")]
+        for chosen, local, num_tokens, n_micro in zip(plan, micro, global_tokens, rounds, strict=True):
             loss = 0.0
-            for k, part in enumerate(local):
-                idx = [chosen[j] for j in part]
+            for k in range(n_micro):
+                if k >= len(local):  # this rank has no rows left here: a zero-weight pass keeps ZeRO in step
+                    self.engine.backward(self._idle_loss(), is_last=k == n_micro - 1)
+                    continue
+                idx = [chosen[j] for j in local[k]]
                 mb = collate(idx, prompts, responses, self.tokenizer.pad_token_id).to(self.device)
                 width = mb.response_ids.shape[1]
                 logp, entropy = response_logprobs(self.model, mb, temperature=self.cfg.rollout.temperature,
@@ -704,20 +876,33 @@ class Trainer:
                     _pad_left([advantages[i] for i in idx], width).to(self.device), mb.response_mask,
                     entropy=entropy, ref_logp=_pad_left([ref[i] for i in idx], width).to(self.device) if ref else None,
                     clip_low=a.clip_low, clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c, kl_coef=a.kl_coef,
-                    entropy_coef=a.entropy_coef, num_tokens=num_tokens)
-                self.engine.backward(terms.loss, is_last=k == len(local) - 1)
+                    entropy_coef=a.entropy_coef, num_tokens=int(num_tokens))
+                self.engine.backward(terms.loss * self.world if self.world > 1 else terms.loss,
+                                     is_last=k == n_micro - 1)
                 loss += float(terms.loss.detach())
                 for key, value in (("policy", terms.policy), ("kl", terms.kl), ("entropy", terms.entropy),
                                    ("clipped", terms.clipped_tokens), ("approx_kl", terms.approx_kl)):
                     sums[key] += float(value)
-            sums["tokens"] += num_tokens
+            sums["tokens"] += num_tokens / self.world  # summed over the ranks below
             losses.append(loss)
             grad_norms.append(self.engine.step())
+        if self.world > 1:  # the loss terms are sums: add up the ranks' parts
+            names = list(sums)
+            sums = dict(zip(names, dist.all_reduce([sums[k] for k in names]), strict=True))
+            losses = dist.all_reduce(losses)
         tokens = max(sums["tokens"], 1.0)
         return {"loss": float(np.mean(losses)), "policy_loss": sums["policy"] / tokens, "kl": sums["kl"] / tokens,
                 "entropy": sums["entropy"] / tokens, "clip_fraction": sums["clipped"] / tokens,
                 "approx_kl": sums["approx_kl"] / tokens, "grad_norm": float(np.nanmean(grad_norms)),
                 "optimizer_steps": float(len(grad_norms))}
+
+    def _idle_loss(self) -> Tensor:
+        """A zero loss through the whole model (one pad token): a rank without rows in a micro-batch still
+        runs the forward/backward its ZeRO collectives expect, and adds nothing to the gradient."""
+        pad = self.tokenizer.pad_token_id
+        mb = collate([0], [[pad]], [[pad]], pad).to(self.device)
+        logp, _ = response_logprobs(self.model, mb, temperature=self.cfg.rollout.temperature)
+        return logp.sum() * 0.0
 
     @staticmethod
     def _sampling_gap(rows: list[Any], recomputed: list[Tensor]) -> float:
@@ -747,7 +932,9 @@ class Trainer:
         policy = self._make_policy(t.eval_temperature, seed=TRAIN_SEED_LIMIT + self.step_done)
         self.model.eval()
         t0 = time.perf_counter()
-        summary = evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs, runner=self._val_runner)
+        with self._generating():  # every rank plays the same episodes with the same seeds (same numbers)
+            summary = evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs,
+                                      runner=self._val_runner)
         out = {"val/success_rate": summary.success_rate, "val/score": summary.score_mean,
                "val/turns_mean": summary.turns_mean, "val/invalid_action_rate": summary.invalid_action_rate,
                "seconds_validation": time.perf_counter() - t0}
@@ -768,14 +955,17 @@ class Trainer:
         t0 = time.perf_counter()
         trajs: list[Trajectory] = []
         tasks = [TaskSpec(TRAIN_SEED_LIMIT + i, {"task_index": i}) for i in range(self.cfg.env.num_train_tasks)]
-        for start in range(0, len(tasks), per_call):
-            trajs += self.runner.run(policy, tasks[start:start + per_call], group_size=copies)
+        with self._generating():
+            for start in range(0, len(tasks), per_call):
+                trajs += self.runner.run(policy, tasks[start:start + per_call], group_size=copies)
         turns = max(sum(x.num_turns for x in trajs), 1)
         return {"pool/success_rate": sum(x.won for x in trajs) / max(len(trajs), 1),
                 "pool/invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns,
                 "pool/episodes": float(len(trajs)), "seconds_pool": time.perf_counter() - t0}
 
     def _log(self, metrics: dict[str, Any], *, step: int) -> None:
+        if not self.is_main:  # the metrics are reduced over the ranks already
+            return
         line = {"step": step, **{k: v for k, v in metrics.items() if k != "step"}}
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
@@ -789,24 +979,37 @@ class Trainer:
                     self._writer.add_scalar(k, v, step)
 
     def _save_model(self, folder: Path) -> None:
+        """save_pretrained of the full weights; collective (ZeRO-3 gathers them on rank 0), rank 0 writes."""
+        state = self.engine.full_state_dict()
+        if not self.is_main:
+            return
         folder.parent.mkdir(parents=True, exist_ok=True)
+        kwargs: dict[str, Any] = {"safe_serialization": True}
+        if state is not None:
+            kwargs["state_dict"] = state
         if hasattr(self.model, "peft_config"):  # the trained adapter only, never the frozen reference copy
-            self.model.save_pretrained(str(folder), safe_serialization=True, selected_adapters=["default"])
+            self.model.save_pretrained(str(folder), selected_adapters=["default"], **kwargs)
         else:
-            self.model.save_pretrained(str(folder), safe_serialization=True)
+            self.model.save_pretrained(str(folder), **kwargs)
         self.tokenizer.save_pretrained(str(folder))
 
     def save(self) -> Path:
         sampler = self.policy.get_rng_state() if hasattr(self.policy, "get_rng_state") else None
         ds_zero = isinstance(self.engine, DeepSpeedEngineAdapter) and self.engine.zero_stage > 0
+        rng = ckpt.capture_rng(sampler)
+        rank_rng = dist.all_gather_objects(rng) if self.world > 1 else None  # each rank resumes its own streams
         state = ckpt.TrainerState(step=self.step_done, task_cursor=self.task_cursor,
                                   warm_start_done=self.warm_start_done,
                                   engine={} if ds_zero else self.engine.state_dict(),
-                                  rng=ckpt.capture_rng(sampler), extra={"config": asdict(self.cfg)})
+                                  rng=rng, extra={"config": asdict(self.cfg)}, world_size=self.world,
+                                  rank_rng=rank_rng)
         extra = (lambda d: self.engine.save_deepspeed_checkpoint(str(d / "deepspeed"))) if ds_zero else None
+        ranks = ckpt.Ranks(self.rank, dist.barrier, dist.broadcast_object)
         path = ckpt.save_checkpoint(self.ckpt_dir, state, save_model=self._save_model,
-                                    config_yaml=self.cfg.to_yaml(), save_extra=extra)
-        ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
+                                    config_yaml=self.cfg.to_yaml(), save_extra=extra, ranks=ranks)
+        if self.is_main:
+            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
+        dist.barrier()
         return path
 
     def close(self) -> None:
