@@ -59,7 +59,7 @@ def test_unknown_roles_are_refused(tok) -> None:
                                       "agentgym_opsd/SearchQA-v0"])
 def test_real_prompts_encode_exactly_as_before(tok, env_spec: str) -> None:
     """For content without special-token strings nothing shifts: trained models and caches stay valid."""
-    runner = RolloutRunner(env_spec, num_envs=1)
+    runner = RolloutRunner(env_spec, num_envs=1, step_timeout_s=900)  # a cold cache builds the index first
     try:
         (traj,) = runner.run(OraclePolicy(), [TaskSpec(3, {})])
         assert traj.turns
