@@ -8,8 +8,9 @@ ZeRO stages 0, 2 and 3. One launch per stage serves every check of that stage:
   it runs zero-weight padding passes);
 - the checkpoint's `model/` (ZeRO-3: gathered from the shards) loads with plain `transformers` and gives
   the trainer model's log-probs;
-- ZeRO-3 also runs the warm start (exported through the gathered weights) and, in two more launches, kill -9
-  of both ranks mid-step 2 then `--resume auto` ends on the same weights and metrics as the uninterrupted run.
+- ZeRO-3 also runs the warm start (exported through the gathered weights), a validation, and, in two more
+  launches, kill -9 of both ranks mid-step 2 then `--resume auto` ends on the same weights and metrics as
+  the uninterrupted run.
 
 Plus, without launching: checkpoints without our manifest, with files it does not list, or with a changed
 pickle are refused before DeepSpeed reads anything; a checkpoint of 2 ranks does not resume on 1.
@@ -42,7 +43,9 @@ PROBE = ([1, 2, 3, 4, 5, 6], [7, 8, 9, 10])
 # Small but with real structure: 2 tasks x 2 rollouts per step, 3 turns, 8 new tokens, micro-batches of 2 rows.
 ARGS = ["--config", "cpu-tiny", "env.id=ToyCounter-v0", "trainer.total_steps=2", "trainer.save_every=1",
         "trainer.tensorboard=false", "rollout.max_new_tokens=8", "optim.micro_batch_rows=2"]
-WARM = ["warm_start.steps=1", "warm_start.episodes=2", "warm_start.batch_rows=4", "warm_start.cache=off"]
+# ZeRO-3 also runs the warm start and a validation after step 2 (both on every rank, with gathered weights).
+WARM = ["warm_start.steps=1", "warm_start.episodes=2", "warm_start.batch_rows=4", "warm_start.cache=off",
+        "trainer.eval_every=2", "trainer.eval_episodes=2"]
 
 # The child registers the toy env, then runs the real CLI with hooks that record what the test checks:
 # a digest of each rank's full weights after every step, rank 1 keeping one turn of its last trajectory
@@ -185,6 +188,7 @@ def test_two_ranks_split_the_tasks_and_stay_in_step(runs, zero) -> None:
     print(f"ZeRO-{zero}: 2-rank launch {seconds:.1f} s")
     lines = _metrics(out)
     assert [x["step"] for x in lines] == [1, 2] and all(x["ranks"] == 2.0 for x in lines)
+    assert ("val/success_rate" in lines[1]) == (zero == 3)
     assert all(math.isfinite(x["loss"]) and math.isfinite(x["grad_norm"]) for x in lines)
     for step in (1, 2):
         trajs = load_jsonl(out / "trajectories" / f"step_{step:06d}.jsonl")
