@@ -321,7 +321,7 @@ def plot(runs: Sequence[PolicyRun], path: Path) -> None:
             ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [f"{g} turns" if g != "all" else g for g in groups])
             ax.set_ylim(0.2, 1.0)
             want = "P(m_progress > m_wasted)" if outcome == "success" else "P(m_wasted > m_progress)"
-            ax.set_title(f"{run.policy}: {outcome}s, {want}", fontsize=9)
+            ax.set_title(f"{run.policy}: {'won' if outcome == 'success' else 'lost'} trajectories, {want}", fontsize=9)
             ax.set_ylabel("AUC")
         axes[r][1].legend(fontsize=7, loc="upper right", ncol=2)
     fig.tight_layout()
