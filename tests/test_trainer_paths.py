@@ -95,3 +95,26 @@ def test_reward_prior_is_the_group_mean_of_the_raw_reward(tmp_path, toy_env_ids)
             trainer.close()
     assert rates["won"] == [pytest.approx(0.5)]
     assert rates["reward"] == [pytest.approx(5.0)]  # 10 × one win in two: far outside [0, 1] before the clip
+
+
+def test_the_warm_start_key_sees_a_template_text_and_nothing_without_one(tmp_path, toy_env_ids) -> None:
+    from agentgym_opsd.trainer.warm_start import warm_start_key
+
+    template = tmp_path / "t.txt"
+    template.write_text("A {observation}")
+    keys = []
+    for extra in ([], [f"env.prompt_template={template}"]):
+        trainer = make_trainer(tmp_path / str(len(keys)), *extra)
+        try:
+            settings = trainer._warm_start_settings()
+            keys.append(warm_start_key(settings))
+        finally:
+            trainer.close()
+        assert "prompt_template" not in settings["env"]  # a path is not what shapes the prompts
+    template.write_text("B {observation}")
+    trainer = make_trainer(tmp_path / "2", f"env.prompt_template={template}")
+    try:
+        keys.append(warm_start_key(trainer._warm_start_settings()))
+    finally:
+        trainer.close()
+    assert len(set(keys)) == 3  # no template, template A, template B: three different warm starts

@@ -407,8 +407,13 @@ class Trainer:
 
     def _warm_start_settings(self) -> dict[str, Any]:
         c = self.cfg
-        return {"model": asdict(c.model), "env": {k: v for k, v in asdict(c.env).items()
-                                                  if k not in ("val_id", "use_skills", "step_timeout_s")},
+        env = {k: v for k, v in asdict(c.env).items() if k not in ("val_id", "use_skills", "step_timeout_s")}
+        # A user template shapes every prompt: its text (not its path) is part of the key. Without one the
+        # key leaves the field out, so warm starts cached before the field existed are still found.
+        template = env.pop("prompt_template")
+        if template:
+            env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
+        return {"model": asdict(c.model), "env": env,
                 "system_prompt": self.profile.system_prompt, "warm_start": {k: v for k, v in asdict(c.warm_start).items()
                                                                             if k != "cache"},
                 "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
