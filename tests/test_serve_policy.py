@@ -176,7 +176,8 @@ def test_requests_with_different_sampling_settings_are_not_mixed():
                        for i, t in enumerate([0.5, 1.0, 0.5, 1.0])]
             wait_until(lambda: batcher.queued() == 4, "the requests to queue")
         assert all(f.result().status_code == 200 for f in futures)
-    assert sorted(policy.batches[1:]) == [["p0", "p2"], ["p1", "p3"]]
+    # which settings group runs first, and the order inside a group, follow arrival; only the grouping is fixed
+    assert sorted(sorted(b) for b in policy.batches[1:]) == [["p0", "p2"], ["p1", "p3"]]
     assert sorted(s[:2] for s in policy.settings[1:]) == [(0.5, 0.9), (1.0, 0.9)]
 
 
