@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from agentgym_opsd.environments.webshop.pages import BACK_TO_SEARCH, SEP
 from agentgym_opsd.environments.webshop.session import (
@@ -132,8 +133,6 @@ class BrowserShopper:
     def act(self, action: str) -> ActionResult:
         """Validate against the DOM (as the site shows it), then type or click like a user."""
         from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
-        from selenium.webdriver.support.ui import WebDriverWait
 
         parsed = parse_action(action)
         if parsed is None:
@@ -165,17 +164,28 @@ class BrowserShopper:
             if name not in page.clickables:
                 return ActionResult(False, f"'{name[:80]}' is not a clickable on this page")
             self._driver.execute_script(_FIND_CLICK, name).click()
-        # A form submit navigates asynchronously: wait until the old document is gone before reading.
-        WebDriverWait(self._driver, self.page_load_timeout_s).until(expected_conditions.staleness_of(old_root))
-        self._page = None
+        self._wait_replaced(old_root)
         return ActionResult(True, done=name == "buy now" if verb == "click" else False)
+
+    def _wait_replaced(self, old_root: Any) -> None:
+        """A form submit or click navigates asynchronously: wait until the old document is gone. Chromium
+        reports a replaced node either as stale or as "node does not belong to the document"; both mean gone."""
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        def gone(_driver: Any) -> bool:
+            try:
+                old_root.is_enabled()
+            except WebDriverException:
+                return True
+            return False
+
+        WebDriverWait(self._driver, self.page_load_timeout_s).until(gone)
+        self._page = None
 
     def _click_and_wait(self, name: str) -> None:
         from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions
-        from selenium.webdriver.support.ui import WebDriverWait
 
         old_root = self._driver.find_element(By.TAG_NAME, "html")
         self._driver.execute_script(_FIND_CLICK, name).click()
-        WebDriverWait(self._driver, self.page_load_timeout_s).until(expected_conditions.staleness_of(old_root))
-        self._page = None
+        self._wait_replaced(old_root)
