@@ -26,6 +26,7 @@ __all__ = [
     "WON",
     "SCORE",
     "MAX_TURNS",
+    "ORACLE_DISTANCE",
     "EpisodeEndedError",
 ]
 
@@ -37,6 +38,8 @@ ACTION_VALID: Final = "action_valid"
 WON: Final = "won"
 SCORE: Final = "score"
 MAX_TURNS: Final = "max_turns"
+ORACLE_DISTANCE: Final = "oracle_distance"
+"""Optional info key: the expert's distance to the goal from the current state (None when unreachable)."""
 
 INFO_KEYS: Final = (TASK_ID, TASK_TYPE, TASK_TEXT, ADMISSIBLE_ACTIONS, ACTION_VALID, WON, SCORE, MAX_TURNS)
 """Keys every environment puts in `info` on reset and on every step. `admissible_actions` is None when the

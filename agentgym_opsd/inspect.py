@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.records import Trajectory, Turn, load_jsonl
+from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
 
@@ -148,6 +149,17 @@ def _sparkline(prior: float | None, beliefs: Sequence[float | None]) -> str:
             f'<polyline points="{path}"/>{dots}</svg>')
 
 
+def _oracle_badge(turn: Turn) -> str:
+    """The oracle's distance after the turn (as the rollout records it) and, when the distance before is
+    known, whether the turn made progress (the distance dropped) or was wasted."""
+    after = turn.info.get(ORACLE_AFTER)
+    if after is None:
+        return ""
+    before = turn.info.get(ORACLE_BEFORE)
+    label = "" if before is None else f" (from {_e(before)}: {'progress' if after < before else 'wasted'})"
+    return f'<span class="badge oracle" data-key="oracle_distance">oracle distance {_e(after)}{label}</span>'
+
+
 def _turn_html(data: StepData, traj: Trajectory, position: int, turn: Turn) -> str:
     credit = data.credit_of_turn(traj.traj_id, turn.index)
     cells = "".join(
@@ -158,9 +170,7 @@ def _turn_html(data: StepData, traj: Trajectory, position: int, turn: Turn) -> s
     numbers = f'<table class="credit"><tr>{heads}</tr><tr>{cells}</tr></table>' if credit else \
         '<p class="muted">no credit numbers saved for this turn</p>'
     validity = "valid" if turn.action_valid else f"invalid: {turn.invalid_reason or turn.invalid_kind or '?'}"
-    oracle = turn.info.get("oracle_distance")
-    oracle_html = f'<span class="badge oracle" data-key="oracle_distance">oracle distance {_e(oracle)}</span>' \
-        if oracle is not None else ""
+    oracle_html = _oracle_badge(turn)
     return f"""
 <div class="turn {'ok' if turn.action_valid else 'bad'}" data-turn="{turn.index}">
   <div class="turn-head"><b>turn {turn.index}</b> <span class="badge {'ok' if turn.action_valid else 'bad'}">{_e(validity)}</span>

@@ -26,10 +26,11 @@ from agentgym_opsd.prompts import HistoryItem, PromptRenderer
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
 
-__all__ = ["ORACLE_DISTANCE", "RolloutRunner"]
+__all__ = ["ORACLE_DISTANCE", "ORACLE_BEFORE", "ORACLE_AFTER", "RolloutRunner"]
 
-ORACLE_DISTANCE = "oracle_distance"
-"""Optional info key: expert actions still needed from the current state (None: the goal is out of reach)."""
+ORACLE_DISTANCE = core.ORACLE_DISTANCE  # re-exported: the info key the environments report
+ORACLE_BEFORE, ORACLE_AFTER = "oracle_distance_before", "oracle_distance_after"
+"""The `Turn.info` keys of the distance before and after the turn's action."""
 
 
 @dataclass
@@ -179,8 +180,8 @@ class RolloutRunner:
         if kind is not None:
             turn.info["invalid_kind"] = kind
         if ORACLE_DISTANCE in res.info:
-            turn.info["oracle_distance_before"] = ep.oracle_distance
-            turn.info["oracle_distance_after"] = ep.oracle_distance = res.info[ORACLE_DISTANCE]
+            turn.info[ORACLE_BEFORE] = ep.oracle_distance
+            turn.info[ORACLE_AFTER] = ep.oracle_distance = res.info[ORACLE_DISTANCE]
         traj = ep.traj
         traj.turns.append(turn)
         traj.total_reward += res.reward

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from agentgym_opsd import credit
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior",
@@ -62,9 +63,9 @@ def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
 
 def turn_label(turn: Turn) -> str | None:
     """progress / wasted from the recorded oracle distances; None when the environment reported none."""
-    if "oracle_distance_before" not in turn.info:
+    if ORACLE_BEFORE not in turn.info:
         return None
-    before, after = turn.info["oracle_distance_before"], turn.info.get("oracle_distance_after")
+    before, after = turn.info[ORACLE_BEFORE], turn.info.get(ORACLE_AFTER)
     dropped = turn.action_valid and before is not None and after is not None and after < before
     return PROGRESS if dropped else WASTED
 

@@ -13,6 +13,7 @@ import torch
 from agentgym_opsd import credit
 from agentgym_opsd.inspect import load_step, main, render_html
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
+from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
 from agentgym_opsd.trainer.turn_batch import CreditRecord, build_turn_batch, credit_lines, write_jsonl_atomic
 
 TESTS = Path(__file__).parent
@@ -22,7 +23,7 @@ HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="document.t
 def _turn(index: int, response: str, action: str, observation: str, *, valid: bool = True, reward: float = 0.0,
           oracle: int | None = None, prompt: str = "") -> Turn:
     tokens = response.split(" ")
-    info: dict = {} if oracle is None else {"oracle_distance": oracle}
+    info: dict = {} if oracle is None else {ORACLE_AFTER: oracle}  # as the rollout records it
     if not valid:
         info["invalid_kind"] = "not_admissible"
     return Turn(index=index, prompt=[{"role": "system", "content": "You are an agent."},
@@ -212,3 +213,14 @@ if __name__ == "__main__":  # regenerate docs/images/credit_inspector.png: pytho
         finally:
             drv.quit()
     sys.exit(0)
+
+
+def test_the_oracle_badge_reads_what_the_rollout_records() -> None:
+    from agentgym_opsd.inspect import _oracle_badge
+
+    turn = _turn(0, "x", "go", "ok")
+    assert _oracle_badge(turn) == ""
+    turn.info.update({ORACLE_BEFORE: 4, ORACLE_AFTER: 3})
+    assert "oracle distance 3 (from 4: progress)" in _oracle_badge(turn)
+    turn.info.update({ORACLE_BEFORE: 3, ORACLE_AFTER: 3})
+    assert "oracle distance 3 (from 3: wasted)" in _oracle_badge(turn)

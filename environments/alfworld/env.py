@@ -24,6 +24,7 @@ from typing import Any
 from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
+    ORACLE_DISTANCE,
     SCORE,
     TASK_ID,
     TASK_TEXT,
@@ -41,7 +42,6 @@ __all__ = ["ALFWorldEnv", "DATA_ENV_VAR", "ORACLE_DISTANCE"]
 DATA_ENV_VAR = "ALFWORLD_DATA"
 """Folder of downloaded ALFWorld data (holding `json_2.1.1/`), used when `data_source="real"`."""
 
-ORACLE_DISTANCE = "oracle_distance"
 """Info key: the oracle's distance to the goal (see the module docstring)."""
 
 _TASK_LINE = re.compile(r"Your task is to: (.*?)\.?\s*$", re.MULTILINE)

@@ -24,6 +24,7 @@ from typing import Any
 from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
+    ORACLE_DISTANCE,
     SCORE,
     TASK_ID,
     TASK_TEXT,
@@ -51,7 +52,6 @@ INVALID_ACTION_MESSAGE = (
     "Your previous action is invalid. Write exactly one <search>query</search> to search, or "
     "<answer>text</answer> to give your final answer, then try again."
 )
-ORACLE_DISTANCE = "oracle_distance"
 """Info key: expert actions still needed (see the module docstring)."""
 _PARSER = make_parser("tag:search,answer")  # Search-R1: the first complete <search> or <answer> is the action
 

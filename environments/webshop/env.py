@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
+    ORACLE_DISTANCE,
     SCORE,
     TASK_ID,
     TASK_TEXT,
@@ -37,7 +38,6 @@ from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, Shop, 
 __all__ = ["WebShopEnv", "MODES", "ORACLE_DISTANCE"]
 
 MODES = ("text", "browser")
-ORACLE_DISTANCE = "oracle_distance"
 """Info key: expert actions still needed (see the module docstring)."""
 
 
