@@ -55,6 +55,7 @@ __all__ = [
     "gigpo_step_advantages",
     "grpo_advantages",
     "grpo_turn_penalty_advantages",
+    "outcome_penalty_advantages",
     "pad_ragged",
     "reference_agentopsd_advantages",
     "reference_gigpo_step_advantages",
@@ -216,6 +217,30 @@ def grpo_turn_penalty_advantages(
     scale = std + eps if normalize_std else torch.ones_like(std)
     seq = (traj_rewards - mean[group]) / scale[group]
     return seq, -penalties / scale[group[row_traj_index]]
+
+
+def outcome_penalty_advantages(
+    traj_rewards: Tensor,
+    traj_group_ids: Tensor,
+    row_penalties: Tensor,
+    *,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """GRPO on trajectory outcomes, with the invalid-action penalty as a separate push on its own row.
+
+    ``A_seq`` is :func:`grpo_advantages` of the rewards (outcomes only, no penalty in them), and each row's
+    penalty term is ``−p`` in advantage units, never scaled by a group statistic. So a failed trajectory's
+    rows never gain from the penalty bookkeeping (a lost rollout is at or below its group's mean, and the
+    penalty only subtracts), and with binary outcomes in a group of G the push on an invalid turn is at
+    most ``p·√G`` times the smallest non-zero outcome advantage (|A_seq| ≥ 1/√G with the unbiased std):
+    ``p = 0.1, G = 4`` makes it at most a fifth. Returns ``(A_seq (trajectories,), A_pen (rows,))``.
+    """
+    _check_floating("row_penalties", row_penalties)
+    if bool((row_penalties < 0).any()):
+        raise ValueError("row_penalties must be >= 0 (a penalty pushes its turn down)")
+    seq = grpo_advantages(traj_rewards, traj_group_ids, eps=eps, normalize_std=normalize_std)
+    return seq, -row_penalties.to(traj_rewards.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------

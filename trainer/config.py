@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
+from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
 
 __all__ = [
     "AlgorithmConfig",
@@ -133,6 +134,11 @@ class RolloutConfig:
     temperature: float = _f(1.0, "sampling temperature of training rollouts")
     top_p: float = _f(1.0, "nucleus sampling threshold")
     max_new_tokens: int = _f(512, "max response tokens per turn")
+    dynamic_sampling: bool = _f(False, "DAPO filter-groups: keep only groups whose rollouts have both outcomes "
+                                       "(won and lost), rolling more tasks until tasks_per_step such groups are "
+                                       "found or max_sampling_rounds rounds were played")
+    max_sampling_rounds: int = _f(3, "dynamic sampling: rollout rounds of tasks_per_step tasks per RL step at "
+                                     "most, the first included")
     batch_size: int = _f(64, "generation batch size (prompts per generate call)")
     vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory (colocated with training)")
     vllm_max_model_len: int = _f(8192, "vLLM: max prompt + response tokens")
@@ -143,6 +149,7 @@ class RolloutConfig:
         _check_positive("rollout.group_size", self.group_size)
         _check_positive("rollout.max_new_tokens", self.max_new_tokens)
         _check_positive("rollout.batch_size", self.batch_size)
+        _check_positive("rollout.max_sampling_rounds", self.max_sampling_rounds)
         if not self.temperature > 0:
             raise ConfigError(f"rollout.temperature: expected > 0 for training rollouts, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -176,7 +183,10 @@ class AlgorithmConfig:
                                   "clip_ratio_c * |A| (verl's default 3; 0 = off)")
     penalty_mode: str = _f("trajectory", "where the invalid-action penalty goes: 'trajectory' = subtracted from "
                                          "the episode reward once per invalid turn; 'turn' = subtracted from the "
-                                         "invalid turn's own row only (released code)")
+                                         "invalid turn's own row inside the group statistics (released code: in "
+                                         "an all-failed group it makes valid turns of failed rollouts positive); "
+                                         "'outcome' = A_seq from outcomes alone, the penalty a separate push of "
+                                         "-penalty on the invalid turn's row (never rewards a failed rollout)")
     penalize: str = _f("any", "which invalid turns are penalised: 'any' (no tag, refused by the environment, "
                               "cut off) or 'format' (only replies without a parsable action; released code)")
     grpo_cross_steps: bool = _f(False, "penalty_mode=turn: GRPO mean/std of a group over all its turn rows "
@@ -200,7 +210,7 @@ class AlgorithmConfig:
         _check_positive("algorithm.ppo_epochs", self.ppo_epochs)
         _check_nonneg("algorithm.ppo_mini_batch_rows", self.ppo_mini_batch_rows)
         _check_nonneg("algorithm.lam_warmdown_steps", self.lam_warmdown_steps)
-        _check_choice("algorithm.penalty_mode", self.penalty_mode, ("trajectory", "turn"))
+        _check_choice("algorithm.penalty_mode", self.penalty_mode, PENALTY_MODES)
         _check_choice("algorithm.penalize", self.penalize, ("any", "format"))
         if self.clip_ratio_c and not self.clip_ratio_c > 1:
             raise ConfigError(f"algorithm.clip_ratio_c: expected > 1 (or 0 = off), got {self.clip_ratio_c}")
@@ -266,6 +276,8 @@ class WarmStartConfig:
     batch_rows: int = _f(8, "turn rows per warm-start step")
     thought: str = _f("", "optional canned text put before the oracle's action in the demonstrations")
     seed_offset: int = _f(5_000, "demonstration tasks use seeds from here (disjoint from RL and validation)")
+    seed: int = _f(-1, "seed of the demonstration order and the SFT shuffle (-1 = trainer.seed); fix it to share "
+                       "one cached warm start between RL runs of different trainer.seed")
 
     def __post_init__(self) -> None:
         _check_nonneg("warm_start.steps", self.steps)
@@ -274,6 +286,8 @@ class WarmStartConfig:
         _check_nonneg("warm_start.heldout_episodes", self.heldout_episodes)
         _check_choice("warm_start.cache", self.cache, ("auto", "off"))
         _check_positive("warm_start.batch_rows", self.batch_rows)
+        if self.seed < -1:
+            raise ConfigError(f"warm_start.seed: expected -1 (= trainer.seed) or a seed >= 0, got {self.seed}")
 
     @property
     def enabled(self) -> bool:

@@ -51,7 +51,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from agentgym_opsd import credit
 from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, save_jsonl
@@ -60,6 +59,8 @@ from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.config import Config, ConfigError
+from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.logprobs import (
     batched_response_logprobs,
@@ -414,10 +415,17 @@ class Trainer:
         if template:
             env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
         return {"model": asdict(c.model), "env": env,
-                "system_prompt": self.profile.system_prompt, "warm_start": {k: v for k, v in asdict(c.warm_start).items()
-                                                                            if k != "cache"},
+                "system_prompt": self.profile.system_prompt,
+                # `seed` enters once, as the effective seed, so keys from before the field existed still match
+                "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
                 "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
-                "env_num_tasks": self.env_num_tasks, "seed": c.trainer.seed}
+                "env_num_tasks": self.env_num_tasks, "seed": self.warm_start_seed}
+
+    @property
+    def warm_start_seed(self) -> int:
+        """The seed of the warm start: `warm_start.seed`, or `trainer.seed` when that is -1."""
+        ws = self.cfg.warm_start
+        return ws.seed if ws.seed >= 0 else self.cfg.trainer.seed
 
     def _warm_start_cache_dir(self) -> Path | None:
         if self.cfg.warm_start.cache == "off":
@@ -438,16 +446,17 @@ class Trainer:
 
     def _train_warm_start(self, cache_dir: Path | None) -> dict[str, Any]:
         ws, t = self.cfg.warm_start, self.cfg.trainer
+        seed = self.warm_start_seed
         t0 = time.perf_counter()
         if ws.episodes == 0 and self.env_num_tasks:
             # one demonstration per training game, in a seeded order (the held-out slice is its tail)
-            order = np.random.default_rng(t.seed + 1).permutation(self.env_num_tasks)
+            order = np.random.default_rng(seed + 1).permutation(self.env_num_tasks)
             if ws.exclude_rl_pool and self.cfg.env.num_train_tasks:
                 order = order[order >= self.cfg.env.num_train_tasks]
             tasks = [TaskSpec((ws.seed_offset + j) % TRAIN_SEED_LIMIT, {"task_index": int(k)})
                      for j, k in enumerate(order)]
         else:
-            tasks = train_task_specs(ws.seed_offset, ws.episodes or 32, num_tasks=self.env_num_tasks, seed=t.seed + 1)
+            tasks = train_task_specs(ws.seed_offset, ws.episodes or 32, num_tasks=self.env_num_tasks, seed=seed + 1)
         demos = collect_demonstrations(self.runner, tasks, thought=ws.thought, batch=self.runner.pool.num_envs)
         heldout = demos[len(demos) - ws.heldout_episodes:] if 0 < ws.heldout_episodes < len(demos) else []
         train_demos = demos[: len(demos) - len(heldout)]
@@ -455,7 +464,7 @@ class Trainer:
         if not rows:
             raise RuntimeError(f"the warm start found no won oracle episodes in {len(tasks)} tasks of {self.cfg.env.id}")
         seconds_demos = time.perf_counter() - t0
-        rng = np.random.default_rng(t.seed)
+        rng = np.random.default_rng(seed)
         epochs = ws.epochs if ws.epochs > 0 else ws.steps * ws.batch_rows / len(rows)
         schedule = sft_schedule(len(rows), batch_rows=ws.batch_rows, epochs=epochs, rng=rng)
         if ws.epochs == 0:
@@ -474,7 +483,7 @@ class Trainer:
 
             greedy = make_policy_backend("hf", model=self.model, tokenizer=self.tokenizer,
                                          max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0,
-                                         batch_size=self.cfg.rollout.batch_size, seed=t.seed)
+                                         batch_size=self.cfg.rollout.batch_size, seed=seed)
             self.model.eval()
             with self.engine.full_weights():
                 exact = action_exact_match(greedy, heldout, self.runner.parser)
@@ -583,8 +592,31 @@ class Trainer:
                 self.model.set_adapter("default")
 
     # ---- one RL step ------------------------------------------------------------------------------------
+    def collect_step(self) -> tuple[list[Trajectory], dict[str, float]]:
+        """This rank's trajectories of one step and the sampling metrics. Without dynamic sampling: B / ranks
+        whole groups, numbered as in a one-process run. With it: rounds of B tasks until this rank holds
+        B / ranks groups with mixed outcomes or `rollout.max_sampling_rounds` rounds were played (every rank
+        plays the same number of rounds)."""
+        r = self.cfg.rollout
+        if not r.dynamic_sampling:
+            trajs = self.collect()
+            return trajs, {f"rollout/{k}": v for k, v in group_diversity(trajs).items()}
+        seen: list[Trajectory] = []
+
+        def play(_: int) -> list[Trajectory]:
+            seen.extend(trajs := self.collect())
+            return trajs
+
+        def keep_going(kept: int) -> bool:  # collective: ZeRO-3 generation gathers weights on every rank
+            return any(k < self.tasks_per_rank for k in dist.all_gather_objects(kept))
+
+        trajs, report = collect_informative(play, want_groups=self.tasks_per_rank, max_rounds=r.max_sampling_rounds,
+                                            keep_going=keep_going)
+        return trajs, {**report.metrics(), **{f"rollout/{k}": v for k, v in group_diversity(seen).items()}}
+
     def collect(self) -> list[Trajectory]:
-        """This rank's share of the step's tasks: B / ranks whole groups, numbered as in a one-process run."""
+        """One round: the next B tasks of the training stream (this rank's B / ranks whole groups, numbered
+        as in a one-process run), G rollouts each."""
         r = self.cfg.rollout
         first = self.task_cursor + self.rank * self.tasks_per_rank
         tasks = train_task_specs(first, self.tasks_per_rank, num_tasks=self.num_tasks, seed=self.cfg.trainer.seed)
@@ -599,9 +631,10 @@ class Trainer:
 
     def step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        trajs = self.collect()
+        trajs, sampling = self.collect_step()
         seconds_rollout = time.perf_counter() - t0
         metrics = self.step_on(trajs)
+        metrics.update(sampling)
         metrics["seconds_rollout"] = seconds_rollout
         self.step_done += 1
         metrics["step"] = self.step_done
@@ -774,33 +807,15 @@ class Trainer:
         return a.lam * (1.0 - done / a.lam_warmdown_steps)
 
     def advantages(self, batch: TurnBatch, evidence: Tensor, gaps: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-        """Per-row token advantages (1-D, one per response token) and the per-trajectory A_seq.
-
-        With `penalty_mode=turn` the GRPO row advantage splits into A_seq (reshaped by the estimator) plus
-        the row's own penalty term, which is added after the reshaping (`credit.grpo_turn_penalty_advantages`).
-        """
+        """Per-row token advantages (1-D, one per response token) and the per-trajectory A_seq
+        (`trainer/advantages.py`: the penalty mode's bookkeeping, the estimator, the row penalty term)."""
         a = self.cfg.algorithm
-        if batch.penalty_mode == "turn":
-            seq_adv, penalty_adv = credit.grpo_turn_penalty_advantages(
-                batch.traj_rewards, batch.traj_group_ids, batch.traj_index, batch.row_penalties,
-                cross_steps=a.grpo_cross_steps, eps=a.eps, normalize_std=a.normalize_std)
-        else:
-            seq_adv = credit.grpo_advantages(batch.traj_rewards, batch.traj_group_ids, eps=a.eps,
-                                             normalize_std=a.normalize_std)
-            penalty_adv = torch.zeros(len(batch.rows), dtype=torch.float64)
-        if not batch.rows:
-            return [], seq_adv
-        gap_grid, mask = credit.pad_ragged(gaps, torch.float64)
-        inputs = credit.CreditInputs(
-            seq_adv[batch.traj_index], batch.traj_ids, batch.turn_ids, batch.success_rate, evidence=evidence,
-            token_gaps=gap_grid, token_mask=mask, group_ids=batch.group_ids, anchor_keys=batch.anchor_keys,
-            turn_rewards=batch.turn_rewards, turn_penalties=batch.turn_penalties)
-        result = credit.estimate(a.estimator, inputs, a.credit_config(self.current_lam()),
-                                 return_details=self.cfg.trainer.save_trajectories)
-        advantages = result.token_advantages(mask, row_offset=penalty_adv, dtype=torch.float32)
-        if self.cfg.trainer.save_trajectories:  # kept for the step's credit file (`_save_credit`)
-            self._credit_record = CreditRecord(batch, evidence, gaps, seq_adv, advantages, result)
-        return advantages, seq_adv
+        out = batch_advantages(batch, evidence, gaps, estimator=a.estimator, config=a.credit_config(self.current_lam()),
+                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std,
+                               return_details=self.cfg.trainer.save_trajectories)
+        if self.cfg.trainer.save_trajectories and out.result is not None:  # for the step's credit file
+            self._credit_record = CreditRecord(batch, evidence, gaps, out.seq, out.tokens, out.result)
+        return out.tokens, out.seq
 
     def _save_credit(self, trajs: list[Trajectory]) -> None:
         """`credit/step_N.jsonl` beside the trajectories: per turn e_k, B_k, ΔB_k, w_k, Ã_k (and GiGPO's step
@@ -966,6 +981,7 @@ class Trainer:
         turns = max(sum(x.num_turns for x in trajs), 1)
         return {"pool/success_rate": sum(x.won for x in trajs) / max(len(trajs), 1),
                 "pool/invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns,
+                **group_diversity(trajs, prefix="pool/"),
                 "pool/episodes": float(len(trajs)), "seconds_pool": time.perf_counter() - t0}
 
     def _log(self, metrics: dict[str, Any], *, step: int) -> None:

@@ -9,7 +9,8 @@ trajectory (reward, group success rate) so that the credit estimator gets everyt
 Reward of a trajectory: `reward_scale * won` (binary success, paper; reward_scale 10 reproduces the
 released code's 0/10 scale). The invalid-action penalty goes either into that reward once per penalised turn
 (`penalty_mode="trajectory"`, every turn of the trajectory shares it) or onto the penalised turn's own row
-(`penalty_mode="turn"`, the released code; `row_penalties`). `penalize="any"` penalises every invalid turn,
+(`penalty_mode="turn"`, the released code, and `penalty_mode="outcome"`, where the trainer keeps it apart
+from the outcome advantage; `row_penalties`). `penalize="any"` penalises every invalid turn,
 `"format"` only replies without a parsable action (the released code lets a well-formed but inadmissible
 action waste its turn unpunished). The group success rate R̄ (the belief's prior) is the fraction of the group's
 trajectories that were won (`success_source="won"`, paper), or the group mean of the raw reward without
@@ -39,7 +40,7 @@ from torch import Tensor
 from agentgym_opsd.credit import CreditResult
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates
 
-__all__ = ["TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
+__all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
            "anchor_key", "CreditRecord", "credit_lines", "write_jsonl_atomic"]
 
 PromptEncoder = Callable[[list[ChatMessage]], list[int]]
@@ -124,6 +125,10 @@ class TurnBatch:
         return torch.tensor([r.anchor_key for r in self.rows], dtype=torch.long)
 
 
+PENALTY_MODES: tuple[str, ...] = ("trajectory", "turn", "outcome")
+"""Where the invalid-action penalty goes: the episode reward, the turn's row inside the group statistics
+(released code), or the turn's row as a separate push beside an outcome-only advantage (CPU presets)."""
+
 PENALISED_KINDS = {"any": frozenset(INVALID_KINDS), "format": frozenset({"no_tag", "truncated"})}
 
 
@@ -186,11 +191,11 @@ def build_turn_batch(
     `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or an empty
     skill context) the row has no teacher prompt and its evidence is zero.
     """
-    if penalty_mode not in ("trajectory", "turn"):
-        raise ValueError(f"penalty_mode must be 'trajectory' or 'turn', got {penalty_mode!r}")
+    if penalty_mode not in PENALTY_MODES:
+        raise ValueError(f"penalty_mode must be one of {PENALTY_MODES}, got {penalty_mode!r}")
     if penalize not in PENALISED_KINDS:
         raise ValueError(f"penalize must be one of {sorted(PENALISED_KINDS)}, got {penalize!r}")
-    per_turn = penalty_mode == "turn"
+    per_turn = penalty_mode != "trajectory"
     rewards = trajectory_rewards(trajectories, reward_scale=reward_scale,
                                  invalid_penalty=0.0 if per_turn else invalid_penalty, penalize=penalize)
     rates = group_success_rates(trajectories, source=success_source, reward_scale=reward_scale)

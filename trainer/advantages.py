@@ -1,0 +1,74 @@
+"""A step's advantages from its turn batch: the outcome advantage A_seq, the penalty bookkeeping of the chosen
+`penalty_mode`, the registered credit estimator, and the per-token advantages the update reads.
+
+Pure tensor math on a `TurnBatch` (no model), so the trainer and the property tests
+(`tests/test_never_reward_failure.py`) run the very same composition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentgym_opsd import credit
+from agentgym_opsd.credit import CreditConfig, CreditResult
+from agentgym_opsd.trainer.turn_batch import TurnBatch
+
+__all__ = ["BatchAdvantages", "batch_advantages"]
+
+
+@dataclass
+class BatchAdvantages:
+    """`tokens`: one 1-D tensor per row, the advantage of each response token (penalty term included);
+    `seq`: (trajectories,) A_seq; `penalty`: (rows,) the penalty term added after the estimator;
+    `result`: the estimator's output (None for an empty batch)."""
+
+    tokens: list[Tensor]
+    seq: Tensor
+    penalty: Tensor
+    result: CreditResult | None
+
+
+def batch_advantages(
+    batch: TurnBatch,
+    evidence: Tensor,
+    gaps: list[Tensor],
+    *,
+    estimator: str,
+    config: CreditConfig,
+    cross_steps: bool = False,
+    normalize_std: bool = True,
+    return_details: bool = False,
+) -> BatchAdvantages:
+    """Advantages of every row of `batch` (`evidence` (rows,) e_k, `gaps` per-row token gaps).
+
+    `penalty_mode` of the batch: "trajectory" (the penalty is inside each trajectory's reward), "turn" (the
+    released code: row score R − p normalised by the group's statistics, split into A_seq and a row term,
+    `credit.grpo_turn_penalty_advantages`), "outcome" (A_seq from outcomes alone and −p on the invalid row,
+    `credit.outcome_penalty_advantages`). The estimator reshapes A_seq; the row term is added after it.
+    """
+    eps = config.eps
+    if batch.penalty_mode == "turn":
+        seq, penalty = credit.grpo_turn_penalty_advantages(
+            batch.traj_rewards, batch.traj_group_ids, batch.traj_index, batch.row_penalties,
+            cross_steps=cross_steps, eps=eps, normalize_std=normalize_std)
+    elif batch.penalty_mode == "outcome":
+        seq, penalty = credit.outcome_penalty_advantages(
+            batch.traj_rewards, batch.traj_group_ids, batch.row_penalties, eps=eps, normalize_std=normalize_std)
+    else:
+        seq = credit.grpo_advantages(batch.traj_rewards, batch.traj_group_ids, eps=eps, normalize_std=normalize_std)
+        penalty = torch.zeros(len(batch.rows), dtype=torch.float64)
+    if not batch.rows:
+        return BatchAdvantages([], seq, penalty, None)
+    gap_grid, mask = credit.pad_ragged(gaps, torch.float64)
+    inputs = credit.CreditInputs(
+        seq[batch.traj_index], batch.traj_ids, batch.turn_ids, batch.success_rate, evidence=evidence,
+        token_gaps=gap_grid, token_mask=mask, group_ids=batch.group_ids, anchor_keys=batch.anchor_keys,
+        turn_rewards=batch.turn_rewards,
+        # outcome mode: the penalty is the separate row push only, never part of GiGPO's step returns
+        turn_penalties=None if batch.penalty_mode == "outcome" else batch.turn_penalties)
+    result = credit.estimate(estimator, inputs, config, return_details=return_details)
+    tokens = result.token_advantages(mask, row_offset=penalty, dtype=torch.float32)
+    return BatchAdvantages(tokens, seq, penalty, result)
