@@ -357,7 +357,9 @@ def reference_agentopsd_advantages(
         b0 = 0.5 if cfg.variant == "no_prior" else min(max(rate_rows[rows[0]], cfg.eps0), 1.0 - cfg.eps0)
         b0 = min(max(b0, cfg.eps), 1.0 - cfg.eps)
         logit_b0 = math.log(b0) - math.log(1.0 - b0)
-        c, b_prev, q = 0.0, b0, []
+        # ΔB_1 against B_0 as the belief's own arithmetic rounds it: zero evidence is then exactly ΔB = 0
+        start = min(max(1.0 / (1.0 + math.exp(-logit_b0)), cfg.eps), 1.0 - cfg.eps)
+        c, b_prev, q = 0.0, start, []
         for row in rows:
             e = e_rows[row]
             c = cfg.gamma * c + e
@@ -931,8 +933,12 @@ def _reshape_on_grid(
     else:  # clip to [ε0, 1 − ε0], then the same [ε, 1 − ε] clamp as B_k so ΔB_1 compares like with like
         b0 = rate.clamp(max(cfg.eps0, cfg.eps), 1.0 - max(cfg.eps0, cfg.eps))
     c = _discounted_cumsum(e_grid, cfg.gamma)  # (seqs, L) c_k = Σ_{j≤k} γ^(k−j) e_j
-    belief = torch.sigmoid(c.add_(torch.logit(b0)[:, None])).clamp_(cfg.eps, 1.0 - cfg.eps)
-    delta_b = belief - torch.cat([b0[:, None], belief[:, :-1]], dim=1)  # ΔB_k = B_k − B_(k−1)
+    logit_b0 = torch.logit(b0)
+    # ΔB_1 is taken against σ(logit B_0), B_0 as the belief's own arithmetic rounds it: with zero evidence
+    # every ΔB_k is then exactly 0 (B_0 itself would leave rounding noise that 1/(std + ε) amplifies).
+    start = torch.sigmoid(logit_b0).clamp_(cfg.eps, 1.0 - cfg.eps)
+    belief = torch.sigmoid(c.add_(logit_b0[:, None])).clamp_(cfg.eps, 1.0 - cfg.eps)
+    delta_b = belief - torch.cat([start[:, None], belief[:, :-1]], dim=1)  # ΔB_k = B_k − B_(k−1)
     if details is not None:  # copies: the lines below overwrite delta_b in place
         details.update(prior=b0, belief=belief, delta_belief=delta_b.clone())
 
