@@ -99,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:
     """'before -> after' lines for held-out validation and the training pool, from a run's metrics.jsonl
-    (the first and the last line that has each number; nothing when a run validated once or never)."""
+    (the first and the last line that has each number; nothing when a run validated once or never), each
+    with its Wilson 95% interval when the episode count is logged, and a warning line when the after-interval
+    lies wholly below the before-interval (training made the agent worse beyond what chance explains)."""
     import json
     from pathlib import Path
+
+    from agentgym_opsd.evaluation.metrics import wilson_interval
 
     path = Path(metrics_path)
     if not path.is_file():
@@ -113,11 +117,24 @@ def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:
         except json.JSONDecodeError:
             continue
     out = []
-    for key, label in (("val/success_rate", "held-out success"), ("pool/success_rate", "training-pool success")):
-        seen = [(r.get("step", 0), r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if len(seen) >= 2:
-            (s0, v0), (s1, v1) = seen[0], seen[-1]
+    for prefix, label in (("val", "held-out success"), ("pool", "training-pool success")):
+        key = f"{prefix}/success_rate"
+        seen = [(r.get("step", 0), r[key], r.get(f"{prefix}/episodes")) for r in rows
+                if isinstance(r.get(key), (int, float))]
+        if len(seen) < 2:
+            continue
+        (s0, v0, n0), (s1, v1, n1) = seen[0], seen[-1]
+        if not (n0 and n1):
             out.append(f"{label}: {100 * v0:.1f}% (step {s0}) -> {100 * v1:.1f}% (step {s1})")
+            continue
+        lo0, hi0 = wilson_interval(round(v0 * n0), int(n0))
+        lo1, hi1 = wilson_interval(round(v1 * n1), int(n1))
+        out.append(f"{label}: {100 * v0:.1f}% [{100 * lo0:.0f}, {100 * hi0:.0f}] (step {s0}) -> "
+                   f"{100 * v1:.1f}% [{100 * lo1:.0f}, {100 * hi1:.0f}] (step {s1}), 95% intervals over "
+                   f"{int(n0)} / {int(n1)} episodes")
+        if hi1 < lo0:
+            out.append(f"WARNING: {label} after training lies wholly below its value before: the run made the "
+                       f"agent worse; look at {path.parent / 'credit'} and the trajectories before reusing it.")
     return out
 
 

@@ -337,6 +337,23 @@ def test_learning_summary_reports_before_and_after(tmp_path) -> None:
     assert learning_summary(tmp_path / "missing.jsonl") == []
 
 
+def test_learning_summary_gives_intervals_and_warns_when_worse_beyond_chance(tmp_path) -> None:
+    import json
+
+    from agentgym_opsd.evaluation.metrics import wilson_interval
+    from agentgym_opsd.train import learning_summary
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 0, "val/success_rate": 0.75, "val/episodes": 48, "pool/success_rate": 0.5, "pool/episodes": 64},
+             {"step": 12, "val/success_rate": 0.25, "val/episodes": 48, "pool/success_rate": 0.5, "pool/episodes": 64}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = learning_summary(path)
+    lo, hi = wilson_interval(36, 48)
+    assert out[0].startswith(f"held-out success: 75.0% [{100 * lo:.0f}, {100 * hi:.0f}] (step 0) -> 25.0%")
+    assert out[1].startswith("WARNING: held-out success after training lies wholly below")
+    assert len(out) == 3 and not out[2].startswith("WARNING")  # the pool did not move: no warning
+
+
 def test_warm_start_can_leave_the_rl_pool_to_rl(tmp_path, toy_env_ids, monkeypatch) -> None:
     import agentgym_opsd.trainer.loop as loop
 

@@ -955,7 +955,8 @@ class Trainer:
         with self._generating():  # every rank plays the same episodes with the same seeds (same numbers)
             summary = evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs,
                                       runner=self._val_runner)
-        out = {"val/success_rate": summary.success_rate, "val/score": summary.score_mean,
+        out = {"val/success_rate": summary.success_rate, "val/episodes": float(summary.episodes),
+               "val/score": summary.score_mean,
                "val/turns_mean": summary.turns_mean, "val/invalid_action_rate": summary.invalid_action_rate,
                "seconds_validation": time.perf_counter() - t0}
         out.update(summary.metrics("val"))
