@@ -27,6 +27,7 @@ __all__ = [
     "SCORE",
     "MAX_TURNS",
     "ORACLE_DISTANCE",
+    "PRIVILEGED_HINTS",
     "EpisodeEndedError",
 ]
 
@@ -40,6 +41,9 @@ SCORE: Final = "score"
 MAX_TURNS: Final = "max_turns"
 ORACLE_DISTANCE: Final = "oracle_distance"
 """Optional info key: the expert's distance to the goal from the current state (None when unreachable)."""
+PRIVILEGED_HINTS: Final = "privileged_hints"
+"""Optional info key, on reset: task-specific facts the student never sees, by level (`{"goal": "...",
+"plan": "..."}`), for the self-teacher (`teacher.context=hint`). Each environment documents its levels."""
 
 INFO_KEYS: Final = (TASK_ID, TASK_TYPE, TASK_TEXT, ADMISSIBLE_ACTIONS, ACTION_VALID, WON, SCORE, MAX_TURNS)
 """Keys every environment puts in `info` on reset and on every step. `admissible_actions` is None when the

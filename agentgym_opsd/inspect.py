@@ -229,11 +229,14 @@ def render_html(data: StepData) -> str:
         first = members[0]
         rate = sum(t.won for t in members) / len(members)
         body = "".join(_traj_html(data, t) for t in members)
+        # the teacher's privileged hint (teacher.context=hint): what the evidence was conditioned on
+        hint = (f'\n  <p class="hint"><b>teacher hint:</b> {_e(first.privileged_hint)}</p>'
+                if first.privileged_hint else "")
         sections.append(f"""
 <article class="group" data-group-id="{group_id}">
   <h2>group {group_id} · {_e(first.task_type or 'task')} · <code>{_e(first.task_id)}</code>
     <span class="badge">success {rate:.2f}</span></h2>
-  <p class="task">{_e(first.task_text)}</p>
+  <p class="task">{_e(first.task_text)}</p>{hint}
   <div class="trajs">{body}</div>
 </article>""")
     title = f"credit inspector · {data.run_dir.name} · step {data.step}"

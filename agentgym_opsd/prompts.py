@@ -14,9 +14,13 @@ from dataclasses import dataclass
 
 from agentgym_opsd.records import ChatMessage
 
-__all__ = ["HistoryItem", "PromptRenderer", "SKILL_HEADER", "TEMPLATE_FIELDS", "check_user_template"]
+__all__ = ["HINT_HEADER", "HistoryItem", "PromptRenderer", "SKILL_HEADER", "TEACHER_CONTEXTS", "TEMPLATE_FIELDS", "check_user_template"]
 
 SKILL_HEADER = "Skills that help with this task:"
+HINT_HEADER = "Facts about this task (privileged: the player does not see them):"
+TEACHER_CONTEXTS: tuple[str, ...] = ("skills", "hint", "skills+hint")
+"""What the self-teacher's system message adds: the skill library's c+ (the paper), the task's privileged hint
+(`core.PRIVILEGED_HINTS`), or both."""
 
 TEMPLATE_FIELDS = {
     "task": "the task text",
@@ -77,10 +81,14 @@ class PromptRenderer:
         if self.max_chars < 0:
             raise ValueError(f"max_chars must be >= 0, got {self.max_chars}")
 
-    def system_message(self, skill_context: str = "") -> str:
-        if not skill_context.strip():
-            return self.system_prompt
-        return f"{self.system_prompt}\n\n{SKILL_HEADER}\n{skill_context.strip()}"
+    def system_message(self, skill_context: str = "", hint: str = "") -> str:
+        """The system prompt, then the skill block c+ and the privileged hint when given (teacher only)."""
+        blocks = [self.system_prompt]
+        if skill_context.strip():
+            blocks.append(f"{SKILL_HEADER}\n{skill_context.strip()}")
+        if hint.strip():
+            blocks.append(f"{HINT_HEADER}\n{hint.strip()}")
+        return "\n\n".join(blocks)
 
     def render(
         self,

@@ -80,7 +80,9 @@ class Trajectory:
 
     `group_id` ties the G rollouts of the same task (same seed) together for group-relative advantages;
     `traj_id` is unique within a batch. `won` is binary task success, `score` partial credit in [0, 1],
-    `total_reward` the sum of environment rewards. `skill_context` is `c+` for this task (may be empty).
+    `total_reward` the sum of environment rewards. `skill_context` is `c+` for this task (may be empty);
+    `privileged_hint` the task-specific hint of the chosen level (`core.PRIVILEGED_HINTS`; empty when the
+    teacher does not use one). Only the teacher's prompt ever contains either.
     `error` is set when the environment failed (exception or step timeout): the trajectory then ended early
     and consumers decide whether to train on it.
     """
@@ -93,6 +95,7 @@ class Trajectory:
     seed: int
     task_text: str = ""
     skill_context: str = ""
+    privileged_hint: str = ""
     turns: list[Turn] = field(default_factory=list)
     won: bool = False
     score: float = 0.0

@@ -22,7 +22,7 @@ from agentgym_opsd import core
 from agentgym_opsd.envpool import EnvPool, StepResult, TaskSpec
 from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
 from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
-from agentgym_opsd.prompts import HistoryItem, PromptRenderer
+from agentgym_opsd.prompts import TEACHER_CONTEXTS, HistoryItem, PromptRenderer
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
 
@@ -57,8 +57,10 @@ class RolloutRunner:
         use_skills: bool = True,
         step_timeout_s: float = 60.0,
         max_prompt_chars: int = 0,
+        hint_level: str = "",
     ) -> None:
         self.env_spec = env_spec
+        self.hint_level = hint_level  # which of the env's privileged hints to record ("" = none)
         self.env_id, split = parse_env_spec(env_spec)
         self.profile = profile or env_profile(self.env_id)
         kwargs = dict(env_kwargs or {})
@@ -75,11 +77,25 @@ class RolloutRunner:
     def skill_context(self, task_type: str, task_text: str) -> str:
         return self.skills.context_for(task_type=task_type, text=task_text) if self.skills else ""
 
-    def teacher_messages(self, traj: Trajectory, turn: Turn) -> list[dict[str, str]]:
-        """The turn's prompt with `c+` in the system message (the student prompt otherwise unchanged)."""
+    def teacher_messages(self, traj: Trajectory, turn: Turn, context: str = "skills") -> list[dict[str, str]]:
+        """The turn's prompt with the teacher's privileged `context` in the system message (`TEACHER_CONTEXTS`:
+        the skill text c+, the trajectory's recorded hint, or both); the rest of the prompt is the student's."""
+        if context not in TEACHER_CONTEXTS:
+            raise ValueError(f"teacher context must be one of {TEACHER_CONTEXTS}, got {context!r}")
         messages = [dict(m) for m in turn.prompt]
-        messages[0]["content"] = self.renderer.system_message(traj.skill_context)
+        messages[0]["content"] = self.renderer.system_message(
+            traj.skill_context if context != "hint" else "", traj.privileged_hint if context != "skills" else "")
         return messages
+
+    def privileged_hint(self, info: dict[str, Any]) -> str:
+        """The hint of the runner's `hint_level` from a reset's info ("" when no level is chosen)."""
+        if not self.hint_level:
+            return ""
+        hints = info.get(core.PRIVILEGED_HINTS) or {}
+        if self.hint_level not in hints:
+            raise ValueError(f"{self.env_id} offers the privileged hint levels {sorted(hints)}, not "
+                             f"{self.hint_level!r} (info['{core.PRIVILEGED_HINTS}'] on reset)")
+        return str(hints[self.hint_level])
 
     def run(
         self,
@@ -107,6 +123,7 @@ class RolloutRunner:
                 seed=tasks[t].seed,
                 task_text=task_text,
                 skill_context=self.skill_context(task_type, task_text),
+                privileged_hint=self.privileged_hint(info) if start.error is None else "",
                 error=start.error,
                 won=bool(info.get(core.WON, False)),
                 score=float(info.get(core.SCORE, 0.0)),

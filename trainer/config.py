@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
+from agentgym_opsd.prompts import TEACHER_CONTEXTS
 from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "OptimConfig",
     "RolloutConfig",
     "TrainerConfig",
+    "TeacherConfig",
     "WarmStartConfig",
     "PRESETS_DIR",
     "available_presets",
@@ -262,6 +264,24 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class TeacherConfig:
+    context: str = _f("skills", "what the self-teacher's prompt adds to the student's: 'skills' = the skill "
+                                "library's c+ (paper), 'hint' = the task's privileged hint of `hint_level`, "
+                                "'skills+hint' = both; the student's prompt never changes")
+    hint_level: str = _f("goal", "which of the environment's privileged hints the teacher sees (ALFWorld: goal | "
+                                 "plan; WebShop: goal; Search-QA: goal | answer); used by context hint / skills+hint")
+
+    def __post_init__(self) -> None:
+        _check_choice("teacher.context", self.context, TEACHER_CONTEXTS)
+        if self.uses_hint and not self.hint_level:
+            raise ConfigError(f"teacher.hint_level: teacher.context={self.context} needs a hint level, got ''")
+
+    @property
+    def uses_hint(self) -> bool:
+        return self.context != "skills"
+
+
+@dataclass
 class WarmStartConfig:
     steps: int = _f(0, "supervised steps on oracle demonstrations before RL (0 = none unless epochs > 0)")
     epochs: float = _f(0.0, "passes over the demonstration rows; overrides `steps` when > 0")
@@ -333,6 +353,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     preset: str = _f("", "name of the preset this config came from (informational)")

@@ -33,6 +33,7 @@ recomputed ones are the consistent reference for the trainer's own forward pass)
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -58,8 +59,8 @@ from agentgym_opsd.registry import env_profile, parse_env_spec
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.logprobs import (
@@ -257,8 +258,10 @@ class Trainer:
         kwargs = dict(cfg.kwargs)
         if cfg.max_turns > 0:
             kwargs["max_turns"] = cfg.max_turns
+        teacher = self.cfg.teacher
         return RolloutRunner(env_spec, num_envs=num_envs, env_kwargs=kwargs, renderer=renderer,
-                             use_skills=cfg.use_skills, step_timeout_s=cfg.step_timeout_s)
+                             use_skills=cfg.use_skills, step_timeout_s=cfg.step_timeout_s,
+                             hint_level=teacher.hint_level if teacher.uses_hint else "")
 
     @staticmethod
     def _num_tasks(runner: RolloutRunner) -> int | None:
@@ -649,7 +652,9 @@ class Trainer:
     def score(self, trajs: list[Trajectory]) -> TurnBatch:
         a = self.cfg.algorithm
         return build_turn_batch(trajs, encode_prompt=self._encode,
-                                teacher_messages=self.runner.teacher_messages if a.needs_teacher else None,
+                                teacher_messages=functools.partial(self.runner.teacher_messages,
+                                                                   context=self.cfg.teacher.context)
+                                if a.needs_teacher else None,
                                 reward_scale=self.cfg.env.reward_scale, invalid_penalty=self.invalid_penalty,
                                 success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize)
 

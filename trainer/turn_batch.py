@@ -188,8 +188,8 @@ def build_turn_batch(
     """One row per turn that produced tokens; trajectories keep their order, turns their index.
 
     `encode_prompt(messages)` must return the exact prompt ids generation used (the HF policy's
-    `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or an empty
-    skill context) the row has no teacher prompt and its evidence is zero.
+    `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or when it equals
+    the student's prompt: no skill text, no hint) the row has no teacher prompt and its evidence is zero.
     """
     if penalty_mode not in PENALTY_MODES:
         raise ValueError(f"penalty_mode must be one of {PENALTY_MODES}, got {penalty_mode!r}")
@@ -207,7 +207,7 @@ def build_turn_batch(
                 continue  # nothing was sampled (e.g. a scripted policy or an env failure): nothing to train
             prompt_ids = list(encode_prompt(turn.prompt))
             teacher_ids: list[int] | None = None
-            if teacher_messages is not None and traj.skill_context.strip():
+            if teacher_messages is not None:
                 t_messages = teacher_messages(traj, turn)
                 if t_messages != turn.prompt:
                     teacher_ids = list(encode_prompt(t_messages))

@@ -13,6 +13,10 @@ upper-case reply counts).
 state, 0 once the goal holds, None if no plan exists. The expert's plan is kept up to date after every step
 (popped while the agent stays on it, replanned when it leaves it, through `PLAN_CACHE`, so a state the
 group has already visited is not planned again).
+
+`info["privileged_hints"]` (reset), for the self-teacher only: `goal` — where the expert takes each goal
+object from, what it heats / cools / cleans it with or which lamp it uses, and the receptacle it puts it in /
+on (read off the expert's shortest plan from the start); `plan` — that whole plan, action by action.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
     ORACLE_DISTANCE,
+    PRIVILEGED_HINTS,
     SCORE,
     TASK_ID,
     TASK_TEXT,
@@ -45,6 +50,25 @@ DATA_ENV_VAR = "ALFWORLD_DATA"
 """Info key: the oracle's distance to the goal (see the module docstring)."""
 
 _TASK_LINE = re.compile(r"Your task is to: (.*?)\.?\s*$", re.MULTILINE)
+# ALFWorld 0.4 commands that reveal where things are (the rest, go to / open / examine, only move the agent).
+_HINT_FACTS = (
+    (re.compile(r"^take (.+) from (.+)$"), "{0} is in/on {1}."),
+    (re.compile(r"^(heat|cool|clean) (.+) with (.+)$"), "{0} {1} with {2}."),
+    (re.compile(r"^use (.+)$"), "{0} is the lamp to use."),
+    (re.compile(r"^(?:move|put) (.+) (?:to|in/on|in|on) (.+)$"), "the target for {0} is {1}."),
+)
+
+
+def privileged_hints(plan: list[str]) -> dict[str, str]:
+    """The hint levels of a task from the expert's plan at the start (see the module docstring)."""
+    facts = []
+    for action in plan:
+        for pattern, template in _HINT_FACTS:
+            if m := pattern.match(action.strip()):
+                fact = template.format(*m.groups())
+                facts.append(fact[0].upper() + fact[1:])
+                break
+    return {"goal": " ".join(facts), "plan": "A shortest plan: " + "; ".join(plan) + "." if plan else ""}
 
 
 class ALFWorldEnv(TextEnv):
@@ -122,6 +146,7 @@ class ALFWorldEnv(TextEnv):
             ADMISSIBLE_ACTIONS: list(self._admissible), WON: state.won,
             "optimal_plan_length": len(self._plan), "game_path": str(game.game_path), "task_index": game.index,
             "split": self.split, "data_source": self.data_source, ORACLE_DISTANCE: self._distance(state.won),
+            PRIVILEGED_HINTS: privileged_hints(self._plan),
         }
         return state.observation, info
 

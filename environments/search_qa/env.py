@@ -12,6 +12,9 @@ in which a search is not run (its `<information>` block is empty) — at most `m
 retrieved (a hop counts as done once its passage was seen or its query was tried, as the expert skips it
 then; a question without a hop chain needs one search) plus 1 for the answer. 0 after a correct answer, None
 after a wrong one (the episode is over without the goal).
+
+`info["privileged_hints"]` (reset), for the self-teacher only: `goal` — the titles of the gold supporting
+passages in hop order (empty for a question without a hop chain); `answer` — those titles and the answer.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
     ORACLE_DISTANCE,
+    PRIVILEGED_HINTS,
     SCORE,
     TASK_ID,
     TASK_TEXT,
@@ -184,7 +188,7 @@ class SearchQAEnv(TextEnv):
         self._queries = set()
         info = {TASK_ID: q.id, TASK_TYPE: q.kind, TASK_TEXT: q.question, ADMISSIBLE_ACTIONS: None,
                 "num_hops": q.num_hops, "data_source": q.data_source, "split": self.split,
-                ORACLE_DISTANCE: self._oracle_distance()}
+                ORACLE_DISTANCE: self._oracle_distance(), PRIVILEGED_HINTS: question_hints(q)}
         return f"Question: {q.question}", info
 
     def _step_action(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
@@ -230,3 +234,10 @@ class SearchQAEnv(TextEnv):
             return f"<search>{q.question}</search>"
         return f"<answer>{q.golden_answers[0]}</answer>"
 
+
+def question_hints(q: Question) -> dict[str, str]:
+    """The hint levels of a question (see the module docstring); a passage's title is its entity's name."""
+    titles = list(dict.fromkeys(h.entity for h in q.hops))
+    goal = ("The passages that answer it are titled: " + "; ".join(f'"{t}"' for t in titles) + ".") if titles else ""
+    answer = f"The answer is: {q.golden_answers[0]}." if q.golden_answers else ""
+    return {"goal": goal, "answer": " ".join(x for x in (goal, answer) if x)}

@@ -12,6 +12,9 @@ Only `click[buy now]` ends the episode (terminated), with reward = the WebShop s
 `info["oracle_distance"]` (reset and every step, text mode): how many expert actions are still needed from
 the current state (`oracle.oracle_distance`), 0 after a purchase that scored 1, None after one that scored
 less. Browser mode reports None: its session lives in the browser, out of reach of the simulation.
+
+`info["privileged_hints"]` (reset), for the self-teacher only: `goal` — the target product's title and
+ASIN, the instruction's attributes, the options to choose and the price cap.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from agentgym_opsd.core import (
     ACTION_VALID,
     ADMISSIBLE_ACTIONS,
     ORACLE_DISTANCE,
+    PRIVILEGED_HINTS,
     SCORE,
     TASK_ID,
     TASK_TEXT,
@@ -39,6 +43,17 @@ __all__ = ["WebShopEnv", "MODES", "ORACLE_DISTANCE"]
 
 MODES = ("text", "browser")
 """Info key: expert actions still needed (see the module docstring)."""
+
+
+def goal_hint(goal: Goal, title: str) -> str:
+    """The `goal` hint level: what to buy, as facts the results pages only reveal by search and clicks."""
+    parts = [f"The product to buy is '{title}' (ASIN {goal.asin.upper()})."]
+    if goal.attributes:
+        parts.append("It must be: " + ", ".join(goal.attributes) + ".")
+    if goal.options:
+        parts.append("Choose " + ", ".join(f"{k}: {v}" for k, v in goal.options.items()) + ".")
+    parts.append(f"Its price must be at most ${goal.price_upper:.2f}.")
+    return " ".join(parts)
 
 
 class _Backend(Protocol):
@@ -175,7 +190,8 @@ class WebShopEnv(TextEnv):
         info = {TASK_ID: goal.goal_id, TASK_TYPE: goal.category, TASK_TEXT: goal.instruction,
                 ADMISSIBLE_ACTIONS: self._backend.admissible_actions(), "target_asin": goal.asin,
                 "category": goal.category, "price_upper": goal.price_upper, "split": self.split,
-                "mode": self.mode, "task_index": index, ORACLE_DISTANCE: self._oracle_distance()}
+                "mode": self.mode, "task_index": index, ORACLE_DISTANCE: self._oracle_distance(),
+                PRIVILEGED_HINTS: {"goal": goal_hint(goal, self.shop.by_asin[goal.asin].name)}}
         return self._backend.observation(), info
 
     def _step_action(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
