@@ -40,6 +40,7 @@ from agentgym_opsd import credit
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory, Turn
 from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
+from agentgym_opsd.trainer.advantages import batch_advantages
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior",
@@ -198,14 +199,14 @@ def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[st
     teacher = trainer.teacher_logprobs(batch, student)
     gaps = [t - s for t, s in zip(teacher, student, strict=True)]
     evidence = torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64)
-    seq_adv = _seq_advantages(trainer, batch)
-    row_seq = seq_adv[batch.traj_index]
-    gap_grid, mask = credit.pad_ragged(gaps, torch.float64)
-    inputs = credit.CreditInputs(row_seq, batch.traj_ids, batch.turn_ids, batch.success_rate, evidence=evidence,
-                                 token_gaps=gap_grid, token_mask=mask, group_ids=batch.group_ids,
-                                 anchor_keys=batch.anchor_keys, turn_rewards=batch.turn_rewards,
-                                 turn_penalties=batch.turn_penalties)
-    per_turn = {name: _per_turn(credit.estimate(name, inputs, a.credit_config()), mask) for name in estimators}
+    _, mask = credit.pad_ragged(gaps, torch.float64)
+    per_turn, row_seq = {}, None
+    for name in estimators:  # the trainer's own composition (A_seq, penalty bookkeeping, estimator)
+        out = batch_advantages(batch, evidence, gaps, estimator=name, config=a.credit_config(),
+                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std)
+        assert out.result is not None
+        per_turn[name] = _per_turn(out.result, mask)  # the estimator's Ã_k, the penalty term left out
+        row_seq = out.seq[batch.traj_index]
     by_id = {t.traj_id: t for t in trajs}
     scores = []
     for i, row in enumerate(rows):
@@ -215,17 +216,6 @@ def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[st
         mult = {name: float(v[i]) / seq for name, v in per_turn.items()} if seq != 0.0 else {}
         scores.append(TurnScore(traj.won, traj.num_turns, turn_label(turn), turn.action_valid, seq, mult))
     return scores
-
-
-def _seq_advantages(trainer: Any, batch: Any) -> Tensor:
-    """A_seq per trajectory exactly as `Trainer.advantages` computes it (the penalty term left out: it is
-    added after the reshaping and is no estimator's doing)."""
-    a = trainer.cfg.algorithm
-    if batch.penalty_mode == "turn":
-        return credit.grpo_turn_penalty_advantages(batch.traj_rewards, batch.traj_group_ids, batch.traj_index,
-                                                   batch.row_penalties, cross_steps=a.grpo_cross_steps, eps=a.eps,
-                                                   normalize_std=a.normalize_std)[0]
-    return credit.grpo_advantages(batch.traj_rewards, batch.traj_group_ids, eps=a.eps, normalize_std=a.normalize_std)
 
 
 def _per_turn(result: credit.CreditResult, mask: Tensor) -> Tensor:
@@ -252,15 +242,24 @@ class PolicyRun:
     turns_with_signal: int = 0
     seconds_rollout: float = 0.0
     seconds_credit: float = 0.0
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # the first teacher context's
+    by_context: dict[str, dict[str, Any]] = field(default_factory=dict)  # teacher.context -> summary
 
 
 def run_policy(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_size: int,
-               horizon_edges: Sequence[int] = DEFAULT_HORIZON_EDGES, chunk_tasks: int = 4) -> tuple[PolicyRun, list[TurnScore]]:
+               horizon_edges: Sequence[int] = DEFAULT_HORIZON_EDGES, chunk_tasks: int = 4,
+               contexts: Sequence[str] = ("skills",)) -> tuple[PolicyRun, list[TurnScore]]:
+    """Rollouts once, then every teacher context scores the same rows (a paired comparison of teachers)."""
     t0 = time.perf_counter()
     trajs = collect(trainer, policy, num_tasks=num_tasks, group_size=group_size, chunk_tasks=chunk_tasks, desc=name)
     t1 = time.perf_counter()
-    scores = credit_scores(trainer, trajs)
+    by_context: dict[str, dict[str, Any]] = {}
+    scores: list[TurnScore] = []
+    for context in contexts:
+        trainer.cfg.teacher.context = context
+        context_scores = credit_scores(trainer, trajs)
+        by_context[context] = summarise(context_scores, horizon_edges=horizon_edges)
+        scores = scores or context_scores
     t2 = time.perf_counter()
     run = PolicyRun(name, num_tasks, group_size, episodes=len(trajs),
                     success_rate=sum(t.won for t in trajs) / max(len(trajs), 1),
@@ -268,7 +267,7 @@ def run_policy(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_si
                     progress_turns=sum(s.label == PROGRESS for s in scores),
                     turns_with_signal=sum(bool(s.multiplier) for s in scores),
                     seconds_rollout=t1 - t0, seconds_credit=t2 - t1,
-                    summary=summarise(scores, horizon_edges=horizon_edges))
+                    summary=by_context[contexts[0]], by_context=by_context)
     return run, scores
 
 
@@ -293,6 +292,11 @@ def format_table(run: PolicyRun) -> str:
     lines.append(f"(progress/wasted turns with A_seq ≠ 0 — success: {first['success']['progress']}/"
                  f"{first['success']['wasted']}, failure: {first['failure']['progress']}/{first['failure']['wasted']}; "
                  f"{counts})")
+    if len(run.by_context) > 1:  # the teachers compared on the same rows
+        lines.append("teacher context → AgentOPSD AUC success / failure: " + "; ".join(
+            f"{ctx} {_f(c['estimators']['agentopsd']['success']['auc'])} / "
+            f"{_f(c['estimators']['agentopsd']['failure']['auc'])}"
+            for ctx, c in run.by_context.items() if "agentopsd" in c["estimators"]))
     return "\n".join(lines)
 
 
@@ -345,8 +349,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--horizon-edges", default=",".join(map(str, DEFAULT_HORIZON_EDGES)))
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=str(RESULTS / "credit_quality"), help="writes OUT.json and OUT.png")
+    p.add_argument("--contexts", default="skills", help="comma list of teacher contexts to score the same rollouts "
+                                                         "with: skills, hint, skills+hint")
+    p.add_argument("--hint-level", default="goal", help="the environment's privileged hint level for hint contexts")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args(argv)
+    contexts = tuple(x.strip() for x in args.contexts.split(",") if x.strip())
     if args.threads:
         torch.set_num_threads(args.threads)
     edges = tuple(int(x) for x in args.horizon_edges.split(",") if x)
@@ -358,16 +366,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         trainer = make_trainer(args.preset, overrides, tmp, chunk_tasks=args.chunk_tasks,
                                group_size=max(args.group_size, args.control_group_size))
         model_from = args.model or str(load_warm_start(trainer) / "model")
+        if any(c != "skills" for c in contexts):  # record the hint on every rollout (the student never sees it)
+            trainer.runner.hint_level = args.hint_level
         runs = []
         for name in [x.strip() for x in args.policies.split(",") if x.strip()]:
             if name == "smollm2":
                 run, _ = run_policy(trainer, "smollm2", trainer.policy, num_tasks=args.tasks,
-                                    group_size=args.group_size, horizon_edges=edges, chunk_tasks=args.chunk_tasks)
+                                    group_size=args.group_size, horizon_edges=edges, chunk_tasks=args.chunk_tasks,
+                                    contexts=contexts)
             elif name == "noisy-oracle":
                 policy = NoisyOraclePolicy(args.p, trainer.tokenizer, seed=trainer.cfg.trainer.seed)
                 run, _ = run_policy(trainer, f"noisy-oracle p={args.p}", policy, num_tasks=args.control_tasks,
                                     group_size=args.control_group_size, horizon_edges=edges,
-                                    chunk_tasks=args.chunk_tasks)
+                                    chunk_tasks=args.chunk_tasks, contexts=contexts)
             else:
                 raise SystemExit(f"unknown policy {name!r}")
             runs.append(run)
@@ -377,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"preset": args.preset, "model": model_from, "overrides": overrides, "horizon_edges": list(edges),
+              "contexts": list(contexts), "hint_level": args.hint_level,
               "credit_config": asdict(trainer.cfg.algorithm.credit_config()), "seconds_total": seconds,
               "torch_threads": torch.get_num_threads(), "runs": [asdict(r) for r in runs]}
     out.with_suffix(".json").write_text(json.dumps(record, indent=2, allow_nan=True) + "\n", encoding="utf-8")

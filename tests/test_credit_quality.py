@@ -87,9 +87,13 @@ def test_tiny_run_end_to_end(tmp_path, fresh_cache_dir) -> None:
                                chunk_tasks=2, group_size=2)
     try:
         policy = bcq.NoisyOraclePolicy(0.7, trainer.tokenizer, seed=0)
-        run, scores = bcq.run_policy(trainer, "noisy-oracle", policy, num_tasks=2, group_size=2, chunk_tasks=2)
+        trainer.runner.hint_level = "goal"
+        run, scores = bcq.run_policy(trainer, "noisy-oracle", policy, num_tasks=2, group_size=2, chunk_tasks=2,
+                                     contexts=("skills", "hint"))
     finally:
         trainer.close()
+    assert set(run.by_context) == {"skills", "hint"} and run.summary is run.by_context["skills"]
+    assert "teacher context" in bcq.format_table(run)
     assert run.episodes == 4 and run.turns == len(scores) > 0
     assert run.labelled_turns == run.turns  # ALFWorld reports the oracle distance on every turn
     assert set(run.summary["estimators"]) == set(bcq.ESTIMATORS)
