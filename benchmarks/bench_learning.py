@@ -37,13 +37,13 @@ ESTIMATORS = ("grpo", "agentopsd")
 RESULTS = Path(__file__).parent / "results"
 
 
-def train(out_dir: Path, config: str, overrides: list[str], threads: int, *, resume: bool = False) -> subprocess.Popen:
+def train(out_dir: Path, config: str, overrides: list[str], threads: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = (out_dir.parent / f"{out_dir.name}.log").open("a" if resume else "w")
+    log = (out_dir.parent / f"{out_dir.name}.log").open("w")
     cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config,
-           f"trainer.output_dir={out_dir}", "trainer.progress=false", *overrides, *(["--resume", "auto"] * resume)]
+           f"trainer.output_dir={out_dir}", "trainer.progress=false", *overrides]
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -1,0 +1,55 @@
+"""The resumable experiment runner (`trainer/experiments.py`) on cpu-tiny: one shared before run, one result
+file per run, and a second call that redoes nothing that finished."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentgym_opsd.trainer.experiments import BeforeSpec, ExperimentRunner, RunSpec, credit_check, load_results
+
+TINY = ("env.max_turns=2", "env.num_train_tasks=2", "trainer.eval_episodes=2", "trainer.eval_pool_rollouts=1",
+        "trainer.backend=torch", "trainer.tensorboard=false", "trainer.save_every=0")
+
+
+@pytest.mark.timeout(900)
+def test_runs_once_shares_the_before_and_skips_finished_runs(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("textworld")
+    before = BeforeSpec("tiny", "cpu-tiny", TINY)
+    specs = [RunSpec(f"{est}/seed0", before, (f"algorithm.estimator={est}", "trainer.total_steps=1",
+                                               "trainer.eval_every=1"), {"estimator": est, "seed": 0})
+             for est in ("grpo", "agentopsd")]
+    runner = ExperimentRunner(tmp_path / "runs", tmp_path / "results", parallel=2, cores=2, poll_s=0.5)
+    started = []
+    real_start = runner._start
+
+    def spy(run_dir, *args, **kwargs):
+        started.append(run_dir.relative_to(tmp_path / "runs").as_posix())
+        return real_start(run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "_start", spy)
+    assert runner.run(specs) == []
+    assert sorted(started) == ["agentopsd/seed0", "before/tiny", "grpo/seed0"]
+    results = load_results(tmp_path / "results")
+    assert [r["name"] for r in results] == ["agentopsd/seed0", "grpo/seed0"]
+    for r in results:
+        assert r["rl_steps"] == 1 and r["labels"]["seed"] == 0
+        assert r["before"]["valid"]["episodes"] == 2 and len(r["after"]["valid"]["ci"]) == 2
+        assert r["before"]["pool"]["success"] is not None and r["after"]["pool"]["success"] is not None
+        assert r["failed_rows_positive"] == 0  # the cpu-tiny recipe never rewards a lost rollout either
+    # a second call finds every result file: nothing starts again, not even the before run
+    started.clear()
+    assert runner.run(specs) == [] and started == []
+    assert runner.pending(specs) == []
+    # a lost result file means that run (only) is done again, resuming from the run's own folder
+    (tmp_path / "results" / "grpo" / "seed0.json").unlink()
+    assert [s.name for s in runner.pending(specs)] == ["grpo/seed0"]
+
+
+def test_credit_check_counts_positive_rows_of_lost_rollouts(tmp_path) -> None:
+    lines = [{"won": False, "turns": [{"advantage": -0.5}, {"advantage": 0.25}, {"advantage": None}]},
+             {"won": True, "turns": [{"advantage": 1.0}]}]
+    (tmp_path / "credit").mkdir()
+    (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 1}

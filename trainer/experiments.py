@@ -1,0 +1,186 @@
+"""Resumable experiment matrices: many training runs from shared warm starts, one result file per run.
+
+A study (`benchmarks/bench_study.py`, `benchmarks/bench_main_job.py`) is a list of `RunSpec`s. Each names the
+"before" run it shares (the warm start and the before-evaluations of one configuration, done once with
+`trainer.total_steps=0`), and its own training run. `ExperimentRunner.run` starts what has no result file yet,
+`parallel` at a time with the cores split between them, resumes a killed run from its last checkpoint
+(`--resume auto`), and writes `<results>/<name>.json` when a run ends; a finished run is never redone, so a
+study can be re-run until it is complete, and its tables are built from whatever files exist (`load_results`).
+
+Every run is `python -m agentgym_opsd.train` in its own process (its own torch threads, a crash stays its
+own), started from a `git worktree` or checkout that does not change under it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym_opsd.evaluation.metrics import wilson_interval
+
+__all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "load_results", "read_metrics",
+           "run_result"]
+
+PER_STEP_KEYS = ("step", "success_rate", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
+                 "sampling/rounds", "sampling/dropped_groups", "sampling/mixed_group_share",
+                 "rollout/sampled_nll_per_token", "seconds_rollout", "seconds_teacher", "seconds_update")
+
+
+@dataclass(frozen=True)
+class BeforeSpec:
+    """A warm start and its before-evaluations, shared by every run that names it."""
+
+    name: str
+    config: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: `name` (also its result file, e.g. `alfworld/grpo/seed0`), the before it shares,
+    its config and overrides (on top of the before's), and labels for the tables (arm, seed, environment)."""
+
+    name: str
+    before: BeforeSpec
+    overrides: tuple[str, ...] = ()
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The lines of `run_dir/metrics.jsonl` (a line cut by a kill is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    out = []
+    if path.is_file():
+        for text in path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(text))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def credit_check(run_dir: Path) -> dict[str, int]:
+    """Turn rows of lost trajectories in the run's credit files, and how many got a positive advantage."""
+    rows = positive = 0
+    for path in sorted((run_dir / "credit").glob("step_*.jsonl")):
+        for text in path.read_text(encoding="utf-8").splitlines():
+            traj = json.loads(text)
+            if traj["won"]:
+                continue
+            for turn in traj["turns"]:
+                rows += 1
+                positive += (turn.get("advantage") or 0.0) > 0
+    return {"failed_rows": rows, "failed_rows_positive": positive}
+
+
+def _rate(metrics: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    value, episodes = metrics.get(f"{prefix}/success_rate"), metrics.get(f"{prefix}/episodes")
+    if value is None:
+        return None
+    out: dict[str, Any] = {"success": value, "invalid_action_rate": metrics.get(f"{prefix}/invalid_action_rate")}
+    if episodes:
+        out["episodes"] = int(episodes)
+        out["ci"] = list(wilson_interval(round(value * episodes), int(episodes)))
+    return out
+
+
+def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
+    """Before / after (held-out `val` and `pool`, with Wilson intervals), the per-step numbers and the credit
+    check of a finished run; None while it has no validation after its last step."""
+    lines = read_metrics(run_dir)
+    steps = [m for m in lines if "seconds_update" in m]
+    after = next((m for m in reversed(lines) if "val/success_rate" in m and m.get("step", 0) > 0), None)
+    if not steps or after is None:
+        return None
+    return {
+        "before": {"valid": _rate(before, "val"), "pool": _rate(before, "pool")},
+        "after": {"valid": _rate(after, "val"), "pool": _rate(after, "pool")},
+        "rl_steps": len(steps),
+        "rl_minutes": sum(m.get("seconds_rollout", 0) + m.get("seconds_teacher", 0) + m.get("seconds_update", 0)
+                          for m in steps) / 60,
+        "per_step": [{k: m.get(k) for k in PER_STEP_KEYS} for m in steps],
+        **credit_check(run_dir),
+    }
+
+
+def load_results(results: Path) -> list[dict[str, Any]]:
+    """Every finished run's result under `results` (recursively), sorted by name."""
+    return sorted((json.loads(p.read_text(encoding="utf-8")) for p in results.rglob("*.json")),
+                  key=lambda r: r["name"])
+
+
+class ExperimentRunner:
+    """Runs `RunSpec`s into `runs_dir/<name>` and writes `results_dir/<name>.json` (see the module doc)."""
+
+    def __init__(self, runs_dir: Path, results_dir: Path, *, parallel: int = 2, cores: int | None = None,
+                 poll_s: float = 5.0) -> None:
+        self.runs_dir, self.results_dir = Path(runs_dir), Path(results_dir)
+        self.parallel = max(parallel, 1)
+        self.cores = cores or os.cpu_count() or 1
+        self.poll_s = poll_s
+
+    # ---- processes ------------------------------------------------------------------------------------------
+    def _start(self, run_dir: Path, config: str, overrides: Sequence[str], threads: int, *,
+               resume: bool) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = (run_dir.parent / f"{run_dir.name}.log").open("a")
+        cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",
+               "trainer.progress=false", *overrides, *(["--resume", "auto"] if resume else [])]
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def before(self, spec: BeforeSpec) -> dict[str, Any]:
+        """The shared before-metrics (step 0) of `spec`, running it once with all cores if needed."""
+        run_dir = self.runs_dir / "before" / spec.name
+        if not read_metrics(run_dir):
+            proc = self._start(run_dir, spec.config, ["trainer.total_steps=0", "trainer.eval_at_start=true",
+                                                      *spec.overrides], self.cores, resume=False)
+            if proc.wait() != 0:
+                raise RuntimeError(f"the before run {spec.name} failed, see {run_dir}.log")
+        return read_metrics(run_dir)[0]
+
+    def result_path(self, spec: RunSpec) -> Path:
+        return self.results_dir / f"{spec.name}.json"
+
+    def pending(self, specs: Sequence[RunSpec]) -> list[RunSpec]:
+        return [s for s in specs if not self.result_path(s).is_file()]
+
+    def run(self, specs: Sequence[RunSpec]) -> list[str]:
+        """Run every spec without a result file; returns the names that failed (their logs say why)."""
+        todo = self.pending(specs)
+        befores = {s.before.name: self.before(s.before) for s in todo}
+        threads = max(self.cores // min(self.parallel, max(len(todo), 1)), 1)
+        running: dict[str, tuple[RunSpec, subprocess.Popen, float]] = {}
+        failed: list[str] = []
+        while todo or running:
+            while todo and len(running) < self.parallel:
+                spec = todo.pop(0)
+                overrides = [*spec.before.overrides, "trainer.eval_at_start=false", *spec.overrides]
+                proc = self._start(self.runs_dir / spec.name, spec.before.config, overrides, threads, resume=True)
+                running[spec.name] = (spec, proc, time.perf_counter())
+            time.sleep(self.poll_s)
+            for name, (spec, proc, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[name]
+                result = run_result(self.runs_dir / name, befores[spec.before.name]) if proc.returncode == 0 else None
+                if result is None:
+                    failed.append(name)
+                    continue
+                result.update({"name": name, "before_run": spec.before.name, "labels": spec.labels,
+                               "overrides": list(spec.overrides), "wall_minutes": (time.perf_counter() - t0) / 60,
+                               "threads": threads})
+                path = self.result_path(spec)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+                os.replace(tmp, path)
+        return failed
