@@ -122,7 +122,7 @@ def plot(runs: dict[str, list[dict]]) -> None:
         axes[i].set_xticks([0, 1], ["before", "after"])
         axes[i].set_title(label)
         axes[i].legend()
-    for j, (est, rows) in enumerate(runs.items()):
+    for j, rows in enumerate(runs.values()):
         for r in rows:
             pts = [(m["step"], m["success_rate"]) for m in r["per_step"]]
             axes[2].plot([p[0] for p in pts], [100 * p[1] for p in pts], color=f"C{j}", alpha=0.6, lw=1)

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from agentgym_opsd.trainer.experiments import BeforeSpec, ExperimentRunner, RunSpec, credit_check, load_results
+from agentgym_opsd.trainer.experiments import (
+    BeforeSpec,
+    ExperimentRunner,
+    RunSpec,
+    credit_check,
+    load_results,
+)
 
 TINY = ("env.max_turns=2", "env.num_train_tasks=2", "trainer.eval_episodes=2", "trainer.eval_pool_rollouts=1",
         "trainer.backend=torch", "trainer.tensorboard=false", "trainer.save_every=0")
