@@ -4,13 +4,14 @@
     python benchmarks/bench_main_job.py --parallel 3 --out runs/main-job
     python benchmarks/bench_main_job.py --report-only           # rebuild the JSON, table and plot
 
-The "before" run (`<out>/before/cpu-small`, all cores) is the warm start (or its cache entry:
+The "before" run (`<out>/before/cpu-small`, all cores; `<out>` = runs/study) is the warm start (or its cache entry:
 `warm_start.seed=0` for every run, so all share it) and the before-numbers: held-out success (48 episodes at
 the validation temperature 0.4) and sampled success on the RL pool (every game × 4 at the rollout
 temperature). Every RL run starts from those weights, with `trainer.seed=SEED` for its task order and
 sampling, and is evaluated on the same episodes after its last step (paired). Runs go `--parallel` at a
 time (`agentgym_opsd.trainer.experiments`): a killed run resumes from its checkpoint, a finished one (its file
-under `benchmarks/results/main_job/`) is skipped.
+under `benchmarks/results/study/alfworld/`, shared with `bench_study.py`, whose GRPO and AgentOPSD ALFWorld
+arms these runs are) is skipped.
 
 Writes `benchmarks/results/cpu_small_seeds.json`:
 `{"grpo": [{"seed", "valid_before", "valid_after", "pool_before", "pool_after"}, ...], "agentopsd": [...],
@@ -34,10 +35,13 @@ EVAL = ("trainer.eval_episodes=48", "trainer.eval_pool_rollouts=4", "warm_start.
 
 
 def specs(config: str, seeds: list[int], estimators: list[str], steps: int, overrides: list[str]) -> list[RunSpec]:
+    """The runs, named as `bench_study.py` names its ALFWorld arms (the default config's runs are the study's)."""
     before = BeforeSpec(config, config, (*EVAL, *overrides))
+    env = "alfworld" if config == "cpu-small" and not overrides else config
     steps_kv = (f"trainer.total_steps={steps}", f"trainer.eval_every={steps}") if steps else ()
-    return [RunSpec(f"{est}/seed{seed}", before, (f"algorithm.estimator={est}", f"trainer.seed={seed}", *steps_kv),
-                    {"estimator": est, "seed": seed})
+    return [RunSpec(f"{env}/{est}/seed{seed}", before,
+                    (f"algorithm.estimator={est}", f"trainer.seed={seed}", *steps_kv),
+                    {"env": env, "arm": est, "estimator": est, "seed": seed})
             for seed in seeds for est in estimators]
 
 
@@ -47,23 +51,26 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--estimators", nargs="+", default=list(ESTIMATORS))
     ap.add_argument("--steps", type=int, default=0, help="RL steps per run (0 = the preset's total_steps)")
-    ap.add_argument("--out", default="runs/main-job")
-    ap.add_argument("--results", default=str(RESULTS / "main_job"), help="one JSON per finished run")
+    ap.add_argument("--out", default="runs/study", help="run folders (shared with bench_study.py)")
+    ap.add_argument("--results", default=str(RESULTS / "study"), help="one JSON per finished run (shared with "
+                                                                      "bench_study.py)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (the cores are split between them)")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     runner = ExperimentRunner(Path(args.out), Path(args.results), parallel=args.parallel)
+    wanted = specs(args.config, args.seeds, args.estimators, args.steps, args.overrides)
     if not args.report_only:
-        failed = runner.run(specs(args.config, args.seeds, args.estimators, args.steps, args.overrides))
+        failed = runner.run(wanted)
         if failed:
             print(f"failed: {failed} (see their .log files under {args.out}); re-run to retry them")
-    report(Path(args.results), args.config)
+    names = {s.name for s in wanted}
+    report([r for r in load_results(Path(args.results)) if r["name"] in names], args.config)
 
 
-def report(results: Path, config: str) -> None:
+def report(results: list[dict], config: str) -> None:
     runs: dict[str, list[dict]] = {}
-    for r in load_results(results):
+    for r in results:
         runs.setdefault(r["labels"]["estimator"], []).append(r)
     table = Table(title=f"{config}: RL seeds from one warm start (held-out 48 episodes at T=0.4; pool 16 games x 4)")
     for col in ("estimator", "seed", "held-out before -> after [95% CI]", "pool before -> after [95% CI]",

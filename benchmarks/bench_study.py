@@ -1,0 +1,187 @@
+"""When does AgentOPSD help? The study: environments × arms × seeds, resumable, tables from whatever finished.
+
+    python benchmarks/bench_study.py --plan                     # list every run and whether it finished
+    python benchmarks/bench_study.py --only alfworld --parallel 2
+    python benchmarks/bench_study.py --report-only              # rebuild study.json and the figures
+
+Every run is `python -m agentgym_opsd.train` from its environment's cached warm start (one "before" run per
+environment: warm start + before-evaluations, shared by all its arms and seeds; `warm_start.seed=0`), with
+`trainer.seed=SEED`. Runs write `benchmarks/results/study/<env>/<arm>/seed<S>.json`; re-running skips them
+(`agentgym_opsd.trainer.experiments`). ALFWorld runs the main job's recipe and names, so the runs of
+`bench_main_job.py` are this study's `grpo` and `agentopsd` ALFWorld arms.
+
+Arms — ALFWorld (`cpu-small` recipe, held-out `easy_valid` 48 episodes at T=0.4, the 16-game pool × 4):
+`grpo`, `agentopsd` (teacher context `skills`, the paper), `agentopsd-hint` (teacher sees the task's
+privileged `goal` hint), `gigpo`, and λ ∈ {0.25, 1.0} beside the default 0.5; WebShop and Search-QA
+(`cpu-small-webshop`, `cpu-small-searchqa`): `grpo` and `agentopsd-hint`.
+Report per arm: pool and held-out success after (mean over seeds; 95% interval from the pooled episodes and a
+t-interval over seeds), the paired difference to GRPO per seed, invalid actions, RL minutes, and
+the share of lost-rollout rows with a positive advantage (must be 0). Writes `benchmarks/results/study.json`
+and `study_curves.png` (success per step, entropy, λ sensitivity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.trainer.experiments import BeforeSpec, ExperimentRunner, RunSpec, load_results
+
+RESULTS = Path(__file__).parent / "results"
+STUDY = RESULTS / "study"
+EVAL = ("trainer.eval_episodes=48", "trainer.eval_pool_rollouts=4", "warm_start.seed=0")
+HINT = ("teacher.context=hint", "teacher.hint_level=goal")
+ARMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "alfworld": {
+        "grpo": ("algorithm.estimator=grpo",),
+        "agentopsd": ("algorithm.estimator=agentopsd",),
+        "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT),
+        "gigpo": ("algorithm.estimator=gigpo",),
+        "agentopsd-lam0.25": ("algorithm.estimator=agentopsd", "algorithm.lam=0.25"),
+        "agentopsd-lam1.0": ("algorithm.estimator=agentopsd", "algorithm.lam=1.0"),
+    },
+    "webshop": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT)},
+    "searchqa": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT)},
+}
+CONFIGS = {"alfworld": "cpu-small", "webshop": "cpu-small-webshop", "searchqa": "cpu-small-searchqa"}
+SEEDS = {"alfworld": (0, 1, 2), "webshop": (0,), "searchqa": (0,)}
+
+
+def study_specs(envs: list[str], seeds: dict[str, tuple[int, ...]], steps: int) -> list[RunSpec]:
+    out = []
+    steps_kv = (f"trainer.total_steps={steps}", f"trainer.eval_every={steps}") if steps else ()
+    for env in envs:
+        before = BeforeSpec(CONFIGS[env], CONFIGS[env], EVAL)
+        for seed in seeds[env]:
+            for arm, overrides in ARMS[env].items():
+                out.append(RunSpec(f"{env}/{arm}/seed{seed}", before, (*overrides, f"trainer.seed={seed}", *steps_kv),
+                                   {"env": env, "arm": arm, "seed": seed}))
+    return out
+
+
+def _pooled(rows: list[dict], when: str, key: str) -> dict:
+    """Mean over seeds; Wilson interval of the pooled episodes; t-interval (95%) of the seed means."""
+    values = [r[when][key]["success"] for r in rows]
+    wins = sum(round(r[when][key]["success"] * r[when][key]["episodes"]) for r in rows)
+    episodes = sum(r[when][key]["episodes"] for r in rows)
+    mean = sum(values) / len(values)
+    half = (_t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))) if len(values) > 1 else math.nan
+    return {"mean": mean, "per_seed": values, "episodes_ci": list(wilson_interval(wins, episodes)),
+            "seeds_ci": [mean - half, mean + half]}
+
+
+def _t95(dof: int) -> float:
+    return {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}.get(dof, 1.96 + 2.4 / max(dof, 1))
+
+
+def summarize(results: list[dict]) -> dict:
+    by_arm: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        by_arm.setdefault((r["labels"]["env"], r["labels"]["arm"]), []).append(r)
+    table: dict[str, dict] = {}
+    for (env, arm), rows in sorted(by_arm.items()):
+        rows.sort(key=lambda r: r["labels"]["seed"])
+        grpo = {r["labels"]["seed"]: r for r in by_arm.get((env, "grpo"), [])}
+        paired = {key: [r["after"][key]["success"] - grpo[r["labels"]["seed"]]["after"][key]["success"]
+                        for r in rows if r["labels"]["seed"] in grpo] for key in ("valid", "pool")}
+        table[f"{env}/{arm}"] = {
+            "env": env, "arm": arm, "seeds": [r["labels"]["seed"] for r in rows],
+            "pool_before": rows[0]["before"]["pool"]["success"], "valid_before": rows[0]["before"]["valid"]["success"],
+            "pool_after": _pooled(rows, "after", "pool"), "valid_after": _pooled(rows, "after", "valid"),
+            "paired_diff_to_grpo": paired,
+            "invalid_after": sum(r["after"]["valid"]["invalid_action_rate"] for r in rows) / len(rows),
+            "rl_minutes": sum(r["rl_minutes"] for r in rows) / len(rows),
+            "lost_rows_positive": sum(r["failed_rows_positive"] for r in rows),
+            "lost_rows": sum(r["failed_rows"] for r in rows),
+        }
+    return table
+
+
+def report(table: dict, results: list[dict]) -> None:
+    t = Table(title="The study: success after RL (mean over seeds; [pooled-episode 95% CI])")
+    for col in ("env / arm", "seeds", "pool before -> after", "held-out before -> after", "paired vs GRPO (held-out)",
+                "invalid after", "RL min"):
+        t.add_column(col, justify="right")
+    for name, a in table.items():
+        p, v = a["pool_after"], a["valid_after"]
+        diffs = a["paired_diff_to_grpo"]["valid"]
+        t.add_row(name, str(len(a["seeds"])),
+                  f"{100 * a['pool_before']:.1f} -> {100 * p['mean']:.1f} [{100 * p['episodes_ci'][0]:.0f}, "
+                  f"{100 * p['episodes_ci'][1]:.0f}]",
+                  f"{100 * a['valid_before']:.1f} -> {100 * v['mean']:.1f} [{100 * v['episodes_ci'][0]:.0f}, "
+                  f"{100 * v['episodes_ci'][1]:.0f}]",
+                  " ".join(f"{100 * d:+.0f}" for d in diffs) if a["arm"] != "grpo" else "-",
+                  f"{100 * a['invalid_after']:.1f}%", f"{a['rl_minutes']:.0f}")
+    Console().print(t)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "study.json").write_text(json.dumps(table, indent=2) + "\n")
+    if results:
+        plot(table, results)
+
+
+def plot(table: dict, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    arms = sorted({(r["labels"]["env"], r["labels"]["arm"]) for r in results})
+    for i, (env, arm) in enumerate(arms):
+        runs = [r for r in results if (r["labels"]["env"], r["labels"]["arm"]) == (env, arm)]
+        steps = min(len(r["per_step"]) for r in runs)
+        for ax, key in ((axes[0], "success_rate"), (axes[1], "entropy")):
+            ys = [sum((r["per_step"][k].get(key) or 0.0) for r in runs) / len(runs) for k in range(steps)]
+            ax.plot(range(1, steps + 1), ys, color=f"C{i % 10}", label=f"{env}/{arm}")
+    axes[0].set_title("training-batch success per step (mean over seeds)")
+    axes[1].set_title("entropy (nats/token)")
+    axes[0].legend(fontsize=7)
+    lams = [(0.25, "alfworld/agentopsd-lam0.25"), (0.5, "alfworld/agentopsd"), (1.0, "alfworld/agentopsd-lam1.0")]
+    pts = [(lam, table[name]["pool_after"]["mean"]) for lam, name in lams if name in table]
+    if pts:
+        axes[2].plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o")
+        if "alfworld/grpo" in table:
+            axes[2].axhline(100 * table["alfworld/grpo"]["pool_after"]["mean"], ls="--", color="gray", label="GRPO")
+            axes[2].legend()
+    axes[2].set_title("λ sensitivity: ALFWorld pool success after (%)")
+    axes[2].set_xlabel("λ")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "study_curves.png", dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=sorted(ARMS), default=sorted(ARMS))
+    ap.add_argument("--arms", nargs="+", default=None, help="only these arms")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds of every environment")
+    ap.add_argument("--steps", type=int, default=0, help="RL steps per run (0 = the preset's total_steps)")
+    ap.add_argument("--out", default="runs/study")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--plan", action="store_true", help="list the runs and whether each finished")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    seeds = {env: tuple(args.seeds) if args.seeds else s for env, s in SEEDS.items()}
+    specs = [s for s in study_specs(args.only, seeds, args.steps) if not args.arms or s.labels["arm"] in args.arms]
+    runner = ExperimentRunner(Path(args.out), STUDY, parallel=args.parallel)
+    if args.plan:
+        pending = {s.name for s in runner.pending(specs)}
+        for s in specs:
+            print(f"{'todo' if s.name in pending else 'done'}  {s.name}")
+        return
+    if not args.report_only:
+        failed = runner.run(specs)
+        if failed:
+            print(f"failed: {failed}; re-run to retry them")
+    results = load_results(STUDY)
+    report(summarize(results), results)
+
+
+if __name__ == "__main__":
+    main()
