@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentgym_opsd.train import main
@@ -103,3 +105,19 @@ def test_print_config_carries_help_comments_and_loads_back(tmp_path, capsys):
     assert "  # parameter dtype: float32 | bfloat16 | float16\n  dtype: float32" in text
     (tmp_path / "resolved.yaml").write_text(text)
     assert load_config(str(tmp_path / "resolved.yaml")).to_dict() == load_config("cpu-tiny", ["algorithm.lam=0.3"]).to_dict()
+
+
+@pytest.mark.parametrize("override", ["optim.lr=1e999", "algorithm.kl_coef=inf", "optim.grad_clip=nan",
+                                      "optim.lr=-.inf", "algorithm.entropy_coef=.nan"])
+def test_non_finite_numbers_are_refused_by_name(override: str) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: expected a finite number"):
+        load_config("cpu-tiny", [override])
+
+
+@pytest.mark.parametrize(("override", "key"), [("optim.betas=[2,3]", "optim.betas"),
+                                               ("optim.betas=[0.9]", "optim.betas"),
+                                               ("trainer.output_dir=''", "trainer.output_dir")])
+def test_settings_that_cannot_work_are_refused(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config("cpu-tiny", [override])

@@ -10,6 +10,7 @@ error naming the key and the expected type. The resolved config is saved with ev
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -246,8 +247,9 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if not self.lr > 0:
             raise ConfigError(f"optim.lr: expected > 0, got {self.lr}")
-        if len(self.betas) != 2:
-            raise ConfigError(f"optim.betas: expected two numbers, got {self.betas}")
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                           for b in self.betas):
+            raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {self.betas}")
         _check_positive("optim.micro_batch_tokens", self.micro_batch_tokens)
         _check_positive("optim.micro_batch_rows", self.micro_batch_rows)
 
@@ -335,6 +337,9 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _check_nonneg("trainer.total_steps", self.total_steps)
+        if not str(self.output_dir).strip():
+            raise ConfigError("trainer.output_dir: expected a folder, got an empty string (it would be the current "
+                              "folder)")
         _check_choice("trainer.backend", self.backend, ("deepspeed", "torch"))
         _check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
         _check_nonneg("trainer.save_every", self.save_every)
@@ -495,13 +500,16 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             except ConfigError:
                 continue
         raise ConfigError(f"{key}: expected {tp}, got {value!r}")
-    if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if origin is float and isinstance(value, str):
+    if origin is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
-            return float(value)  # YAML 1.1 reads "1e-6" as a string
-        except ValueError:
-            pass
+            number = float(value)  # YAML 1.1 reads "1e-6" as a string
+        except (ValueError, OverflowError):
+            number = None
+        if number is not None:
+            # no setting of ours means anything at inf or nan (1e999 parses as inf): refuse them by name
+            if not math.isfinite(number):
+                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+            return number
     if origin is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if origin is bool and isinstance(value, bool):
