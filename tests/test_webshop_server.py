@@ -78,9 +78,15 @@ def test_html_flow_and_escaping() -> None:
 def test_bad_api_input(server: ShopServer) -> None:
     status, body = call(server.url + "/api/sessions", {"split": "test", "goal": 0})
     sid = body["sid"]
-    for action in ["", "nonsense", "click[zzz]", "search[" + "q" * 20_000 + "]", 42]:
+    for action in ["", "nonsense", "click[zzz]", "search[" + "q" * 20_000 + "]"]:
         status, out = call(f"{server.url}/api/sessions/{sid}/step", {"action": action})
         assert status == 200 and out["valid"] is False
+    for action in [42, ["a"], None, {"a": 1}, True]:  # not a string: the client's bug, named
+        status, out = call(f"{server.url}/api/sessions/{sid}/step", {"action": action})
+        assert status == 400 and "action must be a string" in json.dumps(out)
+    for bad in [{"goal": "1"}, {"goal": 1.5}, {"goal": True}, {"split": 3}, {"split": ["test"]}]:
+        status, out = call(server.url + "/api/sessions", bad)
+        assert status == 400 and ("goal" in json.dumps(out) or "split" in json.dumps(out))
     status, out = call(f"{server.url}/api/sessions/{sid}/step", {"action": "search[" + "q" * 200_000 + "]"})
     assert status == 413  # body over the limit
     assert call(f"{server.url}/api/sessions/{sid}", method="DELETE")[1] == {"closed": True}

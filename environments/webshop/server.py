@@ -271,7 +271,12 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
     @app.post("/api/sessions")
     def api_create() -> Response:
         body = _json_object()
-        sid = new_session(str(body.get("split", "train")), _int_or_none(body.get("goal")))
+        split, goal = body.get("split", "train"), body.get("goal")
+        if not isinstance(split, str):
+            abort(400, description=f"split must be a string, got {type(split).__name__}")
+        if goal is not None and (not isinstance(goal, int) or isinstance(goal, bool)):  # JSON: no "1" for 1
+            abort(400, description=f"goal must be an integer or null, got {type(goal).__name__}")
+        sid = new_session(split, goal)
         entry = entry_or_404(sid)
         with entry.lock:
             return jsonify({"sid": sid, **_step_payload(entry, True, "")})
@@ -279,9 +284,11 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
     @app.post("/api/sessions/<sid>/step")
     def api_step(sid: str) -> Response:
         action = _json_object().get("action", "")
+        if not isinstance(action, str):  # a number or a list is a client bug, not an empty action
+            abort(400, description=f"action must be a string, got {type(action).__name__}")
         entry = entry_or_404(sid)
         with entry.lock:
-            result = entry.session.act(action if isinstance(action, str) else "")
+            result = entry.session.act(action)
             return jsonify(_step_payload(entry, result.valid, result.reason))
 
     @app.delete("/api/sessions/<sid>")
