@@ -5,6 +5,7 @@ epoch-based warm start (toy counter env, tiny random model, torch backend: secon
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -372,3 +373,33 @@ def test_warm_start_can_leave_the_rl_pool_to_rl(tmp_path, toy_env_ids, monkeypat
     finally:
         trainer.close()
     assert seen and sorted(seen) == list(range(2, trainer.env_num_tasks))  # every game but the pool, once
+
+
+def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_removed(tmp_path, toy_env_ids) -> None:
+    import subprocess
+    import sys
+
+    from agentgym_opsd.trainer.loop import remove_dead_tmp_folders
+
+    trainer = make_trainer(tmp_path / "run")
+    try:
+        cache = tmp_path / "cache" / "KEY"
+        cache.mkdir(parents=True)
+        (cache / "model").mkdir()  # killed between the two renames of the old publish: no summary.json
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        leftover = cache.parent / f".KEY.{dead.pid}.deadbeef.tmp"
+        (leftover / "model").mkdir(parents=True)
+        live = cache.parent / f".KEY.{os.getpid()}.cafecafe.tmp"
+        live.mkdir()
+        trainer._save_atomically(cache, {"warm_start/sft_steps": 1.0})
+        assert (cache / "summary.json").is_file() and (cache / "model" / "config.json").is_file()
+        assert not leftover.exists() and live.exists()  # the dead writer's copy is gone, the live one's stays
+        # a second writer finds a complete entry: it keeps the first one and leaves nothing behind
+        before = (cache / "summary.json").read_text()
+        trainer._save_atomically(cache, {"warm_start/sft_steps": 2.0})
+        assert (cache / "summary.json").read_text() == before
+        assert sorted(p.name for p in cache.parent.iterdir()) == sorted(["KEY", live.name])
+        assert remove_dead_tmp_folders(cache) == []
+    finally:
+        trainer.close()

@@ -129,6 +129,26 @@ def _pad_left(rows: list[Tensor], width: int) -> Tensor:
     return out
 
 
+def remove_dead_tmp_folders(target: Path) -> list[Path]:
+    """Remove `.<target>.<pid>.<id>.tmp` folders beside `target` whose writer process is gone (a kill -9
+    mid-save leaves a whole model behind); folders of live writers, and names without a pid, stay."""
+    removed = []
+    for folder in target.parent.glob(f".{target.name}.*.tmp"):
+        parts = folder.name[len(target.name) + 2: -len(".tmp")].split(".")
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        try:
+            os.kill(int(parts[0]), 0)
+            continue  # alive (or not ours to signal): leave it
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 class Trainer:
     """Owns the model, the engine, the rollout runner and the output directory of one run."""
 
@@ -507,7 +527,10 @@ class Trainer:
     def _save_atomically(self, target: Path, summary: dict[str, Any]) -> None:
         """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers).
         Collective: every rank helps gather the weights, rank 0 writes, the others wait for it."""
-        tmp = target.parent / dist.broadcast_object(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+        if self.is_main:
+            remove_dead_tmp_folders(target)
+        # the writer's pid in the name: a later run can tell a dead writer's leftovers from a live one's
+        tmp = target.parent / dist.broadcast_object(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         self._save_model(tmp / "model")
         if self.is_main:
             self._publish(tmp, target, summary)
@@ -515,8 +538,16 @@ class Trainer:
 
     def _publish(self, tmp: Path, target: Path, summary: dict[str, Any]) -> None:
         (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        if target.exists() and target != self.out / "warm_start":
-            shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good
+        if target != self.out / "warm_start":  # a shared cache entry: published in one rename
+            if (target / "summary.json").is_file():
+                shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good
+                return
+            if target.exists():  # half-published by a run killed between two renames (older versions)
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.rename(tmp, target)  # complete or absent: a reader never sees model/ without summary.json
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)  # another writer published between our look and now
             return
         target.mkdir(parents=True, exist_ok=True)
         for item in ("model", "summary.json"):
