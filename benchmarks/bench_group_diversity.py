@@ -52,6 +52,7 @@ def main() -> None:
                              "invalid_action_rate": m["pool/invalid_action_rate"], "episodes": m["pool/episodes"],
                              "seconds": time.perf_counter() - t0})
                 print(rows[-1], flush=True)
+                write(args.config, rows)  # after every setting: a long sweep that is stopped keeps its rows
     finally:
         trainer.close()
     table = Table(title=f"{args.config}: the warm-started policy on the RL pool ({args.rollouts} copies per game)")
@@ -63,8 +64,12 @@ def main() -> None:
                       f"{100 * r['mixed_group_share']:.0f}%", f"{r['sampled_nll_per_token']:.3f}",
                       f"{100 * r['invalid_action_rate']:.1f}%")
     Console().print(table)
+    write(args.config, rows)
+
+
+def write(config: str, rows: list[dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "group_diversity.json").write_text(json.dumps({"config": args.config, "rows": rows}, indent=2) + "\n")
+    (RESULTS / "group_diversity.json").write_text(json.dumps({"config": config, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
