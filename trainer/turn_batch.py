@@ -49,7 +49,8 @@ TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
 
 @dataclass
 class TurnRow:
-    """One turn. `row_logprobs` fields are filled by the trainer's log-prob passes (response-aligned)."""
+    """One turn: the student's and the teacher's prompt ids, the sampled response ids with their sampling
+    log-probs, and the per-turn values the credit estimators read."""
 
     group_id: int
     traj_id: int
@@ -59,18 +60,10 @@ class TurnRow:
     response_ids: list[int]
     sample_logprobs: list[float]
     action_valid: bool
-    penalty: float = 0.0  # this row's own invalid-action penalty (penalty_mode="turn"), else 0
+    penalty: float = 0.0  # this row's own invalid-action penalty (penalty_mode "turn" / "outcome"), else 0
     turn_reward: float = 0.0  # reward_scale * the environment's reward for this turn
     turn_penalty: float = 0.0  # the invalid-action penalty of this turn whatever the penalty mode (GiGPO)
     anchor_key: int = 0  # hash of the state the turn acted on (see `anchor_key`)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-    @property
-    def num_teacher_tokens(self) -> int:
-        return len(self.teacher_prompt_ids or ()) + len(self.response_ids)
 
 
 @dataclass

@@ -142,12 +142,6 @@ class GeneratedSplit:
             self._refs[index] = GameRef(index, self.task_id(index), TASK_TYPES[index % len(TASK_TYPES)], path)
         return self._refs[index]
 
-    def materialise(self) -> Path:
-        """Generate every game (the folder is then ALFWorld data); returns the data root."""
-        for index in range(len(self)):
-            self.get(index)
-        return self.root
-
 
 def collect_real_games(data_root: str | os.PathLike[str], split: str) -> list[Path]:
     """Playable `game.tw-pddl` files of `data_root/json_2.1.1/<split>`, sorted, filtered like ALFWorld's

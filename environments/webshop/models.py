@@ -59,12 +59,6 @@ class Product:
     def option_values(self) -> list[str]:
         return [v for values in self.options.values() for v in values]
 
-    def search_text(self) -> str:
-        """The text the search engine indexes: title, features, description, attributes, options, asin."""
-        parts = [self.name, *self.features, self.description, *self.attributes, *self.option_values(),
-                 self.product_type, self.asin]
-        return " ".join(parts)
-
 
 @dataclass(frozen=True)
 class Goal:
