@@ -20,7 +20,7 @@ from rich.table import Table
 
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.evaluation.metrics import wilson_interval
-from agentgym_opsd.models.hf_policy import make_policy_backend
+from agentgym_opsd.models.backends import make_policy_backend
 from agentgym_opsd.models.loading import load_policy_model
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import invalid_rates

@@ -70,7 +70,7 @@ def _build_vllm(argument: str, options: dict[str, Any]) -> Policy:
             "(pip install 'agentgym-opsd[gpu]') on a machine with a CUDA device, or use 'hf:PATH' on CPU"
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from agentgym_opsd.models.hf_policy import make_policy_backend
+    from agentgym_opsd.models.backends import make_policy_backend
     from agentgym_opsd.models.loading import EMBEDDED_NAME, embedded_model_path, resolve_model_dir
 
     # vLLM loads folders and hub names: map our own names onto the folders that hold the weights.

@@ -35,16 +35,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STOP_STRINGS",
-    "BACKENDS",
     "HFPolicy",
     "cache_kwarg",
     "chat_prompt_ids",
     "text_ids",
-    "make_policy_backend",
 ]
 
 DEFAULT_STOP_STRINGS: tuple[str, ...] = ("</action>", "</search>", "</answer>")
-BACKENDS = ("hf", "vllm")
 
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -322,38 +319,3 @@ class HFPolicy(Policy):
             logits_to_keep=1,  # only the last position is needed: skips a (rows, tokens, vocab) tensor
         )
         return out.logits[:, -1, :]
-
-
-def make_policy_backend(
-    name: str,
-    *,
-    model: PreTrainedModel | None = None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    model_path: str | None = None,
-    **options: Any,
-) -> Policy:
-    """Build a rollout policy by backend name.
-
-    `"hf"`: an `HFPolicy` over `model` + `tokenizer` (or over `load_policy_model(model_path)` when no model
-    is given). `"vllm"`: a `VLLMPolicy` serving `model_path` (GPU; needs the `gpu` extra, imported only
-    here). `options` go to the policy's constructor (max_new_tokens, temperature, top_p, stop_strings,
-    seed, and batch_size for HF or engine settings for vLLM).
-    """
-    if name == "hf":
-        if model is None:
-            if model_path is None:
-                raise ValueError("the hf backend needs a model and tokenizer, or a model_path to load")
-            from agentgym_opsd.models.loading import load_policy_model
-
-            model, tokenizer = load_policy_model(model_path, trainable=False)
-        if tokenizer is None:
-            raise ValueError("the hf backend needs the tokenizer that belongs to the model")
-        return HFPolicy(model, tokenizer, **options)
-    if name == "vllm":
-        if model_path is None:
-            raise ValueError("the vllm backend needs model_path (a folder or hub name vLLM can load)")
-        from agentgym_opsd.models.vllm_policy import VLLMPolicy, require_vllm
-
-        require_vllm()
-        return VLLMPolicy(model_path, tokenizer=tokenizer, **options)
-    raise ValueError(f"unknown generation backend {name!r}; choose one of {BACKENDS}")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agentgym_opsd.envpool import TaskSpec
-from agentgym_opsd.models.hf_policy import BACKENDS, HFPolicy, make_policy_backend
+from agentgym_opsd.models.backends import BACKENDS, make_policy_backend
+from agentgym_opsd.models.hf_policy import HFPolicy
 from agentgym_opsd.models.loading import LoraSettings, load_policy_model
 from agentgym_opsd.policies import Policy, PolicyRequest
 from agentgym_opsd.rollout import RolloutRunner

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentgym_opsd.models import vllm_policy as vllm_backend
-from agentgym_opsd.models.hf_policy import make_policy_backend
+from agentgym_opsd.models.backends import make_policy_backend
 from agentgym_opsd.models.loading import LoraSettings, load_policy_model
 from agentgym_opsd.models.vllm_policy import hf_weight_items, sampling_params_kwargs, vllm_weight_name
 from agentgym_opsd.policies import PolicyRequest

@@ -291,7 +291,7 @@ class Trainer:
     def _make_policy(self, temperature: float, seed: int) -> Any:
         """The rollout policy (first call), or a sampler at another temperature/seed over the same weights:
         for vLLM a view of the one engine (never a second engine)."""
-        from agentgym_opsd.models.hf_policy import make_policy_backend
+        from agentgym_opsd.models.backends import make_policy_backend
 
         r = self.cfg.rollout
         if r.backend == "hf":
@@ -502,7 +502,7 @@ class Trainer:
         seconds_sft = time.perf_counter() - t0 - seconds_demos
         exact = math.nan
         if heldout:
-            from agentgym_opsd.models.hf_policy import make_policy_backend
+            from agentgym_opsd.models.backends import make_policy_backend
 
             greedy = make_policy_backend("hf", model=self.model, tokenizer=self.tokenizer,
                                          max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=0.0,
