@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.records import Trajectory, Turn, load_jsonl
-from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
+from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
 
@@ -155,8 +155,8 @@ def _oracle_badge(turn: Turn) -> str:
     after = turn.info.get(ORACLE_AFTER)
     if after is None:
         return ""
-    before = turn.info.get(ORACLE_BEFORE)
-    label = "" if before is None else f" (from {_e(before)}: {'progress' if after < before else 'wasted'})"
+    progress = turn_progress(turn)
+    label = "" if progress is None else f" (from {_e(turn.info[ORACLE_BEFORE])}: {progress})"
     return f'<span class="badge oracle" data-key="oracle_distance">oracle distance {_e(after)}{label}</span>'
 
 

@@ -26,10 +26,21 @@ from agentgym_opsd.prompts import TEACHER_CONTEXTS, HistoryItem, PromptRenderer
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
 
-__all__ = ["ORACLE_DISTANCE", "ORACLE_BEFORE", "ORACLE_AFTER", "RolloutRunner"]
+__all__ = ["ORACLE_DISTANCE", "ORACLE_BEFORE", "ORACLE_AFTER", "PROGRESS", "WASTED", "RolloutRunner", "turn_progress"]
 
 ORACLE_DISTANCE = core.ORACLE_DISTANCE  # re-exported: the info key the environments report
 ORACLE_BEFORE, ORACLE_AFTER = "oracle_distance_before", "oracle_distance_after"
+PROGRESS, WASTED = "progress", "wasted"
+
+
+def turn_progress(turn: Turn) -> str | None:
+    """The one rule for whether a turn made progress: PROGRESS when it was a valid action after which the
+    oracle's recorded distance dropped, WASTED otherwise (invalid, no drop, or no distance after it), None when
+    the environment reported no distance before it. The inspector and the credit benchmark both use it."""
+    if turn.info.get(ORACLE_BEFORE) is None:
+        return None
+    before, after = turn.info[ORACLE_BEFORE], turn.info.get(ORACLE_AFTER)
+    return PROGRESS if turn.action_valid and after is not None and after < before else WASTED
 """The `Turn.info` keys of the distance before and after the turn's action."""
 
 

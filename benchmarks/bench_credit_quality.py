@@ -38,14 +38,13 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd import credit
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
-from agentgym_opsd.records import Trajectory, Turn
-from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
+from agentgym_opsd.records import Trajectory
+from agentgym_opsd.rollout import PROGRESS, WASTED, turn_progress
 from agentgym_opsd.trainer.advantages import batch_advantages
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior",
               "agentopsd-token", "gigpo", "agentopsd+gigpo")
-PROGRESS, WASTED = "progress", "wasted"
 DEFAULT_HORIZON_EDGES = (4, 7)
 """Trajectory-length buckets: ≤ 4 turns, 5–7, ≥ 8 (ALFWorld `easy` plans take 3–8 steps, `cpu-learn` caps
 episodes at 10 turns)."""
@@ -62,13 +61,7 @@ def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
     return float((below.sum() + 0.5 * ties.sum()) / (len(pos) * len(neg)))
 
 
-def turn_label(turn: Turn) -> str | None:
-    """progress / wasted from the recorded oracle distances; None when the environment reported none."""
-    if ORACLE_BEFORE not in turn.info:
-        return None
-    before, after = turn.info[ORACLE_BEFORE], turn.info.get(ORACLE_AFTER)
-    dropped = turn.action_valid and before is not None and after is not None and after < before
-    return PROGRESS if dropped else WASTED
+turn_label = turn_progress  # the one rule (agentgym_opsd.rollout), shared with the inspector
 
 
 @dataclass
