@@ -117,7 +117,8 @@ class CreditConfig:
 
     lam: float = field(default=0.5, metadata={"help": "λ: mix between GRPO (0) and fully reshaped (1)."})
     band: float = field(default=0.2, metadata={"help": "b: per-turn weight is clipped to [1 − b, 1 + b]."})
-    gamma: float = field(default=0.95, metadata={"help": "γ: discount of older evidence in the belief."})
+    gamma: float = field(default=0.95, metadata={"help": "γ: discount of older evidence in the belief (1 = released "
+                                                         "code)."})
     eps0: float = field(default=1e-3, metadata={"help": "ε0: the prior B_0 is clipped to [ε0, 1 − ε0]."})
     eps: float = field(default=1e-6, metadata={"help": "ε: belief clamp and std guard for numerical safety."})
     variant: str = field(default="paper", metadata={"help": f"one of {VARIANTS} (paper or an ablation)."})

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from agentgym_opsd.credit import ESTIMATORS, STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
+from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
 from agentgym_opsd.prompts import TEACHER_CONTEXTS
 from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
 
@@ -54,6 +54,12 @@ def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` mirrors TRL's fie
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
+def _credit_field(name: str) -> Any:
+    """A field of `CreditConfig`, with its default and help, so the trainer's config repeats neither."""
+    source = {f.name: f for f in dataclasses.fields(CreditConfig)}[name]
+    return field(default=source.default, metadata={"help": source.metadata["help"]})
 
 
 @dataclass
@@ -162,15 +168,16 @@ class RolloutConfig:
 @dataclass
 class AlgorithmConfig:
     estimator: str = _f("agentopsd", f"credit estimator: {' | '.join(ESTIMATORS)} (agentgym_opsd.credit registry)")
-    lam: float = _f(0.5, "λ: mix between GRPO (0) and the reshaped advantage (1)")
-    band: float = _f(0.2, "b: per-turn weights are clipped to [1-b, 1+b]")
-    gamma: float = _f(0.95, "γ: discount of older evidence in the belief (1 = released code)")
-    eps0: float = _f(1e-3, "ε0: the prior B_0 is clipped to [ε0, 1-ε0]")
-    eps: float = _f(1e-6, "ε: numerical guard")
-    variant: str = _f("paper", f"AgentOPSD variant: {' | '.join(VARIANTS)}")
-    omega: float = _f(1.0, "ω: weight of GiGPO's step-level (anchor-state) advantage (gigpo, agentopsd+gigpo)")
-    step_gamma: float = _f(0.95, "GiGPO: discount of the per-turn step returns")
-    step_norm: str = _f("mean_norm", f"GiGPO: anchor-group normalisation of step returns: {' | '.join(STEP_NORMS)}")
+    # The credit hyper-parameters: default and help come from `credit.CreditConfig` (declared once, there).
+    lam: float = _credit_field("lam")
+    band: float = _credit_field("band")
+    gamma: float = _credit_field("gamma")
+    eps0: float = _credit_field("eps0")
+    eps: float = _credit_field("eps")
+    variant: str = _credit_field("variant")
+    omega: float = _credit_field("omega")
+    step_gamma: float = _credit_field("step_gamma")
+    step_norm: str = _credit_field("step_norm")
     success_source: str = _f("won", "B_0 prior: 'won' = group success rate (paper); 'reward' = group mean "
                                     "of the raw reward (released code)")
     normalize_std: bool = _f(True, "GRPO: divide by the group std")
@@ -223,9 +230,8 @@ class AlgorithmConfig:
 
     def credit_config(self, lam: float | None = None) -> CreditConfig:
         """The credit hyper-parameters (λ overridden by `lam`, e.g. the warm-down's value of this step)."""
-        return CreditConfig(lam=self.lam if lam is None else lam, band=self.band, gamma=self.gamma, eps0=self.eps0,
-                            eps=self.eps, variant=self.variant, omega=self.omega, step_gamma=self.step_gamma,
-                            step_norm=self.step_norm)
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(CreditConfig)}
+        return CreditConfig(**{**values, **({"lam": lam} if lam is not None else {})})
 
     @property
     def needs_teacher(self) -> bool:
