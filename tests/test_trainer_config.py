@@ -121,3 +121,29 @@ def test_non_finite_numbers_are_refused_by_name(override: str) -> None:
 def test_settings_that_cannot_work_are_refused(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(key)):
         load_config("cpu-tiny", [override])
+
+
+def test_a_config_inherits_from_its_base_and_shows_only_what_it_changes(tmp_path) -> None:
+    child = tmp_path / "child.yaml"
+    child.write_text("base: cpu-tiny\nrollout:\n  group_size: 3\n")
+    grandchild = tmp_path / "grandchild.yaml"
+    grandchild.write_text(f"base: {child}\ntrainer:\n  total_steps: 7\n")
+    cfg, tiny = load_config(str(grandchild)), load_config("cpu-tiny")
+    assert cfg.rollout.group_size == 3 and cfg.trainer.total_steps == 7
+    assert cfg.rollout.max_new_tokens == tiny.rollout.max_new_tokens  # the rest of the section is the base's
+    assert cfg.preset == "grandchild"
+    small, learn = load_config("cpu-small"), load_config("cpu-learn")  # cpu-small: base cpu-learn
+    assert small.algorithm == learn.algorithm and small.warm_start == learn.warm_start
+    assert small.trainer.total_steps == 6 and learn.trainer.total_steps == 12
+
+
+def test_a_bad_base_is_named(tmp_path) -> None:
+    loop_a, loop_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    loop_a.write_text(f"base: {loop_b}\n")
+    loop_b.write_text(f"base: {loop_a}\n")
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        load_config(str(loop_a))
+    missing = tmp_path / "m.yaml"
+    missing.write_text("base: no-such-preset\n")
+    with pytest.raises(ConfigError, match="base 'no-such-preset'"):
+        load_config(str(missing))
