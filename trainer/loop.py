@@ -1013,8 +1013,9 @@ class Trainer:
         trajs: list[Trajectory] = []
         tasks = [TaskSpec(TRAIN_SEED_LIMIT + i, {"task_index": i}) for i in range(self.cfg.env.num_train_tasks)]
         with self._generating():
-            for start in range(0, len(tasks), per_call):
-                trajs += self.runner.run(policy, tasks[start:start + per_call], group_size=copies)
+            for start in range(0, len(tasks), per_call):  # group ids unique over the calls (group_diversity)
+                trajs += self.runner.run(policy, tasks[start:start + per_call], group_size=copies,
+                                         first_group_id=start, first_traj_id=start * copies)
         turns = max(sum(x.num_turns for x in trajs), 1)
         return {"pool/success_rate": sum(x.won for x in trajs) / max(len(trajs), 1),
                 "pool/invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns,
