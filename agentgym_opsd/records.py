@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.files import atomic_write_lines
+
 __all__ = ["Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
            "invalid_rates"]
 
@@ -147,14 +149,7 @@ def invalid_rates(trajectories: Iterable[Trajectory]) -> dict[str, float]:
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> Path:
     """Write trajectories, one JSON object per line, atomically (a crash never leaves half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for traj in trajectories:
-            fh.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_lines(path, (json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajectories))
 
 
 def append_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> None:

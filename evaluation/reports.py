@@ -9,12 +9,12 @@ and the fitted slope in points per extra turn). `report.md` renders the same as 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.evaluation.runner import EvalSummary
+from agentgym_opsd.files import atomic_write_text
 from agentgym_opsd.records import INVALID_KINDS
 
 __all__ = [
@@ -31,12 +31,7 @@ RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 
 
-def _atomic_write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+_atomic_write = atomic_write_text  # one atomic writer for the package (agentgym_opsd.files)
 
 
 def write_results_json(summaries: Sequence[EvalSummary], path: str | Path) -> Path:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentgym_opsd.files import cache_dir
+
 if TYPE_CHECKING:  # keep `import agentgym_opsd.models.loading` light: transformers loads on first use
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -98,9 +100,7 @@ class LoraSettings:
 
 def cache_root() -> Path:
     """Where converted models are kept: `$AGENTGYM_OPSD_CACHE/models` or `~/.cache/agentgym_opsd/models`."""
-    base = os.environ.get("AGENTGYM_OPSD_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "agentgym_opsd"
-    return root / "models"
+    return cache_dir("models")
 
 
 def embedded_gguf_file() -> Path:

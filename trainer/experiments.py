@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.files import atomic_write_text
 
 __all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "load_results", "read_metrics",
            "run_result"]
@@ -178,9 +179,5 @@ class ExperimentRunner:
                 result.update({"name": name, "before_run": spec.before.name, "labels": spec.labels,
                                "overrides": list(spec.overrides), "wall_minutes": (time.perf_counter() - t0) / 60,
                                "threads": threads})
-                path = self.result_path(spec)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-                os.replace(tmp, path)
+                atomic_write_text(self.result_path(spec), json.dumps(result, indent=2) + "\n")
         return failed

@@ -53,6 +53,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
+from agentgym_opsd.files import cache_dir
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.registry import env_profile, parse_env_spec
@@ -453,9 +454,7 @@ class Trainer:
     def _warm_start_cache_dir(self) -> Path | None:
         if self.cfg.warm_start.cache == "off":
             return None
-        from agentgym_opsd.models.loading import cache_root
-
-        return cache_root().parent / "warm_start" / warm_start_key(self._warm_start_settings())
+        return cache_dir("warm_start", warm_start_key(self._warm_start_settings()))
 
     def warm_start_model_dir(self) -> Path | None:
         """Where the warm-started weights of this run are (the run folder, or the shared cache)."""

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.credit import CreditResult
+from agentgym_opsd.files import atomic_write_lines
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates
 
 __all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
@@ -300,11 +300,5 @@ def credit_lines(trajectories: Sequence[Trajectory], record: CreditRecord, *, es
 
 
 def write_jsonl_atomic(lines: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Write JSON lines atomically (a crash never leaves half a file), as `records.save_jsonl` does."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for line in lines:
-            fh.write(json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    """Write JSON lines atomically (`agentgym_opsd.files`), as `records.save_jsonl` does."""
+    return atomic_write_lines(path, (json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n" for line in lines))

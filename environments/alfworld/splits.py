@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from agentgym_opsd.environments.alfworld.vocabulary import (
     SCENE_NUMBERS_UNSEEN,
     TASK_TYPES,
 )
+from agentgym_opsd.files import atomic_write_text, cache_dir
 
 __all__ = ["SplitConfig", "BUILTIN_SPLITS", "GeneratedSplit", "RealSplit", "GameRef", "cache_root",
            "collect_real_games", "NoGamesError"]
@@ -79,8 +79,7 @@ class GameRef:
 
 def cache_root() -> Path:
     """`$AGENTGYM_OPSD_CACHE/alfworld`, else `~/.cache/agentgym_opsd/alfworld`."""
-    base = os.environ.get("AGENTGYM_OPSD_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "agentgym_opsd") / "alfworld"
+    return cache_dir("alfworld")
 
 
 # One generator per process (it holds a planner that takes about a second to set up); the lock also makes
@@ -98,12 +97,7 @@ def _generate(config: SplitConfig, index: int) -> GeneratedGame:
                                       trial_id=f"T{config.seed}_{index:05d}")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+_atomic_write = atomic_write_text  # agentgym_opsd.files
 
 
 class GeneratedSplit:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.environments.search_qa.data import Passage, Question
+from agentgym_opsd.files import atomic_write_lines
 
 __all__ = ["iter_corpus", "read_corpus", "write_corpus", "read_questions", "write_questions", "atomic_write_text"]
 
@@ -38,19 +38,8 @@ def read_corpus(path: str | os.PathLike[str]) -> list[Passage]:
 
 
 def atomic_write_text(path: str | os.PathLike[str], lines: Iterable[str]) -> None:
-    """Write lines to a temporary file in the same folder, then rename it over `path` (readers never see a
-    half-written file)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write lines atomically (`agentgym_opsd.files.atomic_write_lines`): readers never see a half-written file."""
+    atomic_write_lines(path, lines)
 
 
 def write_corpus(path: str | os.PathLike[str], passages: Iterable[Passage]) -> None:

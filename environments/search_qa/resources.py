@@ -16,6 +16,7 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
+from agentgym_opsd import files
 from agentgym_opsd.environments.search_qa.data import SPLITS
 from agentgym_opsd.environments.search_qa.formats import read_corpus, write_questions
 from agentgym_opsd.environments.search_qa.generator import WorldConfig, generate_dataset, preset
@@ -27,10 +28,7 @@ _BUILD_LOCK = threading.Lock()  # EnvPool threads making their first env at once
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    if cache_dir:
-        return Path(cache_dir)
-    base = os.environ.get("AGENTGYM_OPSD_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "agentgym_opsd") / "search_qa"
+    return Path(cache_dir) if cache_dir else files.cache_dir("search_qa")
 
 
 def _digest(payload: object) -> str:
