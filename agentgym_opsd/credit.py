@@ -935,11 +935,13 @@ def _reshape_on_grid(
         b0 = rate.clamp(max(cfg.eps0, cfg.eps), 1.0 - max(cfg.eps0, cfg.eps))
     c = _discounted_cumsum(e_grid, cfg.gamma)  # (seqs, L) c_k = Σ_{j≤k} γ^(k−j) e_j
     logit_b0 = torch.logit(b0)
-    # ΔB_1 is taken against σ(logit B_0), B_0 as the belief's own arithmetic rounds it: with zero evidence
-    # every ΔB_k is then exactly 0 (B_0 itself would leave rounding noise that 1/(std + ε) amplifies).
-    start = torch.sigmoid(logit_b0).clamp_(cfg.eps, 1.0 - cfg.eps)
-    belief = torch.sigmoid(c.add_(logit_b0[:, None])).clamp_(cfg.eps, 1.0 - cfg.eps)
-    delta_b = belief - torch.cat([start[:, None], belief[:, :-1]], dim=1)  # ΔB_k = B_k − B_(k−1)
+    logits = c.add_(logit_b0[:, None])  # (seqs, L) logit B_k
+    belief = torch.sigmoid(logits).clamp_(cfg.eps, 1.0 - cfg.eps)
+    start = torch.sigmoid(logit_b0).clamp_(cfg.eps, 1.0 - cfg.eps)  # B_0 as the belief's arithmetic gives it
+    prev_logits = torch.cat([logit_b0[:, None], logits[:, :-1]], dim=1)
+    # ΔB_k = B_k − B_(k−1), exactly 0 where the logit did not move (zero evidence): σ of equal inputs can round
+    # differently in a vectorised kernel, and 1/(std + ε) would amplify that noise into weights (w ≈ 1.03).
+    delta_b = torch.where(logits == prev_logits, 0.0, belief - torch.cat([start[:, None], belief[:, :-1]], dim=1))
     if details is not None:  # copies: the lines below overwrite delta_b in place
         details.update(prior=b0, belief=belief, delta_belief=delta_b.clone())
 
