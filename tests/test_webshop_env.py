@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_webshop_helpers import SMALL, small_shop
 
-from agentgym_opsd.core import INFO_KEYS, EpisodeEndedError
+from agentgym_opsd.core import INFO_KEYS, PRIVILEGED_HINTS, EpisodeEndedError
 from agentgym_opsd.environments.webshop.env import WebShopEnv
 from agentgym_opsd.environments.webshop.loaders import load_real_shop_data, parse_price
 from agentgym_opsd.environments.webshop.session import ShopSession
@@ -47,6 +47,8 @@ def test_registered_profile_and_skills() -> None:
     assert set(INFO_KEYS) <= set(info) and info["task_type"] in library.task_types
     assert info["admissible_actions"] == ["search[<your query>]"]
     assert "Instruction:" in obs and info["task_text"] in obs
+    hints = info.pop(PRIVILEGED_HINTS)  # the one structured optional key: hint level -> text, teacher only
+    assert set(hints) == {"goal"} and all(isinstance(v, str) and v for v in hints.values())
     assert all(isinstance(v, (str, int, float, bool)) for k, v in info.items() if k not in INFO_KEYS)
 
 
