@@ -403,3 +403,18 @@ def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_remo
         assert remove_dead_tmp_folders(cache) == []
     finally:
         trainer.close()
+
+
+def test_warm_start_seed_lets_rl_seeds_share_one_cached_warm_start(tmp_path, toy_env_ids) -> None:
+    keys = {}
+    for name, overrides in {"default0": ["trainer.seed=0"], "fixed0_rl1": ["trainer.seed=1", "warm_start.seed=0"],
+                            "fixed0_rl2": ["trainer.seed=2", "warm_start.seed=0"], "default1": ["trainer.seed=1"],
+                            "fixed1": ["trainer.seed=0", "warm_start.seed=1"]}.items():
+        trainer = make_trainer(tmp_path / name, "warm_start.steps=1", *overrides)
+        try:
+            keys[name] = trainer._warm_start_cache_dir()
+        finally:
+            trainer.close()
+    # warm_start.seed=-1 means trainer.seed, so keys from before the field existed are unchanged
+    assert keys["default0"] == keys["fixed0_rl1"] == keys["fixed0_rl2"]
+    assert keys["default1"] == keys["fixed1"] != keys["default0"]
