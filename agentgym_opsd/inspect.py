@@ -172,8 +172,8 @@ def _turn_html(data: StepData, traj: Trajectory, position: int, turn: Turn) -> s
     validity = "valid" if turn.action_valid else f"invalid: {turn.invalid_reason or turn.invalid_kind or '?'}"
     oracle_html = _oracle_badge(turn)
     return f"""
-<div class="turn {'ok' if turn.action_valid else 'bad'}" data-turn="{turn.index}">
-  <div class="turn-head"><b>turn {turn.index}</b> <span class="badge {'ok' if turn.action_valid else 'bad'}">{_e(validity)}</span>
+<div class="turn {'ok' if turn.action_valid else 'bad'}" data-turn="{_e(turn.index)}">
+  <div class="turn-head"><b>turn {_e(turn.index)}</b> <span class="badge {'ok' if turn.action_valid else 'bad'}">{_e(validity)}</span>
     <span class="badge">action: <code>{_e(turn.action or '∅')}</code></span> <span class="badge">reward {_e(turn.reward)}</span>
     {oracle_html}</div>
   <details class="state"><summary>state it acted on</summary><pre>{_e(_state_text(traj, position))}</pre></details>
@@ -193,14 +193,14 @@ def _traj_html(data: StepData, traj: Trajectory) -> str:
     reward = line.get("reward", traj.total_reward)
     turns = "".join(_turn_html(data, traj, i, t) for i, t in enumerate(traj.turns))
     attrs = (f'data-won="{int(traj.won)}" data-estimator="{_e(estimator)}" data-task-type="{_e(traj.task_type)}" '
-             f'data-traj-id="{traj.traj_id}" data-reward="{_e(reward if reward is not None else 0)}" '
-             f'data-seq-adv="{_e(seq_adv if seq_adv is not None else 0)}" data-turns="{traj.num_turns}"')
+             f'data-traj-id="{_e(traj.traj_id)}" data-reward="{_e(reward if reward is not None else 0)}" '
+             f'data-seq-adv="{_e(seq_adv if seq_adv is not None else 0)}" data-turns="{_e(traj.num_turns)}"')
     error = f'<span class="badge bad">error: {_e(traj.error)}</span>' if traj.error else ""
     return f"""
 <section class="traj {'won' if traj.won else 'lost'}" {attrs}>
-  <details open><summary class="traj-head"><b>trajectory {traj.traj_id}</b>
+  <details open><summary class="traj-head"><b>trajectory {_e(traj.traj_id)}</b>
     <span class="badge {'ok' if traj.won else 'bad'}">{'won' if traj.won else 'lost'}</span>
-    <span class="badge">{traj.num_turns} turns</span> <span class="badge">reward {_e(_fmt(reward))}</span>
+    <span class="badge">{_e(traj.num_turns)} turns</span> <span class="badge">reward {_e(_fmt(reward))}</span>
     <span class="badge" data-key="seq_advantage">A_seq {_e(_fmt(seq_adv))}</span>
     {f'<span class="badge">{_e(estimator)}</span>' if estimator else ''} {error} {spark}</summary>
   {turns}
@@ -233,8 +233,8 @@ def render_html(data: StepData) -> str:
         hint = (f'\n  <p class="hint"><b>teacher hint:</b> {_e(first.privileged_hint)}</p>'
                 if first.privileged_hint else "")
         sections.append(f"""
-<article class="group" data-group-id="{group_id}">
-  <h2>group {group_id} · {_e(first.task_type or 'task')} · <code>{_e(first.task_id)}</code>
+<article class="group" data-group-id="{_e(group_id)}">
+  <h2>group {_e(group_id)} · {_e(first.task_type or 'task')} · <code>{_e(first.task_id)}</code>
     <span class="badge">success {rate:.2f}</span></h2>
   <p class="task">{_e(first.task_text)}</p>{hint}
   <div class="trajs">{body}</div>

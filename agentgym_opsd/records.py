@@ -124,13 +124,56 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """A trajectory from its JSON form; every field is checked against its declared type (a record is
+        data from a file: a string where a number belongs must not reach a report or a page)."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a trajectory record is a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown trajectory fields {sorted(unknown)}; expected a subset of {sorted(known)}")
         data = dict(data)
-        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        turns = data.get("turns", [])
+        if not isinstance(turns, list):
+            raise TypeError(f"trajectory field 'turns': expected a list, got {type(turns).__name__}")
+        _check_fields("trajectory", data, _TRAJECTORY_TYPES)
+        checked = []
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                raise TypeError(f"turn {i}: expected a JSON object, got {type(turn).__name__}")
+            unknown = set(turn) - set(_TURN_TYPES)
+            if unknown:
+                raise ValueError(f"turn {i}: unknown fields {sorted(unknown)}")
+            _check_fields(f"turn {i}", turn, _TURN_TYPES)
+            checked.append(Turn(**turn))
+        data["turns"] = checked
         return cls(**data)
+
+
+# The JSON types each recorded field may hold (bool is not a number here, and a number is not a string).
+_NUMBER = (int, float)
+_TRAJECTORY_TYPES: dict[str, tuple[type, ...]] = {
+    "env_id": (str,), "task_id": (str,), "task_type": (str,), "group_id": (int,), "traj_id": (int,), "seed": (int,),
+    "task_text": (str,), "skill_context": (str,), "privileged_hint": (str,), "won": (bool,), "score": _NUMBER,
+    "total_reward": _NUMBER, "terminated": (bool,), "truncated": (bool,), "error": (str, type(None)),
+    "metadata": (dict,),
+}
+_TURN_TYPES: dict[str, tuple[type, ...]] = {
+    "index": (int,), "prompt": (list,), "response_text": (str,), "action": (str,), "action_valid": (bool,),
+    "observation": (str,), "reward": _NUMBER, "response_token_ids": (list,), "response_logprobs": (list,),
+    "invalid_reason": (str, type(None)), "info": (dict,),
+}
+
+
+def _check_fields(where: str, record: dict[str, Any], types: dict[str, tuple[type, ...]]) -> None:
+    for name, value in record.items():
+        allowed = types.get(name)
+        if allowed is None:
+            continue
+        is_bool = isinstance(value, bool)
+        if not isinstance(value, allowed) or (is_bool and bool not in allowed):
+            raise TypeError(f"{where} field {name!r}: expected {' or '.join(t.__name__ for t in allowed)}, "
+                            f"got {type(value).__name__} {str(value)[:60]!r}")
 
 
 def invalid_rates(trajectories: Iterable[Trajectory]) -> dict[str, float]:

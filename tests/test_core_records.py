@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,3 +54,31 @@ def test_bad_line_names_file_and_line(tmp_path):
 
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         load_jsonl(p)
+
+
+@pytest.mark.parametrize(("field_name", "value"), [
+    ("traj_id", '7"><img src=x onerror="document.title=\'PWN\'">'), ("won", "yes"), ("group_id", 1.5),
+    ("score", "1"), ("traj_id", True), ("task_id", 3), ("error", 5), ("metadata", []),
+])
+def test_a_record_with_a_wrong_type_is_refused_with_file_and_line(tmp_path, field_name, value) -> None:
+    import json
+
+    from agentgym_opsd.records import Trajectory, load_jsonl
+
+    good = Trajectory(env_id="e", task_id="t", task_type="", group_id=0, traj_id=0, seed=0).to_dict()
+    bad = {**good, field_name: value}
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=rf"t.jsonl:2: not a trajectory record .*{field_name}"):
+        load_jsonl(path)
+
+
+def test_a_turn_with_a_wrong_type_is_refused() -> None:
+    from agentgym_opsd.records import Trajectory
+
+    good = Trajectory(env_id="e", task_id="t", task_type="", group_id=0, traj_id=0, seed=0).to_dict()
+    turn = {"index": "0<script>", "prompt": [], "response_text": "", "action": "", "action_valid": True,
+            "observation": "", "reward": 0.0}
+    with pytest.raises(TypeError, match="turn 0 field 'index'"):
+        Trajectory.from_dict({**good, "turns": [turn]})
+    assert Trajectory.from_dict({**good, "turns": [{**turn, "index": 0}]}).turns[0].index == 0
