@@ -22,13 +22,12 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentgym_opsd.files import cache_dir
+from agentgym_opsd.files import cache_dir, make_tmp_dir
 
 if TYPE_CHECKING:  # keep `import agentgym_opsd.models.loading` light: transformers loads on first use
     import torch
@@ -141,9 +140,8 @@ def _atomic_build(target: Path, stamp: dict[str, Any], build: Any) -> Path:
     """
     if _is_complete(target, stamp):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared between users of a machine
+    tmp = make_tmp_dir(target)  # removes the leftovers of converters that were killed mid-build
+    tmp.chmod(0o755)  # the cache may be shared between users of a machine
     try:
         build(tmp)
         (tmp / _MARKER).write_text(json.dumps(stamp), encoding="utf-8")

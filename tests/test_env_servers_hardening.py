@@ -543,3 +543,23 @@ def test_shop_split_without_goals_is_a_400_not_a_crash() -> None:
         status, reply = post_json(srv.url, "/api/sessions", {"split": "train"})
         assert status == 400 and "no goals" in reply["error"]
         assert post_json(srv.url, "/api/sessions", {"split": "test"})[0] == 200
+
+
+def test_a_killed_index_build_leaves_nothing_the_next_build_keeps(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
+    from agentgym_opsd.environments.search_qa.generator import generate_dataset
+    from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".idx.{dead.pid}.0badc0de.tmp"  # what kill -9 mid-build leaves: a whole index
+    (leftover / "sub").mkdir(parents=True)
+    live = tmp_path / f".idx.{os.getpid()}.0badc0de.tmp"  # a build still running in another process
+    live.mkdir()
+    data = generate_dataset("tiny")
+    write_index_folder(tmp_path / "idx", data.passages[:20], HashingEncoder().encode, IndexConfig(kind="flat"),
+                       progress=False)
+    assert not leftover.exists() and live.exists() and (tmp_path / "idx").is_dir()

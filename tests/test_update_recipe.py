@@ -379,7 +379,7 @@ def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_remo
     import subprocess
     import sys
 
-    from agentgym_opsd.trainer.loop import remove_dead_tmp_folders
+    from agentgym_opsd.files import remove_dead_tmp_dirs
 
     trainer = make_trainer(tmp_path / "run")
     try:
@@ -400,7 +400,7 @@ def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_remo
         trainer._save_atomically(cache, {"warm_start/sft_steps": 2.0})
         assert (cache / "summary.json").read_text() == before
         assert sorted(p.name for p in cache.parent.iterdir()) == sorted(["KEY", live.name])
-        assert remove_dead_tmp_folders(cache) == []
+        assert remove_dead_tmp_dirs(cache) == []
     finally:
         trainer.close()
 

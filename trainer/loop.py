@@ -53,7 +53,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
-from agentgym_opsd.files import cache_dir
+from agentgym_opsd.files import cache_dir, remove_dead_tmp_dirs
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.registry import env_profile, parse_env_spec
@@ -128,26 +128,6 @@ def _pad_left(rows: list[Tensor], width: int) -> Tensor:
         if t.numel():
             out[r, width - t.numel():] = t
     return out
-
-
-def remove_dead_tmp_folders(target: Path) -> list[Path]:
-    """Remove `.<target>.<pid>.<id>.tmp` folders beside `target` whose writer process is gone (a kill -9
-    mid-save leaves a whole model behind); folders of live writers, and names without a pid, stay."""
-    removed = []
-    for folder in target.parent.glob(f".{target.name}.*.tmp"):
-        parts = folder.name[len(target.name) + 2: -len(".tmp")].split(".")
-        if len(parts) != 2 or not parts[0].isdigit():
-            continue
-        try:
-            os.kill(int(parts[0]), 0)
-            continue  # alive (or not ours to signal): leave it
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
-    return removed
 
 
 class Trainer:
@@ -527,7 +507,7 @@ class Trainer:
         """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers).
         Collective: every rank helps gather the weights, rank 0 writes, the others wait for it."""
         if self.is_main:
-            remove_dead_tmp_folders(target)
+            remove_dead_tmp_dirs(target)
         # the writer's pid in the name: a later run can tell a dead writer's leftovers from a live one's
         tmp = target.parent / dist.broadcast_object(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         self._save_model(tmp / "model")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ import numpy as np
 
 from agentgym_opsd.environments.search_qa.data import SPLITS, Passage
 from agentgym_opsd.environments.search_qa.store import CORPUS_FILE, OFFSETS_FILE, PassageStore, write_store
+from agentgym_opsd.files import make_tmp_dir
 
 __all__ = ["IndexConfig", "DenseIndex", "build_faiss_index", "write_index_folder", "check_replaceable",
            "NotAnIndexError", "META_FILE", "INDEX_KINDS"]
@@ -169,8 +169,7 @@ def write_index_folder(
 
     target = Path(os.path.abspath(folder))  # `.` has no name to build a sibling from
     check_replaceable(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = make_tmp_dir(target)  # removes the leftovers of builds that were killed mid-way (whole indexes)
     try:
         t0 = time.perf_counter()
         num = write_store(tmp, passages)
