@@ -12,8 +12,8 @@ environment: warm start + before-evaluations, shared by all its arms and seeds; 
 
 Arms — ALFWorld (`cpu-small` recipe, held-out `easy_valid` 48 episodes at T=0.4, the 16-game pool × 4):
 `grpo`, `agentopsd` (teacher context `skills`, the paper), `agentopsd-hint` (teacher sees the task's
-privileged `goal` hint), `gigpo`, λ ∈ {0.25, 1.0} beside the default 0.5, and the learning rate 2e-5 beside the
-recipe's 5e-5 for GRPO and AgentOPSD; WebShop and Search-QA
+privileged `goal` hint), `gigpo`, λ ∈ {0.25, 1.0} beside the default 0.5, and the learning rate 5e-5 beside the
+recipe's 2e-5 for GRPO and AgentOPSD; WebShop and Search-QA
 (`cpu-small-webshop`, `cpu-small-searchqa`): `grpo` and `agentopsd-hint`.
 Report per arm: pool and held-out success after (mean over seeds; 95% interval from the pooled episodes and a
 t-interval over seeds), the paired difference to GRPO per seed, invalid actions, RL minutes, and
@@ -47,9 +47,9 @@ ARMS: dict[str, dict[str, tuple[str, ...]]] = {
         "gigpo": ("algorithm.estimator=gigpo",),
         "agentopsd-lam0.25": ("algorithm.estimator=agentopsd", "algorithm.lam=0.25"),
         "agentopsd-lam1.0": ("algorithm.estimator=agentopsd", "algorithm.lam=1.0"),
-        # the learning-rate sweep of the recipe (cpu-small: 5e-5)
-        "grpo-lr2e-5": ("algorithm.estimator=grpo", "optim.lr=2e-5"),
-        "agentopsd-lr2e-5": ("algorithm.estimator=agentopsd", "optim.lr=2e-5"),
+        # the learning-rate sweep of the recipe (cpu-learn / cpu-small: 2e-5)
+        "grpo-lr5e-5": ("algorithm.estimator=grpo", "optim.lr=5e-5"),
+        "agentopsd-lr5e-5": ("algorithm.estimator=agentopsd", "optim.lr=5e-5"),
     },
     "webshop": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT)},
     "searchqa": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT)},
