@@ -71,7 +71,7 @@ def main() -> None:
 def report(results: list[dict], config: str) -> None:
     runs: dict[str, list[dict]] = {}
     for r in results:
-        runs.setdefault(r["labels"]["estimator"], []).append(r)
+        runs.setdefault(r["labels"].get("estimator", r["labels"]["arm"]), []).append(r)
     table = Table(title=f"{config}: RL seeds from one warm start (held-out 48 episodes at T=0.4; pool 16 games x 4)")
     for col in ("estimator", "seed", "held-out before -> after [95% CI]", "pool before -> after [95% CI]",
                 "invalid (held-out)", "lost-rollout rows > 0", "RL min"):
