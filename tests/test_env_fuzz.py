@@ -8,6 +8,7 @@ import random
 import time
 
 import pytest
+from search_qa_helpers import tiny_search_qa_kwargs
 from test_webshop_helpers import SMALL
 
 from agentgym_opsd.core import INFO_KEYS
@@ -37,22 +38,6 @@ def _actions(rng: random.Random, admissible: list[str] | None) -> str:
     return " ".join(rng.choice(words) for _ in range(rng.randrange(1, 12)))
 
 
-def _search_qa_kwargs(tmp_path_factory) -> dict:
-    from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
-    from agentgym_opsd.environments.search_qa.formats import write_questions
-    from agentgym_opsd.environments.search_qa.generator import generate_dataset
-    from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
-    from agentgym_opsd.environments.search_qa.retriever import DenseRetriever
-
-    data = generate_dataset("tiny")
-    folder = write_index_folder(tmp_path_factory.mktemp("fuzz-sqa") / "idx", data.passages, HashingEncoder().encode,
-                                IndexConfig(kind="flat"), progress=False)
-    qa = folder.parent / "test.jsonl"
-    write_questions(qa, data.questions["test"])
-    return {"questions_path": {"test": str(qa)}, "index_dir": str(folder),
-            "retriever": DenseRetriever(folder, encoder=HashingEncoder().encode)}
-
-
 @pytest.mark.parametrize("name", ["alfworld", "webshop", "search_qa", "lights"])
 def test_thousands_of_hostile_actions_never_crash_an_environment(name, tmp_path_factory, capsys) -> None:
     if name == "alfworld":
@@ -66,7 +51,7 @@ def test_thousands_of_hostile_actions_never_crash_an_environment(name, tmp_path_
         "lights": ("agentgym_opsd/Lights-v0:test", {}),
     }[name]
     if name == "search_qa":
-        kwargs = _search_qa_kwargs(tmp_path_factory)
+        kwargs = tiny_search_qa_kwargs(tmp_path_factory.mktemp("fuzz-sqa"))
     env = make(spec, **kwargs)
     rng = random.Random(1234)
     slowest, episodes = 0.0, 1

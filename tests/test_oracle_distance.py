@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from search_qa_helpers import tiny_search_qa_kwargs
 from test_webshop_helpers import SMALL
 
 from agentgym_opsd.core import TextEnv
@@ -128,20 +129,9 @@ def test_webshop_wrong_purchase_is_out_of_reach(webshop) -> None:
 # ---- Search-QA ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def search_qa(tmp_path_factory):
-    from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
     from agentgym_opsd.environments.search_qa.env import SearchQAEnv
-    from agentgym_opsd.environments.search_qa.formats import write_questions
-    from agentgym_opsd.environments.search_qa.generator import generate_dataset
-    from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
-    from agentgym_opsd.environments.search_qa.retriever import DenseRetriever
 
-    data = generate_dataset("tiny")
-    folder = write_index_folder(tmp_path_factory.mktemp("sqa") / "idx", data.passages, HashingEncoder().encode,
-                                IndexConfig(kind="flat"), progress=False)
-    qa = folder.parent / "test.jsonl"
-    write_questions(qa, data.questions["test"])
-    return SearchQAEnv(split="test", questions_path={"test": str(qa)}, index_dir=str(folder),
-                       retriever=DenseRetriever(folder, encoder=HashingEncoder().encode))
+    return SearchQAEnv(split="test", **tiny_search_qa_kwargs(tmp_path_factory.mktemp("sqa")))
 
 
 def test_search_qa_oracle_counts_down(search_qa) -> None:

@@ -5,6 +5,7 @@ shows it (escaped)."""
 from __future__ import annotations
 
 import pytest
+from search_qa_helpers import tiny_search_qa_kwargs
 from test_webshop_helpers import SMALL
 
 from agentgym_opsd.envpool import TaskSpec
@@ -12,23 +13,6 @@ from agentgym_opsd.policies import OraclePolicy
 from agentgym_opsd.prompts import HINT_HEADER, SKILL_HEADER
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer.config import ConfigError, load_config
-
-
-def _search_qa_kwargs(tmp_path_factory) -> dict:
-    from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
-    from agentgym_opsd.environments.search_qa.formats import write_questions
-    from agentgym_opsd.environments.search_qa.generator import generate_dataset
-    from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
-    from agentgym_opsd.environments.search_qa.retriever import DenseRetriever
-
-    data = generate_dataset("tiny")
-    folder = write_index_folder(tmp_path_factory.mktemp("sqa") / "idx", data.passages, HashingEncoder().encode,
-                                IndexConfig(kind="flat"), progress=False)
-    qa = folder.parent / "test.jsonl"
-    write_questions(qa, data.questions["test"])
-    return {"questions_path": {"test": str(qa)}, "index_dir": str(folder),
-            "retriever": DenseRetriever(folder, encoder=HashingEncoder().encode)}
-
 
 CASES = {  # env spec, levels it must offer, the level to record, words the goal hint must contain
     "alfworld": ("agentgym_opsd/ALFWorld-v0:easy", {"goal", "plan"}, "goal", ("in/on",)),
@@ -44,7 +28,7 @@ def played(request, tmp_path_factory):
     if name == "alfworld":
         pytest.importorskip("textworld")
     kwargs = {"alfworld": {"max_turns": 6}, "webshop": {"num_products": SMALL},
-              "search_qa": _search_qa_kwargs(tmp_path_factory) if name == "search_qa" else {}}[name]
+              "search_qa": tiny_search_qa_kwargs(tmp_path_factory.mktemp("sqa")) if name == "search_qa" else {}}[name]
     runner = RolloutRunner(spec, num_envs=2, env_kwargs=kwargs, hint_level=level)
     try:
         hints = runner.pool.reset([TaskSpec(0, {"task_index": 1})], 1)[0].info["privileged_hints"]
