@@ -432,21 +432,22 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
         if not path.is_file():
             raise ConfigError(f"config {name_or_path!r}: not a file and not a preset; presets: "
                               f"{', '.join(available_presets())}")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config {path}: not valid YAML ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"config {path}: expected a mapping of sections, got {type(data).__name__}")
-        data = _resolve_base(data, path, seen=(path.resolve(),))
+        data = _read_config_file(path)
         data.setdefault("preset", Path(name_or_path).stem)
     data = apply_overrides(data, overrides)
     return config_from_dict(data)
 
 
-def _resolve_base(data: dict[str, Any], path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
-    """`base: NAME_OR_PATH` in a config file: the base config (resolved the same way, so bases chain), with
-    this file's sections merged over it key by key; a preset then shows only what it changes."""
+def _read_config_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file as a mapping of sections. `base: NAME_OR_PATH` in it: the base config (read the same
+    way, so bases chain), with this file's sections merged over it key by key; a preset then shows only
+    what it changes. `seen`: the files that led here (a cycle is an error)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping of sections, got {type(data).__name__}")
     base_name = data.pop("base", None)
     if base_name is None:
         return data
@@ -456,15 +457,10 @@ def _resolve_base(data: dict[str, Any], path: Path, seen: tuple[Path, ...]) -> d
             else PRESETS_DIR / f"{base_name}.yaml"
     if not base_path.is_file():
         raise ConfigError(f"config {path}: base {base_name!r} is neither a file nor a preset")
+    seen = (*seen, path.resolve())
     if base_path.resolve() in seen:
         raise ConfigError(f"config {path}: base {base_name!r} leads back to itself")
-    try:
-        base = yaml.safe_load(base_path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config {base_path}: not valid YAML ({exc})") from exc
-    if not isinstance(base, dict):
-        raise ConfigError(f"config {base_path}: expected a mapping of sections, got {type(base).__name__}")
-    merged = _resolve_base(base, base_path, (*seen, base_path.resolve()))
+    merged = _read_config_file(base_path, seen)
     for section, values in data.items():
         if isinstance(values, dict) and isinstance(merged.get(section), dict):
             merged[section] = {**merged[section], **values}
