@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.records import Trajectory, Turn, load_jsonl
+from agentgym_opsd.records import Trajectory, Turn, groups_of, load_jsonl
 from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
@@ -208,13 +208,6 @@ def _traj_html(data: StepData, traj: Trajectory) -> str:
 </section>"""
 
 
-def _groups(data: StepData) -> dict[int, list[Trajectory]]:
-    groups: dict[int, list[Trajectory]] = {}
-    for traj in data.trajectories:
-        groups.setdefault(traj.group_id, []).append(traj)
-    return groups
-
-
 def _options(values: Sequence[str]) -> str:
     return "".join(f'<option value="{_e(v)}">{_e(v or "(none)")}</option>' for v in sorted(set(values)))
 
@@ -222,10 +215,11 @@ def _options(values: Sequence[str]) -> str:
 def render_html(data: StepData) -> str:
     """The whole page as one string (self-contained: inline CSS, JS and SVG)."""
     trajs = data.trajectories
+    groups = groups_of(trajs)
     won = sum(t.won for t in trajs)
     estimators = sorted({str(line.get("estimator", "")) for line in data.credit.values()} - {""})
     sections = []
-    for group_id, members in sorted(_groups(data).items()):
+    for group_id, members in sorted(groups.items()):
         first = members[0]
         rate = sum(t.won for t in members) / len(members)
         body = "".join(_traj_html(data, t) for t in members)
@@ -246,7 +240,7 @@ def render_html(data: StepData) -> str:
 <style>{_CSS}</style></head>
 <body>
 <header><h1>{_e(title)}</h1>
-<p id="summary">{len(trajs)} trajectories in {len(_groups(data))} groups · {won} won ·
+<p id="summary">{len(trajs)} trajectories in {len(groups)} groups · {won} won ·
 estimator {_e(', '.join(estimators) or 'unknown (no credit file)')} · run <code>{_e(data.run_dir)}</code></p>
 <form id="controls" onsubmit="return false">
   <label>outcome <select id="f-outcome"><option value="">all</option><option value="1">won</option>

@@ -20,7 +20,7 @@ from typing import Any
 from agentgym_opsd.files import atomic_write_lines
 
 __all__ = ["Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
-           "invalid_rates"]
+           "groups_of", "invalid_rates"]
 
 INVALID_KINDS = ("no_tag", "not_admissible", "truncated")
 """Why a turn was invalid: no parsable action in a reply that ended by itself (`no_tag`), a parsed action
@@ -174,6 +174,14 @@ def _check_fields(where: str, record: dict[str, Any], types: dict[str, tuple[typ
         if not isinstance(value, allowed) or (is_bool and bool not in allowed):
             raise TypeError(f"{where} field {name!r}: expected {' or '.join(t.__name__ for t in allowed)}, "
                             f"got {type(value).__name__} {str(value)[:60]!r}")
+
+
+def groups_of(trajectories: Iterable[Trajectory]) -> dict[int, list[Trajectory]]:
+    """Trajectories by `group_id` (the G rollouts of one task), groups in order of first appearance."""
+    groups: dict[int, list[Trajectory]] = {}
+    for traj in trajectories:
+        groups.setdefault(traj.group_id, []).append(traj)
+    return groups
 
 
 def invalid_rates(trajectories: Iterable[Trajectory]) -> dict[str, float]:

@@ -13,17 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agentgym_opsd.records import Trajectory
+from agentgym_opsd.records import Trajectory, groups_of
 
-__all__ = ["SamplingReport", "collect_informative", "group_diversity", "groups_of", "is_informative"]
-
-
-def groups_of(trajectories: Sequence[Trajectory]) -> dict[int, list[Trajectory]]:
-    """Trajectories by `group_id`, groups in order of first appearance."""
-    groups: dict[int, list[Trajectory]] = {}
-    for traj in trajectories:
-        groups.setdefault(traj.group_id, []).append(traj)
-    return groups
+__all__ = ["SamplingReport", "collect_informative", "group_diversity", "is_informative"]
 
 
 def is_informative(group: Sequence[Trajectory]) -> bool:
@@ -83,11 +75,11 @@ def collect_informative(
     keep_going = keep_going or (lambda kept: kept < want_groups)
     report = SamplingReport()
     kept: list[list[Trajectory]] = []
-    last: list[Trajectory] = []
+    last: list[list[Trajectory]] = []  # the last round's groups
     while report.rounds < max_rounds and (report.rounds == 0 or keep_going(len(kept))):
-        last = play_round(report.rounds)
+        last = list(groups_of(play_round(report.rounds)).values())
         report.rounds += 1
-        for group in groups_of(last).values():
+        for group in last:
             report.groups_seen += 1
             informative = is_informative(group)
             report.informative_groups += informative
@@ -97,7 +89,7 @@ def collect_informative(
                 report.dropped_groups += 1
     if not kept:
         report.fallback = True
-        kept = list(groups_of(last).values())
+        kept = last
         report.dropped_groups -= len(kept)
     report.kept_groups = len(kept)
     return [t for group in kept for t in group], report
