@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,24 +30,17 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.trainer.experiments import read_metrics, start_training_run
 
 ESTIMATORS = ("grpo", "agentopsd")
 RESULTS = Path(__file__).parent / "results"
 
 
 def train(out_dir: Path, config: str, overrides: list[str], threads: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log = (out_dir.parent / f"{out_dir.name}.log").open("w")
-    cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config,
-           f"trainer.output_dir={out_dir}", "trainer.progress=false", *overrides]
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return start_training_run(out_dir, config, overrides, threads)
 
 
-def metrics(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+metrics = read_metrics
 
 
 def main() -> None:

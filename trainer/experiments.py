@@ -27,7 +27,7 @@ from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
 
 __all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "load_results", "read_metrics",
-           "run_result"]
+           "run_result", "start_training_run"]
 
 PER_STEP_KEYS = ("step", "success_rate", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
                  "sampling/rounds", "sampling/dropped_groups", "sampling/mixed_group_share",
@@ -117,6 +117,19 @@ def load_results(results: Path) -> list[dict[str, Any]]:
                   key=lambda r: r["name"])
 
 
+def start_training_run(run_dir: Path, config: str, overrides: Sequence[str], threads: int, *, resume: bool = False,
+                       append_log: bool = False) -> subprocess.Popen:
+    """`python -m agentgym_opsd.train` into `run_dir` in its own process with `threads` torch threads, offline,
+    its output in `<run_dir>.log` beside it (appended to with `append_log`); `resume` adds `--resume auto`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = (run_dir.parent / f"{run_dir.name}.log").open("a" if append_log else "w")
+    cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",
+           "trainer.progress=false", *overrides, *(["--resume", "auto"] if resume else [])]
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
 class ExperimentRunner:
     """Runs `RunSpec`s into `runs_dir/<name>` and writes `results_dir/<name>.json` (see the module doc)."""
 
@@ -127,16 +140,9 @@ class ExperimentRunner:
         self.cores = cores or os.cpu_count() or 1
         self.poll_s = poll_s
 
-    # ---- processes ------------------------------------------------------------------------------------------
     def _start(self, run_dir: Path, config: str, overrides: Sequence[str], threads: int, *,
                resume: bool) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log = (run_dir.parent / f"{run_dir.name}.log").open("a")
-        cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",
-               "trainer.progress=false", *overrides, *(["--resume", "auto"] if resume else [])]
-        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return start_training_run(run_dir, config, overrides, threads, resume=resume, append_log=True)
 
     def before(self, spec: BeforeSpec) -> dict[str, Any]:
         """The shared before-metrics (step 0) of `spec`, running it once with all cores if needed."""
