@@ -27,7 +27,7 @@ from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.registry import env_profile
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer.logprobs import collate, response_logprobs
-from agentgym_opsd.trainer.loop import train_task_specs
+from agentgym_opsd.trainer.task_stream import train_task_specs
 from agentgym_opsd.trainer.warm_start import collect_demonstrations
 
 ENV = "ALFWorld-v0:easy"

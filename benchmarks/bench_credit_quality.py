@@ -153,7 +153,7 @@ def make_trainer(preset: str, overrides: Sequence[str], output_dir: str, *, chun
 
 def load_warm_start(trainer: Any) -> Path:
     """The cached warm start of this config (the trainer's own cache key); never trains one here."""
-    cached = trainer._warm_start_cache_dir()  # the trainer's cache path: the same key, the same weights
+    cached = trainer.warm_starter.cache_dir()  # the trainer's cache path: the same key, the same weights
     if cached is None or not (cached / "summary.json").is_file():
         raise SystemExit(f"no cached warm start at {cached}: run benchmarks/bench_learning.py (or "
                          "python -m agentgym_opsd.train --config cpu-learn) once, or pass --model PATH")
@@ -164,7 +164,7 @@ def load_warm_start(trainer: Any) -> Path:
 def collect(trainer: Any, policy: Any, *, num_tasks: int, group_size: int, first_task: int = 0,
             chunk_tasks: int = 4, desc: str = "rollouts") -> list[Trajectory]:
     """num_tasks × group_size episodes on the trainer's task stream (its RL pool), a few tasks at a time."""
-    from agentgym_opsd.trainer.loop import train_task_specs
+    from agentgym_opsd.trainer.task_stream import train_task_specs
 
     trajs: list[Trajectory] = []
     trainer.model.eval()

@@ -44,7 +44,7 @@ def main() -> None:
     for estimator in ("grpo", "agentopsd"):
         trainer = Trainer(load_config(args.config, [*base, f"algorithm.estimator={estimator}",
                                                     f"trainer.output_dir={out}/{estimator}"]))
-        trainer._setup_reference()
+        trainer.reference.setup()
         trainer.step_on(copy.deepcopy(trajs))  # warm-up (allocator, lazy init)
         rows[estimator] = [trainer.step_on(copy.deepcopy(trajs)) for _ in range(args.repeats)]
         trainer.close()

@@ -6,17 +6,49 @@ reuses the HF chat encoding; the HF policy knows nothing of vLLM).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentgym_opsd.models.hf_policy import HFPolicy
-from agentgym_opsd.policies import Policy
+from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["BACKENDS", "make_policy_backend"]
+__all__ = ["BACKENDS", "RolloutBackend", "make_policy_backend"]
 
 BACKENDS = ("hf", "vllm")
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """What the trainer asks of a rollout policy besides `act` (both backends implement all of it; the HF
+    backend's lifecycle methods are no-ops because it samples from the trainer's own module)."""
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]: ...
+
+    def with_sampling(self, *, temperature: float, seed: int) -> RolloutBackend:
+        """A sampler over the same weights at another temperature, with its own seeded stream."""
+        ...
+
+    def wake_up(self) -> None:
+        """Before a generation phase: bring back what `sleep` freed."""
+        ...
+
+    def sleep(self) -> None:
+        """After a generation phase: free generation memory for the trainer's passes."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> int:
+        """Take the trainer's current weights; returns how many tensors were pushed."""
+        ...
+
+    def get_rng_state(self) -> Any:
+        """The sampling stream's state for a checkpoint (None when there is none to keep)."""
+        ...
+
+    def set_rng_state(self, state: Any) -> None: ...
 
 
 def make_policy_backend(
@@ -26,7 +58,7 @@ def make_policy_backend(
     tokenizer: PreTrainedTokenizerBase | None = None,
     model_path: str | None = None,
     **options: Any,
-) -> Policy:
+) -> RolloutBackend:
     """Build a rollout policy by backend name.
 
     `"hf"`: an `HFPolicy` over `model` + `tokenizer` (or over `load_policy_model(model_path)` when no model

@@ -20,6 +20,7 @@ disturb the global RNG; `get_rng_state` / `set_rng_state` carry it through check
 
 from __future__ import annotations
 
+import copy
 import functools
 import secrets
 from collections.abc import Sequence
@@ -189,6 +190,27 @@ class HFPolicy(Policy):
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
+
+    # -- rollout backend (`agentgym_opsd.models.backends.RolloutBackend`) ---------------------------------
+
+    def with_sampling(self, *, temperature: float, seed: int) -> HFPolicy:
+        """A sampler over the same model (no copy of the weights) at `temperature` with its own seeded stream;
+        this policy's settings and stream are untouched."""
+        view = copy.copy(self)
+        view.generator = torch.Generator(device=self.device)
+        view.generator.manual_seed(seed)
+        view.set_temperature(temperature)
+        return view
+
+    def wake_up(self) -> None:
+        """Nothing to wake: generation runs on the trainer's own module."""
+
+    def sleep(self) -> None:
+        """Nothing to free: the weights are the trainer's."""
+
+    def sync_weights(self, model: torch.nn.Module) -> int:
+        """Nothing to push (the policy samples from the module the trainer updates): 0 tensors."""
+        return 0
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The exact prompt token ids generation uses for `messages` (chat template + generation prompt)."""

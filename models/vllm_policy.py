@@ -254,6 +254,13 @@ class VLLMPolicy:
         view.set_temperature(temperature)
         return view
 
+    def get_rng_state(self) -> None:
+        """No state to save: each call's sampling seed derives from `seed` and the call count."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """Nothing to restore (see `get_rng_state`)."""
+
     def sleep(self) -> None:
         """Free the KV cache and offload the weights (sleep mode only; a no-op otherwise or when asleep)."""
         if self.sleep_mode and not self._engine_state["asleep"]:

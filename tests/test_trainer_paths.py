@@ -35,9 +35,9 @@ def _advantages_seen_by_update(trainer: Trainer, trajs: list[Trajectory]) -> tup
     seen: list[torch.Tensor] = []
     update = trainer.update
 
-    def spy(batch, old, ref, advantages):
-        seen.extend(a.clone() for a in advantages)
-        return update(batch, old, ref, advantages)
+    def spy(batch):
+        seen.extend(a.clone() for a in batch.advantages)
+        return update(batch)
 
     trainer.update = spy  # type: ignore[method-assign]
     metrics = trainer.step_on(trajs)
@@ -106,7 +106,7 @@ def test_the_warm_start_key_sees_a_template_text_and_nothing_without_one(tmp_pat
     for extra in ([], [f"env.prompt_template={template}"]):
         trainer = make_trainer(tmp_path / str(len(keys)), *extra)
         try:
-            settings = trainer._warm_start_settings()
+            settings = trainer.warm_starter.settings()
             keys.append(warm_start_key(settings))
         finally:
             trainer.close()
@@ -114,7 +114,7 @@ def test_the_warm_start_key_sees_a_template_text_and_nothing_without_one(tmp_pat
     template.write_text("B {observation}")
     trainer = make_trainer(tmp_path / "2", f"env.prompt_template={template}")
     try:
-        keys.append(warm_start_key(trainer._warm_start_settings()))
+        keys.append(warm_start_key(trainer.warm_starter.settings()))
     finally:
         trainer.close()
     assert len(set(keys)) == 3  # no template, template A, template B: three different warm starts

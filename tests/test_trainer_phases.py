@@ -110,11 +110,14 @@ def test_advantages_grpo_and_agentopsd(trainer_and_trajs) -> None:
     batch = trainer.score(trajs)
     evidence = torch.linspace(-1, 1, len(batch), dtype=torch.float64)
     gaps = [torch.zeros(len(r.response_ids)) for r in batch.rows]
-    adv_opsd, seq = trainer.advantages(batch, evidence, gaps)
+    batch.evidence, batch.gaps = evidence, gaps
+    trainer.credit(batch)
+    adv_opsd, seq = batch.advantages, batch.seq_advantages
     assert set(torch.sign(seq).tolist()) == {-1.0, 1.0}
     trainer.cfg.algorithm.estimator = "grpo"
     try:
-        adv_grpo, _ = trainer.advantages(batch, evidence, gaps)
+        trainer.credit(batch)
+        adv_grpo = batch.advantages
     finally:
         trainer.cfg.algorithm.estimator = "agentopsd"
     for a_o, a_g in zip(adv_opsd, adv_grpo, strict=True):

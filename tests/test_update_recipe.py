@@ -70,7 +70,8 @@ def test_after_the_first_mini_batch_the_ratio_moves_and_clipping_acts(tmp_path, 
         batch = trainer.score(trainer.collect())
         old = [torch.tensor(r.sample_logprobs) for r in batch.rows]
         adv = [torch.full((len(r.response_ids),), 1.0 if i % 2 else -1.0) for i, r in enumerate(batch.rows)]
-        metrics = trainer.update(batch, old, None, adv)
+        batch.old_logprobs, batch.advantages = old, adv
+        metrics = trainer.update(batch)
         assert metrics["optimizer_steps"] == 2 * len(batch.rows)
         assert abs(metrics["approx_kl"]) > 1e-4
         assert metrics["clip_fraction"] > 0
@@ -203,7 +204,9 @@ def test_trainer_adds_the_row_penalty_after_the_reshaping(tmp_path, toy_env_ids)
         trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, [None])]
         batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1,
                                  penalty_mode="turn")
-        adv, _ = trainer.advantages(batch, torch.zeros(3, dtype=torch.float64), [torch.zeros(2)] * 3)
+        batch.evidence, batch.gaps = torch.zeros(3, dtype=torch.float64), [torch.zeros(2)] * 3
+        trainer.credit(batch)
+        adv = batch.advantages
         scores = np.array([1.0, 0.9, 0.0])
         expected = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)
         assert [float(a[0]) for a in adv] == pytest.approx(expected.tolist(), abs=1e-6)
@@ -289,7 +292,7 @@ def test_second_run_reuses_the_warm_start_cache(tmp_path, toy_env_ids, monkeypat
         second.close()
     other = make_trainer(tmp_path / "c", *WARM, "warm_start.lr=2e-3")  # another setting: another entry
     try:
-        assert other._warm_start_cache_dir() != first._warm_start_cache_dir()
+        assert other.warm_starter.cache_dir() != first.warm_starter.cache_dir()
     finally:
         other.close()
 
@@ -300,14 +303,14 @@ def test_lora_reference_is_the_warm_started_policy(tmp_path, toy_env_ids) -> Non
     try:
         base = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
         trainer.warm_start()
-        trainer._setup_reference()
+        trainer.reference.setup()
         assert any(not torch.equal(a, p) for a, p in zip(base, [p for p in trainer.model.parameters()
                                                                  if p.requires_grad], strict=True))
         batch = trainer.score(trainer.collect())
         prompts = [r.prompt_ids for r in batch.rows]
         responses = [r.response_ids for r in batch.rows]
         policy = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id)
-        ref = trainer._reference_logprobs(prompts, responses)
+        ref = trainer.reference.logprobs(prompts, responses)
         for a, b in zip(policy, ref, strict=True):
             torch.testing.assert_close(a, b)  # RL starts exactly at the reference
         with trainer.model.disable_adapter():
@@ -316,7 +319,7 @@ def test_lora_reference_is_the_warm_started_policy(tmp_path, toy_env_ids) -> Non
         trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
         assert trainable and not any(".reference." in n for n in trainable)
         trainer.step()
-        after = trainer._reference_logprobs(prompts, responses)
+        after = trainer.reference.logprobs(prompts, responses)
         for a, b in zip(ref, after, strict=True):
             torch.testing.assert_close(a, b)  # the reference stays frozen while the policy trains
         assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
@@ -392,12 +395,12 @@ def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_remo
         (leftover / "model").mkdir(parents=True)
         live = cache.parent / f".KEY.{os.getpid()}.cafecafe.tmp"
         live.mkdir()
-        trainer._save_atomically(cache, {"warm_start/sft_steps": 1.0})
+        trainer.warm_starter.save_atomically(trainer.trained, cache, {"warm_start/sft_steps": 1.0})
         assert (cache / "summary.json").is_file() and (cache / "model" / "config.json").is_file()
         assert not leftover.exists() and live.exists()  # the dead writer's copy is gone, the live one's stays
         # a second writer finds a complete entry: it keeps the first one and leaves nothing behind
         before = (cache / "summary.json").read_text()
-        trainer._save_atomically(cache, {"warm_start/sft_steps": 2.0})
+        trainer.warm_starter.save_atomically(trainer.trained, cache, {"warm_start/sft_steps": 2.0})
         assert (cache / "summary.json").read_text() == before
         assert sorted(p.name for p in cache.parent.iterdir()) == sorted(["KEY", live.name])
         assert remove_dead_tmp_dirs(cache) == []
@@ -412,7 +415,7 @@ def test_warm_start_seed_lets_rl_seeds_share_one_cached_warm_start(tmp_path, toy
                             "fixed1": ["trainer.seed=0", "warm_start.seed=1"]}.items():
         trainer = make_trainer(tmp_path / name, "warm_start.steps=1", *overrides)
         try:
-            keys[name] = trainer._warm_start_cache_dir()
+            keys[name] = trainer.warm_starter.cache_dir()
         finally:
             trainer.close()
     # warm_start.seed=-1 means trainer.seed, so keys from before the field existed are unchanged

@@ -25,6 +25,7 @@ groups never cross task groups, so equal observations of different tasks are nev
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -68,7 +69,10 @@ class TurnRow:
 
 @dataclass
 class TurnBatch:
-    """All turn rows of one training step plus per-row trajectory-level values (1-D tensors, row order)."""
+    """One training step's batch: all turn rows plus per-row trajectory-level values (1-D tensors, row order),
+    and the columns each phase of the step fills in (None until that phase ran): π_old, the reference's and
+    the teacher's log-probs, the evidence, the advantages. The rows never change after `build_turn_batch`, so
+    the per-row tensors derived from them are built once, on first use."""
 
     rows: list[TurnRow]
     success_rate: Tensor  # (rows,) the row's group success rate R̄
@@ -77,45 +81,74 @@ class TurnBatch:
     traj_index: Tensor  # (rows,) index into the trajectory tensors
     stats: dict[str, float] = field(default_factory=dict)
     penalty_mode: str = "trajectory"
-
-    @property
-    def row_penalties(self) -> Tensor:
-        """(rows,) each row's own penalty (all zero with penalty_mode="trajectory")."""
-        return torch.tensor([r.penalty for r in self.rows], dtype=torch.float64)
+    # ---- filled phase by phase --------------------------------------------------------------------------
+    old_logprobs: list[Tensor] | None = None  # per row: π_old of each response token
+    ref_logprobs: list[Tensor] | None = None  # per row: the KL reference's (None when the KL term is off)
+    teacher_logprobs: list[Tensor] | None = None  # per row: under the teacher prompt (= old without one)
+    gaps: list[Tensor] | None = None  # per row: teacher − student log-prob of each response token
+    evidence: Tensor | None = None  # (rows,) e_k, the sum of the row's gaps
+    advantages: list[Tensor] | None = None  # per row: the advantage of each response token (update input)
+    seq_advantages: Tensor | None = None  # (trajectories,) A_seq
+    credit: CreditResult | None = None  # the estimator's output, details included when asked for
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    @property
+    @functools.cached_property
+    def prompt_ids(self) -> list[list[int]]:
+        return [r.prompt_ids for r in self.rows]
+
+    @functools.cached_property
+    def response_ids(self) -> list[list[int]]:
+        return [r.response_ids for r in self.rows]
+
+    @functools.cached_property
+    def row_penalties(self) -> Tensor:
+        """(rows,) each row's own penalty (all zero with penalty_mode="trajectory")."""
+        return torch.tensor([r.penalty for r in self.rows], dtype=torch.float64)
+
+    @functools.cached_property
     def group_ids(self) -> Tensor:
         return torch.tensor([r.group_id for r in self.rows], dtype=torch.long)
 
-    @property
+    @functools.cached_property
     def traj_ids(self) -> Tensor:
         return torch.tensor([r.traj_id for r in self.rows], dtype=torch.long)
 
-    @property
+    @functools.cached_property
     def turn_ids(self) -> Tensor:
         return torch.tensor([r.turn_id for r in self.rows], dtype=torch.long)
 
-    @property
+    @functools.cached_property
     def num_response_tokens(self) -> int:
         return sum(len(r.response_ids) for r in self.rows)
 
-    @property
+    @functools.cached_property
     def turn_rewards(self) -> Tensor:
         """(rows,) each turn's own (scaled) environment reward."""
         return torch.tensor([r.turn_reward for r in self.rows], dtype=torch.float64)
 
-    @property
+    @functools.cached_property
     def turn_penalties(self) -> Tensor:
         """(rows,) each turn's invalid-action penalty, in either penalty mode."""
         return torch.tensor([r.turn_penalty for r in self.rows], dtype=torch.float64)
 
-    @property
+    @functools.cached_property
     def anchor_keys(self) -> Tensor:
         """(rows,) int64 hash of the state each turn acted on (GiGPO's anchor state)."""
         return torch.tensor([r.anchor_key for r in self.rows], dtype=torch.long)
+
+    @property
+    def token_advantages(self) -> Tensor:
+        """Every response token's advantage, rows concatenated (empty before the credit phase)."""
+        return torch.cat([a.flatten() for a in self.advantages]) if self.advantages else torch.zeros(0)
+
+    def set_teacher(self, teacher: list[Tensor]) -> None:
+        """The teacher phase's column, and the evidence it gives against `old_logprobs`."""
+        assert self.old_logprobs is not None, "the old log-probs come first"
+        self.teacher_logprobs = teacher
+        self.gaps = [t - s for t, s in zip(teacher, self.old_logprobs, strict=True)]  # 0 without c+
+        self.evidence = torch.tensor([float(g.sum()) for g in self.gaps], dtype=torch.float64)
 
 
 PENALTY_MODES: tuple[str, ...] = ("trajectory", "turn", "outcome")

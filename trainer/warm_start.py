@@ -7,31 +7,47 @@ the response tokens only (the prompt is context). Training runs in epochs over s
 (`sft_schedule`); a held-out slice of demonstration episodes is scored by `action_exact_match`, the
 fraction of turns where the greedy reply parses to exactly the expert's action (token NLL hides that the
 action tokens are the hard ones). `warm_start_key` names everything that determines the result, so the
-trainer can cache it. It runs as the first stage of `python -m agentgym_opsd.train` and is skipped on resume
-once done.
+trainer can cache it. `WarmStart` is the stage itself: the first stage of `python -m agentgym_opsd.train`,
+reused from the shared cache when nothing that determines it changed, skipped on resume once done.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import os
+import shutil
+import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.files import cache_dir, remove_dead_tmp_dirs
 from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
+from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.logprobs import bucket_micro_batches, collate, response_logprobs
+from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT, train_task_specs
 
-__all__ = ["Demonstration", "ThoughtOracle", "action_exact_match", "collect_demonstrations", "demonstration_rows",
-           "sft_schedule", "sft_step", "warm_start_key", "WARM_START_VERSION"]
+if TYPE_CHECKING:
+    from agentgym_opsd.trainer.config import Config
+    from agentgym_opsd.trainer.trained_model import TrainedModel
+
+__all__ = ["Demonstration", "ThoughtOracle", "WarmStart", "action_exact_match", "collect_demonstrations",
+           "demonstration_rows", "sft_schedule", "sft_step", "warm_start_key", "WARM_START_VERSION"]
+
+log = logging.getLogger(__name__)
 
 WARM_START_VERSION = 2
 """Bump when the warm-start procedure changes, so cached warm starts of the old procedure are not reused."""
@@ -145,3 +161,168 @@ def warm_start_key(settings: dict[str, Any]) -> str:
     settings, demonstration and SFT settings, seed, `WARM_START_VERSION`)."""
     blob = json.dumps({"version": WARM_START_VERSION, **settings}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+class WarmStart:
+    """The supervised stage of one run: where its weights are cached (`cache_dir`, keyed by everything that
+    determines them), where they are after it ran (`model_dir`), and `run`, which trains them or reuses the
+    cache entry. `system_prompt` and `env_num_tasks` come from the environment (they enter the key)."""
+
+    def __init__(self, cfg: Config, *, run_dir: Path, system_prompt: str, env_num_tasks: int | None) -> None:
+        self.cfg = cfg
+        self.folder = run_dir / "warm_start"
+        self.system_prompt = system_prompt
+        self.env_num_tasks = env_num_tasks
+
+    @property
+    def seed(self) -> int:
+        """`warm_start.seed`, or `trainer.seed` when that is -1."""
+        ws = self.cfg.warm_start
+        return ws.seed if ws.seed >= 0 else self.cfg.trainer.seed
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that determines the warm-started weights (hashed by `warm_start_key`)."""
+        c = self.cfg
+        env = {k: v for k, v in asdict(c.env).items() if k not in ("val_id", "use_skills", "step_timeout_s")}
+        # A user template shapes every prompt: its text (not its path) is part of the key. Without one the
+        # key leaves the field out, so warm starts cached before the field existed are still found.
+        template = env.pop("prompt_template")
+        if template:
+            env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
+        return {"model": asdict(c.model), "env": env,
+                "system_prompt": self.system_prompt,
+                # `seed` enters once, as the effective seed, so keys from before the field existed still match
+                "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
+                "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
+                "env_num_tasks": self.env_num_tasks, "seed": self.seed}
+
+    def cache_dir(self) -> Path | None:
+        """The shared cache entry of these settings (None with `warm_start.cache=off`)."""
+        if self.cfg.warm_start.cache == "off":
+            return None
+        return cache_dir("warm_start", warm_start_key(self.settings()))
+
+    def model_dir(self) -> Path | None:
+        """Where the warm-started weights of this run are (the run folder, or the shared cache)."""
+        summary = self.folder / "summary.json"
+        if summary.is_file():
+            where = json.loads(summary.read_text(encoding="utf-8")).get("warm_start/model_dir")
+            if where and Path(where).is_dir():
+                return Path(where)
+        local = self.folder / "model"
+        return local if local.is_dir() else None
+
+    def run(self, policy: TrainedModel, runner: RolloutRunner) -> dict[str, Any]:
+        """Train (or load from the cache) the warm start into `policy`, reset the optimiser moments, and write
+        the run's `warm_start/summary.json`. Collective: every rank calls it."""
+        t0 = time.perf_counter()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        cached = self.cache_dir()
+        # rank 0 decides: another run may fill the shared cache between two ranks' looks
+        if dist.broadcast_object(cached is not None and (cached / "summary.json").is_file()):
+            assert cached is not None
+            policy.load_weights(cached / "model")
+            summary = json.loads((cached / "summary.json").read_text(encoding="utf-8"))
+            summary.update({"warm_start/cache_hit": 1.0, "warm_start/sft_steps_this_run": 0.0,
+                            "warm_start/seconds_this_run": time.perf_counter() - t0})
+            log.info("warm start: reused %s", cached)
+        else:
+            summary = self._train(policy, runner, cached)
+            summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
+        policy.engine.reset_optimizer_state()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
+        if policy.is_main:
+            (self.folder / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        dist.barrier()
+        log.info("warm start: %s", summary)
+        return summary
+
+    def _tasks(self) -> list[TaskSpec]:
+        ws, seed = self.cfg.warm_start, self.seed
+        if ws.episodes == 0 and self.env_num_tasks:
+            # one demonstration per training game, in a seeded order (the held-out slice is its tail)
+            order = np.random.default_rng(seed + 1).permutation(self.env_num_tasks)
+            if ws.exclude_rl_pool and self.cfg.env.num_train_tasks:
+                order = order[order >= self.cfg.env.num_train_tasks]
+            return [TaskSpec((ws.seed_offset + j) % TRAIN_SEED_LIMIT, {"task_index": int(k)})
+                    for j, k in enumerate(order)]
+        return train_task_specs(ws.seed_offset, ws.episodes or 32, num_tasks=self.env_num_tasks, seed=seed + 1)
+
+    def _train(self, policy: TrainedModel, runner: RolloutRunner, cached: Path | None) -> dict[str, Any]:
+        ws, cfg = self.cfg.warm_start, self.cfg
+        t0 = time.perf_counter()
+        tasks = self._tasks()
+        demos = collect_demonstrations(runner, tasks, thought=ws.thought, batch=runner.pool.num_envs)
+        heldout = demos[len(demos) - ws.heldout_episodes:] if 0 < ws.heldout_episodes < len(demos) else []
+        train_demos = demos[: len(demos) - len(heldout)]
+        rows = demonstration_rows(train_demos, policy.encode, policy.tokenizer)
+        if not rows:
+            raise RuntimeError(f"the warm start found no won oracle episodes in {len(tasks)} tasks of {cfg.env.id}")
+        seconds_demos = time.perf_counter() - t0
+        rng = np.random.default_rng(self.seed)
+        epochs = ws.epochs if ws.epochs > 0 else ws.steps * ws.batch_rows / len(rows)
+        schedule = sft_schedule(len(rows), batch_rows=ws.batch_rows, epochs=epochs, rng=rng)
+        if ws.epochs == 0:
+            schedule = schedule[: ws.steps]
+        policy.engine.set_lr(ws.lr)
+        losses = []
+        for pick in tqdm(schedule, desc="warm start (SFT)", unit="step", disable=not cfg.trainer.progress):
+            losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
+                                   max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
+                                   device=policy.device))
+        policy.engine.set_lr(cfg.optim.lr)
+        seconds_sft = time.perf_counter() - t0 - seconds_demos
+        exact = math.nan
+        if heldout:
+            from agentgym_opsd.models.backends import make_policy_backend
+
+            greedy = make_policy_backend("hf", model=policy.model, tokenizer=policy.tokenizer,
+                                         max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0,
+                                         batch_size=cfg.rollout.batch_size, seed=self.seed)
+            policy.model.eval()
+            with policy.engine.full_weights():
+                exact = action_exact_match(greedy, heldout, runner.parser)
+        target = cached if cached is not None else self.folder
+        summary: dict[str, Any] = {
+            "warm_start/loss_first": losses[0] if losses else math.nan,
+            "warm_start/loss_last": float(np.mean(losses[-10:])) if losses else math.nan,
+            "warm_start/demonstrations": float(len(train_demos)), "warm_start/rows": float(len(rows)),
+            "warm_start/heldout_episodes": float(len(heldout)), "warm_start/epochs": float(epochs),
+            "warm_start/sft_steps": float(len(schedule)), "warm_start/sft_steps_this_run": float(len(schedule)),
+            "warm_start/heldout_action_exact_match": exact, "warm_start/seconds_demonstrations": seconds_demos,
+            "warm_start/seconds_sft": seconds_sft, "warm_start/seconds": time.perf_counter() - t0,
+            "warm_start/cache_hit": 0.0, "warm_start/model_dir": str(target / "model"),
+        }
+        self.save_atomically(policy, target, summary)
+        return summary
+
+    def save_atomically(self, policy: TrainedModel, target: Path, summary: dict[str, Any]) -> None:
+        """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers).
+        Collective: every rank helps gather the weights, rank 0 writes, the others wait for it."""
+        if policy.is_main:
+            remove_dead_tmp_dirs(target)
+        # the writer's pid in the name: a later run can tell a dead writer's leftovers from a live one's
+        tmp = target.parent / dist.broadcast_object(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        policy.save(tmp / "model")
+        if policy.is_main:
+            self._publish(tmp, target, summary)
+        dist.barrier()
+
+    def _publish(self, tmp: Path, target: Path, summary: dict[str, Any]) -> None:
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        if target != self.folder:  # a shared cache entry: published in one rename
+            if (target / "summary.json").is_file():
+                shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good
+                return
+            if target.exists():  # half-published by a run killed between two renames (older versions)
+                shutil.rmtree(target, ignore_errors=True)
+            try:
+                os.rename(tmp, target)  # complete or absent: a reader never sees model/ without summary.json
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)  # another writer published between our look and now
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        for item in ("model", "summary.json"):
+            if (target / item).is_dir():
+                shutil.rmtree(target / item)
+            os.replace(tmp / item, target / item)
+        shutil.rmtree(tmp, ignore_errors=True)

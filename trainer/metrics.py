@@ -1,0 +1,158 @@
+"""A step's metrics: assembled from the step batch, reduced across ranks, and written (metrics.jsonl, TensorBoard).
+
+`MetricsLog` owns the run's `metrics.jsonl`: a fresh run sets an old file aside instead of appending to it; a
+resumed run drops the lines of steps after its checkpoint (they will be replayed exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym_opsd.records import Trajectory
+from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.turn_batch import TurnBatch
+
+__all__ = ["METRIC_KEYS", "MetricsLog", "reduce_step_metrics", "step_metrics", "sampling_gap"]
+
+METRIC_KEYS = (
+    "step", "success_rate", "reward_mean", "turns_mean", "invalid_action_rate", "loss", "kl", "entropy",
+    "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps", "invalid/no_tag", "invalid/not_admissible",
+    "invalid/truncated", "evidence_mean", "evidence_std", "advantage_mean", "seconds_rollout", "seconds_teacher",
+    "seconds_update",
+)
+"""Plain keys every metrics.jsonl line has (namespaced duplicates and extras come beside them)."""
+
+
+def sampling_gap(batch: TurnBatch) -> float:
+    """Mean |sampling − recomputed| old log-prob (≈0 for the HF backend; a health check for vLLM)."""
+    assert batch.old_logprobs is not None
+    diffs = [(torch.tensor(r.sample_logprobs) - t).abs().mean()
+             for r, t in zip(batch.rows, batch.old_logprobs, strict=True)
+             if len(r.sample_logprobs) == t.numel() and t.numel()]
+    return float(torch.stack(diffs).mean()) if diffs else math.nan
+
+
+def step_metrics(batch: TurnBatch, update: dict[str, float], *, lam: float) -> dict[str, Any]:
+    """This rank's numbers of one scored, credited and applied step batch (timings are added by the loop)."""
+    assert batch.evidence is not None and batch.advantages is not None and batch.seq_advantages is not None
+    evidence, seq_adv = batch.evidence, batch.seq_advantages
+    tok_adv = batch.token_advantages
+    return {
+        **batch.stats,
+        **update,
+        "evidence_mean": float(evidence.mean()) if len(evidence) else 0.0,
+        "evidence_std": float(evidence.std(unbiased=False)) if len(evidence) else 0.0,
+        "advantage_mean": float(tok_adv.mean()) if tok_adv.numel() else 0.0,
+        "advantage_abs_mean": float(tok_adv.abs().mean()) if tok_adv.numel() else 0.0,
+        "seq_advantage_std": float(seq_adv.std(unbiased=False)) if seq_adv.numel() else 0.0,
+        "teacher_rows": float(sum(r.teacher_prompt_ids is not None for r in batch.rows)),
+        "lam": lam,
+        "response_tokens": float(batch.num_response_tokens),
+        "sample_logprob_gap": sampling_gap(batch),
+        "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
+
+
+def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], batch: TurnBatch,
+                        world: int) -> dict[str, Any]:
+    """This rank's step metrics -> the whole step's: each mean weighted by what it averages over (episodes,
+    turns, rows, tokens), counts summed, stds from sums of squares, timings and memory the maximum;
+    the update's numbers (loss, kl, grad_norm, ...) are global already. One all-reduce for the sums, one for
+    the maxima."""
+    assert batch.evidence is not None and batch.seq_advantages is not None
+    evidence, seq_adv, tok_adv = batch.evidence, batch.seq_advantages, batch.token_advantages
+    per = {"traj": float(len(trajs)), "turn": float(sum(t.num_turns for t in trajs)),
+           "row": float(len(evidence)), "token": float(tok_adv.numel())}
+    by_turn = {"invalid_action_rate"} | {k for k in metrics if k.startswith("invalid/")}
+    by_traj = {"success_rate", "reward_mean", "turns_mean", "score_mean"}
+    summed = {"env_errors", "num_rows", "teacher_rows", "response_tokens"}
+    biggest = {k for k in metrics if k.startswith(("seconds_", "memory/"))}
+    weighted = [k for k in metrics if k in by_turn | by_traj and isinstance(metrics[k], (int, float))]
+    gap = metrics.get("sample_logprob_gap", math.nan)
+    gap_rows = per["row"] if math.isfinite(gap) else 0.0
+    e, q = evidence.double(), seq_adv.double()
+    vector = ([per["traj"], per["turn"], per["row"], per["token"], float(len(q)), gap_rows,
+               gap * gap_rows if gap_rows else 0.0, float(e.sum()), float((e * e).sum()),
+               float(tok_adv.double().sum()), float(tok_adv.double().abs().sum()), float(q.sum()),
+               float((q * q).sum())]
+              + [float(metrics[k]) * (per["turn"] if k in by_turn else per["traj"]) for k in weighted]
+              + [float(metrics.get(k, 0.0)) for k in sorted(summed)])
+    total = dist.all_reduce(vector)
+    n_traj, n_turn, n_row, n_tok, n_seq, n_gap, gap_sum, e1, e2, a1, a_abs, q1, q2 = total[:13]
+    out = dict(metrics)
+    for k, v in zip(weighted, total[13:13 + len(weighted)], strict=True):
+        out[k] = v / max(n_turn if k in by_turn else n_traj, 1.0)
+    for k, v in zip(sorted(summed), total[13 + len(weighted):], strict=True):
+        if k in metrics:
+            out[k] = v
+    mean_e = e1 / n_row if n_row else 0.0
+    out["evidence_mean"] = mean_e
+    out["evidence_std"] = math.sqrt(max(e2 / n_row - mean_e ** 2, 0.0)) if n_row else 0.0
+    out["advantage_mean"] = a1 / n_tok if n_tok else 0.0
+    out["advantage_abs_mean"] = a_abs / n_tok if n_tok else 0.0
+    mean_q = q1 / n_seq if n_seq else 0.0
+    out["seq_advantage_std"] = math.sqrt(max(q2 / n_seq - mean_q ** 2, 0.0)) if n_seq else 0.0
+    out["sample_logprob_gap"] = gap_sum / n_gap if n_gap else math.nan
+    keys = sorted(biggest)
+    for k, v in zip(keys, dist.all_reduce([float(metrics[k]) for k in keys], op="max"), strict=True):
+        out[k] = v
+    out["ranks"] = float(world)
+    return out
+
+
+class MetricsLog:
+    """`metrics.jsonl` (+ TensorBoard when on) of one run folder; only rank 0 makes one."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.tensorboard_dir = run_dir / "tensorboard"
+        self.tensorboard = tensorboard
+        self._writer: Any = None
+
+    def set_aside_old(self) -> None:
+        """A run that starts from step 0 (fresh, or `--resume auto` without a finished checkpoint) begins a
+        new metrics.jsonl; the old one is kept beside it, not appended to (steps would read 1, 1, 2, ...)."""
+        if self.path.is_file() and self.path.stat().st_size:
+            os.replace(self.path, self.path.with_name(f"metrics.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop metric lines of steps after the checkpoint (they will be replayed exactly)."""
+        if not self.path.is_file():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                if int(json.loads(line).get("step", 0)) <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, ValueError):
+                continue  # a line cut by the kill
+        self.path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+
+    def write(self, metrics: dict[str, Any], *, step: int) -> None:
+        line = {"step": step, **{k: v for k, v in metrics.items() if k != "step"}}
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        if self.tensorboard:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.tensorboard_dir), purge_step=step)
+            for k, v in line.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self._writer.add_scalar(k, v, step)
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
