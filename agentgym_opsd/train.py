@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"checkpoint error: {exc}", file=sys.stderr)
         return 2
+    except ConfigError as exc:  # what only the run's folder and ranks can tell (a folder that is not a run)
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     try:
         lines = trainer.train()
     finally:

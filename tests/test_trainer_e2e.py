@@ -177,3 +177,49 @@ def test_resume_auto_without_a_checkpoint_starts_the_metrics_over(tmp_path, toy_
     assert [x["step"] for x in metrics_lines(out)] == [1, 2]
     kept = list(out.glob("metrics.*.jsonl"))
     assert len(kept) == 1 and [json.loads(x)["step"] for x in kept[0].read_text().splitlines()] == [1, 2]
+
+
+def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, toy_env_ids, capsys) -> None:
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "config.yml").write_text("someone else's file")
+    (out / "notes.txt").write_text("keep me")
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.backend=torch"]) == 2
+    err = capsys.readouterr().err
+    assert "not a training run" in err and "notes.txt" in err
+    assert sorted(p.name for p in out.iterdir()) == before and (out / "notes.txt").read_text() == "keep me"
+    (tmp_path / "file").write_text("x")
+    assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={tmp_path / 'file'}"]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_kill_before_the_first_checkpoint_then_resume_auto_starts_clean(tmp_path, toy_env_ids) -> None:
+    args = ["--config", "cpu-tiny", *TOY, "trainer.total_steps=2", "trainer.save_every=1", "trainer.tensorboard=false"]
+    killed = tmp_path / "killed"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    slow_first_step = CHILD.replace("self.step_done == 1", "self.step_done == 0")
+    proc = subprocess.Popen([sys.executable, "-c", slow_first_step, *args, f"trainer.output_dir={killed}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (killed / "config.yaml").is_file():  # written at the end of set-up: step 1 is next
+            if proc.poll() is not None:
+                pytest.fail(f"the training process ended during set-up: {proc.stderr.read()[-2000:]}")
+            assert time.monotonic() < deadline, "no run folder within 300 s"
+            time.sleep(0.05)
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert latest_checkpoint(killed / "checkpoints") is None
+    assert main([*args, f"trainer.output_dir={killed}", "--resume", "auto"]) == 0
+    straight = tmp_path / "straight"
+    assert main([*args, f"trainer.output_dir={straight}"]) == 0
+    a, b = metrics_lines(killed), metrics_lines(straight)
+    assert [x["step"] for x in a] == [1, 2]
+    assert [comparable(x) for x in a] == [comparable(x) for x in b]

@@ -48,6 +48,8 @@ import torch
 
 __all__ = [
     "CheckpointError",
+    "RUN_MARKERS",
+    "check_run_folder",
     "TrainerState",
     "capture_rng",
     "restore_rng",
@@ -80,6 +82,25 @@ class Ranks:
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (missing or corrupt files), with the path and the reason."""
+
+
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "warm_start")
+"""What every run folder holds from its first seconds on (the trainer writes config.yaml before anything else)."""
+
+
+def check_run_folder(folder: Path) -> None:
+    """A run writes into a new or empty folder, or into one of our runs (resume, or a fresh start that sets the
+    old metrics aside); a folder holding anything else is refused before a file in it is touched, so a typo
+    in `trainer.output_dir` cannot overwrite someone's `config.yaml`. Hidden files (.gitkeep) do not count."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ValueError(f"trainer.output_dir: {folder} is a file, not a folder")
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    if names and not any(name in RUN_MARKERS for name in names):
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ValueError(f"trainer.output_dir: {folder} holds files that are not a training run ({shown}); "
+                         "choose a new or empty folder, or the folder of an earlier run")
 
 
 @dataclass
