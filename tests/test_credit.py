@@ -496,7 +496,8 @@ def test_token_variant_equals_turn_level_on_one_full_row():
     ("length", "gamma"), [(1, 0.5), (64, 0.95), (65, 0.95), (5000, 0.999), (5000, 0.3), (300, 1.0)]
 )
 def test_blocked_discounted_scan_matches_a_loop(length, gamma):
-    from agentgym_opsd.credit import _discounted_cumsum  # private, but it is the numerically delicate part
+    # private, but it is the numerically delicate part
+    from agentgym_opsd.credit._grid import _discounted_cumsum
 
     x = torch.randn(3, length, generator=torch.Generator().manual_seed(length), dtype=F64)
     expected, c = torch.zeros_like(x), torch.zeros(3, dtype=F64)
