@@ -1,8 +1,17 @@
-"""`python -m agentgym_opsd list`: what is registered."""
+"""`python -m agentgym_opsd COMMAND` (or `agentgym-opsd COMMAND`): what is registered, and the tools that
+live in sub-packages.
+
+    agentgym-opsd list                                      # registered environments and skill libraries
+    agentgym-opsd serve-policy MODEL --port P ...           # = python -m agentgym_opsd.serving.policy_server
+    agentgym-opsd inspect RUN_DIR [--step N] [--out F]      # = python -m agentgym_opsd.inspector
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
+from collections.abc import Sequence
 
 from agentgym_opsd.registry import (
     env_profile,
@@ -13,11 +22,27 @@ from agentgym_opsd.registry import (
 
 __all__ = ["main"]
 
+# Commands handed on whole to another module's `main(argv)` (imported only when named, so `list` needs
+# neither flask nor a model): command -> (module, help).
+FORWARDED: dict[str, tuple[str, str]] = {
+    "serve-policy": ("agentgym_opsd.serving.policy_server",
+                     "serve a local model behind an OpenAI-compatible API (see serve-policy --help)"),
+    "inspect": ("agentgym_opsd.inspector.page",
+                "write the credit inspector's HTML page of a training step (see inspect --help)"),
+}
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentgym_opsd", description=__doc__)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in FORWARDED:
+        module = importlib.import_module(FORWARDED[argv[0]][0])
+        return int(module.main(argv[1:]))
+    parser = argparse.ArgumentParser(prog="python -m agentgym_opsd", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="print registered environments and skill libraries")
+    for name, (_, help_text) in FORWARDED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     args = parser.parse_args(argv)
     if args.command == "list":
         print("Environments:")

@@ -5,7 +5,7 @@ requests, with the same concurrent clients, side by side in one run (prints a ri
     python benchmarks/bench_policy_server.py --smollm --requests-per-client 4  # embedded SmolLM2-135M too
     python benchmarks/bench_policy_server.py --json benchmarks/results/policy_server.json
 
-Each setting starts `python -m agentgym_opsd.serve_policy MODEL --port 0 --max-batch B` as a subprocess (so
+Each setting starts `python -m agentgym_opsd.serving.policy_server MODEL --port 0 --max-batch B` as a subprocess (so
 the clients do not share the server's interpreter lock; `--threads` torch threads, 1 by default because
 a small shared CPU box slows down badly when torch's threads and the request threads compete), warms it up
 with one request per client, then `--clients` threads each send `--requests-per-client` chat requests back
@@ -67,7 +67,7 @@ class Result:
 def start_server(model: str, max_batch: int, max_tokens: int, threads: int) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     log = tempfile.TemporaryFile(mode="w+")  # the server's request log; shown only if it fails to start
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serve_policy", model, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serving.policy_server", model, "--port", "0",
                              "--max-batch", str(max_batch), "--max-new-tokens", str(max_tokens),
                              "--max-queue", "256"],
                             stdout=subprocess.PIPE, stderr=log, text=True, env=env)
@@ -77,7 +77,7 @@ def start_server(model: str, max_batch: int, max_tokens: int, threads: int) -> t
         proc.kill()
         proc.wait()
         log.seek(0)
-        raise RuntimeError(f"serve_policy did not start: {line!r}\n{log.read()[-3000:]}")
+        raise RuntimeError(f"the policy server did not start: {line!r}\n{log.read()[-3000:]}")
     return proc, line.rsplit(" on ", 1)[1].strip()
 
 

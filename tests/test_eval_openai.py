@@ -1,4 +1,4 @@
-"""The `openai:` client against the real `serve_policy` server (a subprocess serving tiny-random), and
+"""The `openai:` client against the real policy server (`agentgym_opsd.serving.policy_server`) (a subprocess serving tiny-random), and
 against broken endpoints (garbage bodies, hangs, refused connections)."""
 
 from __future__ import annotations
@@ -29,21 +29,21 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serve_policy", "tiny-random", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serving.policy_server", "tiny-random", "--port", str(port),
                              "--max-new-tokens", "12"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     try:
         while True:  # readiness: poll the model list until the server answers
             if proc.poll() is not None:
-                raise RuntimeError(f"serve_policy exited early:\n{proc.stdout.read() if proc.stdout else ''}")
+                raise RuntimeError(f"the policy server exited early:\n{proc.stdout.read() if proc.stdout else ''}")
             try:
                 if requests.get(url + "/v1/models", timeout=1).ok:
                     break
             except requests.ConnectionError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("serve_policy did not become ready in 120 s")
+                raise RuntimeError("the policy server did not become ready in 120 s")
             time.sleep(0.3)
         yield url
     finally:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentgym_opsd import credit
-from agentgym_opsd.inspect import load_step, main, render_html
+from agentgym_opsd.inspector import load_step, main, render_html
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
 from agentgym_opsd.trainer.turn_batch import CreditRecord, build_turn_batch, credit_lines, write_jsonl_atomic
@@ -216,7 +216,7 @@ if __name__ == "__main__":  # regenerate docs/images/credit_inspector.png: pytho
 
 
 def test_the_oracle_badge_reads_what_the_rollout_records() -> None:
-    from agentgym_opsd.inspect import _oracle_badge
+    from agentgym_opsd.inspector.page import _oracle_badge
 
     turn = _turn(0, "x", "go", "ok")
     assert _oracle_badge(turn) == ""

@@ -1,5 +1,7 @@
 """Imports run one way: environments know nothing of models, training or evaluation; the model layer knows
-nothing of training or evaluation; evaluation knows nothing of training; the core knows none of them."""
+nothing of training or evaluation; evaluation knows nothing of training; the core knows none of them, nor
+the serving and inspector sub-packages, which stand on the core alone (environments use serving's shared
+HTTP helpers; the policy server, an entry point, wires a model into serving)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAYER_OF_FOLDER = {"environments": "environments", "skills": "skills", "models": "models",
                    "evaluation": "evaluation", "trainer": "trainer"}
-CLI_MODULES = {"train.py", "evaluate.py", "serve_policy.py", "__main__.py", "inspect.py"}  # entry points wire layers
+# sub-packages of agentgym_opsd/ that are layers of their own (the rest of agentgym_opsd/ is the core)
+LAYER_OF_SUBPACKAGE = {"serving": "serving", "inspector": "inspector"}
+# entry points wire layers (paths under agentgym_opsd/)
+CLI_MODULES = {"train.py", "evaluate.py", "__main__.py", "serving/policy_server.py", "inspector/__main__.py"}
 FORBIDDEN = {
     # the core may name the built-in environments (the registry registers them on first use), nothing above
-    "core": {"models", "evaluation", "trainer"},
-    "environments": {"models", "evaluation", "trainer"},
-    "skills": {"models", "evaluation", "trainer"},
+    "core": {"models", "evaluation", "trainer", "serving", "inspector"},
+    "serving": {"environments", "skills", "models", "evaluation", "trainer", "inspector"},
+    "inspector": {"environments", "skills", "models", "evaluation", "trainer", "serving"},
+    "environments": {"models", "evaluation", "trainer", "inspector"},
+    "skills": {"models", "evaluation", "trainer", "serving", "inspector"},
     "models": {"evaluation", "trainer"},
     "evaluation": {"trainer"},
 }
@@ -26,7 +33,9 @@ def _layer_of_module(name: str) -> str | None:
     parts = name.split(".")
     if parts[0] != "agentgym_opsd":
         return None
-    return LAYER_OF_FOLDER.get(parts[1], "core") if len(parts) > 1 else "core"
+    if len(parts) == 1:
+        return "core"
+    return LAYER_OF_FOLDER.get(parts[1]) or LAYER_OF_SUBPACKAGE.get(parts[1], "core")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -42,7 +51,11 @@ def _imported_modules(path: Path) -> set[str]:
 
 def _source_files() -> list[tuple[str, Path]]:
     files = [(LAYER_OF_FOLDER[folder], p) for folder in LAYER_OF_FOLDER for p in (ROOT / folder).rglob("*.py")]
-    files += [("core", p) for p in (ROOT / "agentgym_opsd").glob("*.py") if p.name not in CLI_MODULES]
+    package = ROOT / "agentgym_opsd"
+    for p in package.rglob("*.py"):
+        rel = p.relative_to(package)
+        if rel.as_posix() not in CLI_MODULES:
+            files.append((LAYER_OF_SUBPACKAGE.get(rel.parts[0], "core") if len(rel.parts) > 1 else "core", p))
     return files
 
 
@@ -61,4 +74,10 @@ def test_no_layer_imports_a_layer_above_it(layer: str) -> None:
 
 def test_the_scan_sees_every_layer() -> None:
     seen = {layer for layer, _ in _source_files()}
-    assert seen == set(LAYER_OF_FOLDER.values()) | {"core"}
+    assert seen == set(LAYER_OF_FOLDER.values()) | set(LAYER_OF_SUBPACKAGE.values()) | {"core"}
+
+
+def test_the_entry_points_exist() -> None:
+    """Every exempted entry point exists: a stale name exempts nothing and hides where the entry point went."""
+    missing = [rel for rel in CLI_MODULES if not (ROOT / "agentgym_opsd" / rel).is_file()]
+    assert not missing, missing

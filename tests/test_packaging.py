@@ -46,6 +46,8 @@ def test_a_built_wheel_holds_the_skill_files_presets_and_every_package(tmp_path)
     assert {f"agentgym_opsd/trainer/presets/{p.name}" for p in (ROOT / "trainer" / "presets").glob("*.yaml")} <= names
     for folder, package in MAPPED.items():
         assert f"{package.replace('.', '/')}/__init__.py" in names, folder
+    for package in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]:
+        assert f"{package.replace('.', '/')}/__init__.py" in names, package  # agentgym_opsd.serving, ...
     assert not any(n.startswith(("tests/", "benchmarks/", "examples/")) for n in names)
 
 

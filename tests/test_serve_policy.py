@@ -1,6 +1,7 @@
 """The policy server under load and abuse: caps on max_tokens and prompts, batching of concurrent requests
 (answers reach the right clients, each cut to its own budget), the bounded queue and its timeout, clients
-that disconnect while queued, hostile bodies and CLI usage errors.
+that disconnect while queued, oversize prompts (refused before tokenising; tokenising is never the
+scheduler's work), hostile bodies and CLI usage errors.
 
 Most tests use a recording stand-in policy (answers "echo:<last message>" one character per token) behind
 a real threaded werkzeug server; its `gate` holds a generation open so a test can queue requests behind it
@@ -21,9 +22,9 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from agentgym_opsd import serve_policy
 from agentgym_opsd.policies import PolicyOutput
-from agentgym_opsd.serve_policy import ServerLimits, create_app
+from agentgym_opsd.serving import policy_server
+from agentgym_opsd.serving.policy_server import ServerLimits, create_app
 
 TIMEOUT = 30  # generous: the machine may be busy; passing tests take well under a second each
 
@@ -36,7 +37,7 @@ class _CharTokenizer:
 class RecordingPolicy:
     """A stand-in HFPolicy: one token per character; records every batch it generates and its settings."""
 
-    def __init__(self, max_new_tokens: int = 32, fail: bool = False) -> None:
+    def __init__(self, max_new_tokens: int = 32, fail: bool = False, hang_over: int | None = None) -> None:
         self.tokenizer = _CharTokenizer()
         self.temperature, self.top_p, self.max_new_tokens = 0.0, 1.0, max_new_tokens
         self.batches: list[list[str]] = []
@@ -45,11 +46,16 @@ class RecordingPolicy:
         self.gate.set()
         self.entered = threading.Event()
         self.fail = fail
+        self.tokenised: list[tuple[str, str]] = []  # (start of the last message, thread) per prompt_ids call
+        self.hang_over = hang_over  # prompt_ids on a longer last message hangs the thread calling it
 
     def set_temperature(self, temperature: float) -> None:
         self.temperature = temperature
 
     def prompt_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        self.tokenised.append((messages[-1]["content"][:40], threading.current_thread().name))
+        if self.hang_over is not None and len(messages[-1]["content"]) > self.hang_over:
+            time.sleep(TIMEOUT)  # a tokenizer stuck on a huge prompt: whoever calls this is held
         if any(m["role"] not in ("system", "user", "assistant") for m in messages):
             raise ValueError("unknown role")
         return [ord(c) for c in messages[-1]["content"]]
@@ -230,6 +236,63 @@ def test_a_failing_generation_is_a_json_500_and_the_server_goes_on():
     assert fine.status_code == 200
 
 
+def test_an_oversize_prompt_is_refused_before_it_reaches_the_tokenizer():
+    policy = RecordingPolicy()
+    limits = ServerLimits(max_prompt_tokens=100, prompt_chars_per_token=4, batch_window_s=0.0)
+    with served(policy, limits) as (url, batcher):
+        assert batcher.max_prompt_chars == 400  # 100 tokens x 4 characters
+        huge = requests.post(url, json=chat("x" * 500_000), timeout=TIMEOUT)
+        many = requests.post(url, json={"messages": [{"role": "user", "content": ""}] * 100}, timeout=TIMEOUT)
+        fits = requests.post(url, json=chat("y" * 300), timeout=TIMEOUT)  # 300 + 4 (role) + 16 (framing) <= 400
+    for reply in (huge, many):
+        assert reply.status_code == 400 and reply.headers["Content-Type"] == "application/json"
+        error = reply.json()["error"]
+        assert error["type"] == "invalid_request_error" and "too long to tokenise" in error["message"]
+        assert "at most 400" in error["message"]
+    assert fits.status_code == 400 and "at most 100" in fits.json()["error"]["message"]  # tokenised, then refused
+    assert [content for content, _ in policy.tokenised] == ["y" * 40]  # neither oversize prompt was tokenised
+    assert policy.batches == []
+
+
+def test_the_character_bound_follows_the_context_when_it_is_smaller():
+    policy = RecordingPolicy()
+    with served(policy, ServerLimits(max_prompt_tokens=100, prompt_chars_per_token=4, batch_window_s=0.0),
+                context_tokens=50) as (url, batcher):
+        assert batcher.max_prompt_chars == 200
+        reply = requests.post(url, json=chat("x" * 250), timeout=TIMEOUT)
+    assert reply.status_code == 400 and "too long to tokenise" in reply.json()["error"]["message"]
+    assert policy.tokenised == []
+
+
+def test_oversize_prompts_in_flight_do_not_hold_up_a_small_request():
+    """The attack: concurrent prompts of nearly a megabyte each (all refused). They are refused by size in
+    their own request threads, so a tokenizer that would hang on any of them is never called, and a small
+    request sent meanwhile is tokenised in its own request thread and answered; the scheduler thread never
+    tokenises."""
+    policy = RecordingPolicy(hang_over=10_000)
+    with served(policy, ServerLimits(batch_window_s=0.0)) as (url, batcher), ThreadPoolExecutor(8) as pool:
+        huge = [pool.submit(requests.post, url, json=chat("x" * 900_000), timeout=TIMEOUT) for _ in range(8)]
+        small = requests.post(url, json=chat("hello"), timeout=TIMEOUT)
+        refused = [f.result() for f in huge]
+    assert small.status_code == 200 and small.json()["choices"][0]["message"]["content"] == "echo:hello"
+    assert all(r.status_code == 400 and "too long to tokenise" in r.json()["error"]["message"] for r in refused)
+    assert [content for content, _ in policy.tokenised] == ["hello"]
+    assert all(thread != batcher._thread.name for _, thread in policy.tokenised)
+    assert policy.batches == [["hello"]]
+
+
+def test_the_scheduler_thread_never_tokenises():
+    policy = RecordingPolicy()
+    prompts = [f"p{i}" for i in range(4)]
+    with served(policy) as (url, batcher), ThreadPoolExecutor(6) as pool:
+        with held(policy, url, pool):
+            futures = [pool.submit(requests.post, url, json=chat(p), timeout=TIMEOUT) for p in prompts]
+            wait_until(lambda: batcher.queued() == len(prompts), "the requests to queue")
+        assert all(f.result().status_code == 200 for f in futures)
+    assert sorted(content for content, _ in policy.tokenised) == sorted(["first", *prompts])
+    assert all(thread != batcher._thread.name for _, thread in policy.tokenised)
+
+
 # -- hostile bodies (a test client: no concurrency involved) -------------------------------------------------
 
 @pytest.fixture
@@ -279,13 +342,13 @@ def test_unknown_routes_and_unexpected_errors_are_json(client, monkeypatch):
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(serve_policy, "validate_chat_request", explode)
+    monkeypatch.setattr(policy_server, "validate_chat_request", explode)
     broken = client.post("/v1/chat/completions", data=_body(), content_type="application/json")
     assert broken.status_code == 500 and broken.is_json and "RuntimeError" in broken.get_json()["error"]["message"]
 
 
 def test_validate_chat_request_keeps_its_old_calling_convention():
-    out = serve_policy.validate_chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9,
+    out = policy_server.validate_chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**9,
                                               "temperature": 0, "stop": "a"})
     assert out["max_tokens"] == 10**9 and out["temperature"] == 0.0 and out["stop"] == ["a"]
 
@@ -301,11 +364,12 @@ def test_validate_chat_request_keeps_its_old_calling_convention():
     (["--max-tokens-cap", "1.5"], "not an integer"),
     (["--temperature", "1e-300"], "must be 0 or in"),
     (["--batch-window-ms", "-1"], ">= 0"),
+    (["--prompt-chars-per-token", "0"], "finite number > 0"),
     (["--max-new-tokens", "300", "--max-tokens-cap", "100"], "over --max-tokens-cap"),
 ])
 def test_cli_usage_errors_exit_2_with_one_line(capsys, argv, says):
     with pytest.raises(SystemExit) as exc:
-        serve_policy.main(["tiny-random", *argv])  # exits before loading any model
+        policy_server.main(["tiny-random", *argv])  # exits before loading any model
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "error:" in err[-1] and says in err[-1] and "Traceback" not in "\n".join(err)

@@ -95,3 +95,17 @@ def test_an_integer_past_pythons_digit_limit_is_400_not_a_crash() -> None:
     with pytest.raises(BodyError, match="unacceptable JSON value") as err:
         parse_json_text(b'{"n": ' + b"9" * 5000 + b"}")
     assert err.value.status == 400
+
+
+@pytest.mark.parametrize("text, exceeds", [
+    ("[" * 32 + "]" * 32, False),  # exactly the limit
+    ("[" * 33 + "]" * 33, True),
+    ("{" * 20 + "[" * 13, True),  # both kinds count, and an unclosed body still counts
+    ('["' + "[" * 100 + '"]', False),  # more brackets than the limit, but inside a string
+    ("[]" * 1000, False),
+    ("plain text " * 1000, False),  # no brackets: decided without the character loop
+])
+def test_nesting_depth_at_the_limit(text: str, exceeds: bool) -> None:
+    from agentgym_opsd.serving.bodies import _nesting_depth_exceeds
+
+    assert _nesting_depth_exceeds(text, 32) is exceeds

@@ -109,7 +109,7 @@ def test_the_trainer_teacher_rows_carry_the_hint_and_the_student_rows_never(tmp_
 def test_the_inspector_shows_the_hint_escaped(tmp_path) -> None:
     from test_inspector import make_run
 
-    from agentgym_opsd.inspect import load_step, render_html
+    from agentgym_opsd.inspector import load_step, render_html
 
     make_run(tmp_path / "run")
     data = load_step(tmp_path / "run")

@@ -1,5 +1,5 @@
-"""What the three HTTP servers (shop site, retrieval server, policy server) share: serving in the
-foreground, reading a JSON body that cannot hurt the server, and command-line argument types.
+"""Reading a JSON request body that cannot hurt the server, for the three HTTP servers (shop site,
+retrieval server, policy server).
 
 Every hostile body gets a JSON error and a 4xx, never an HTML 500 page:
 - more than `max_bytes` (by Content-Length or, for chunked bodies, by what was actually sent) -> 413;
@@ -9,16 +9,10 @@ Every hostile body gets a JSON error and a 4xx, never an HTML 500 page:
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-from collections.abc import Callable
 from typing import Any
 
-from werkzeug.serving import make_server
-
-__all__ = ["BodyError", "MAX_JSON_DEPTH", "non_negative_float", "non_negative_int", "number_type", "parse_json_text",
-           "port_number", "positive_float", "positive_int", "read_json_body", "serve_until_interrupted"]
+__all__ = ["BodyError", "MAX_JSON_DEPTH", "parse_json_text", "read_json_body"]
 
 MAX_JSON_DEPTH = 32  # our request schemas nest 3 levels; 32 leaves room and stays far from Python's stack
 
@@ -34,6 +28,11 @@ class BodyError(ValueError):
 def _nesting_depth_exceeds(text: str, max_depth: int) -> bool:
     """Whether brackets outside strings nest deeper than `max_depth`, without recursion (json.loads on
     100,000 '[' raises RecursionError, and shallower bodies can still blow the stack of later code)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        # Too few brackets to nest that deep, wherever they are: most bodies end here, counted in C. The loop
+        # below takes a tenth of a second a megabyte holding the GIL, which a few dozen concurrent bodies of
+        # plain text made seconds of delay for every other request.
+        return False
     depth, in_string, escaped = 0, False, False
     for ch in text:
         if in_string:
@@ -109,51 +108,3 @@ def read_json_body(request: Any, *, max_bytes: int, max_depth: int = MAX_JSON_DE
     if not raw.strip():
         raise BodyError("the body is empty; a JSON object is expected")
     return parse_json_text(raw, max_depth=max_depth)
-
-
-def number_type(cast: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str, *,
-                name: str = "", subject: str = "") -> Callable[[str], Any]:
-    """An argparse type: `cast(text)` (a usage error naming the text when it is not a number), then
-    `accept(value)` (a usage error saying `must be <requirement>` otherwise). The servers' and tools'
-    numeric flags are all built from this, so their messages read alike."""
-    noun = "an integer" if cast is int else "a number"
-
-    def parse(text: str) -> Any:
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {name or noun}: {text!r}") from None
-        if not accept(value):
-            raise argparse.ArgumentTypeError(f"{subject + ' ' if subject else ''}must be {requirement}, got {text}")
-        return value
-
-    parse.__name__ = name or cast.__name__  # argparse names the type in some messages
-    return parse
-
-
-port_number = number_type(int, lambda v: 0 <= v <= 65535, "in 0..65535 (0 = any free port)", name="a port number",
-                          subject="port")
-"""argparse type: a TCP port in 0..65535 (0 = any free port)."""
-positive_int = number_type(int, lambda v: v >= 1, ">= 1")
-"""argparse type: an integer >= 1."""
-non_negative_int = number_type(int, lambda v: v >= 0, ">= 0")
-"""argparse type: an integer >= 0."""
-positive_float = number_type(float, lambda v: 0 < v < math.inf, "a finite number > 0")
-"""argparse type: a finite number > 0."""
-non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
-"""argparse type: a finite number >= 0."""
-
-
-def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str],
-                            **server_kwargs: Any) -> None:
-    """Bind `host:port` (port 0 picks a free one), print `banner(url)` with the bound address, serve
-    threaded until interrupted, then close the socket. Werkzeug's server never runs its debugger,
-    whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
-    server = make_server(host, port, app, threaded=True, **server_kwargs)
-    print(banner(f"http://{host}:{server.server_port}"), flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()

@@ -1,6 +1,7 @@
-"""`python -m agentgym_opsd.serve_policy MODEL --port P`: a local HF model behind an OpenAI-compatible API.
+"""`python -m agentgym_opsd.serving.policy_server MODEL --port P`: a local HF model behind an OpenAI-compatible
+API (also `agentgym-opsd serve-policy MODEL --port P`).
 
-    python -m agentgym_opsd.serve_policy embedded:smollm2-135m-instruct --port 8000
+    python -m agentgym_opsd.serving.policy_server embedded:smollm2-135m-instruct --port 8000
     python -m agentgym_opsd.evaluate --policy openai:http://127.0.0.1:8000 --env ALFWorld-v0:valid_unseen --out runs/x
 
 MODEL is anything `load_policy_model` accepts (`embedded:smollm2-135m-instruct`, `tiny-random`, a local
@@ -13,13 +14,18 @@ folder, a LoRA adapter, a trainer checkpoint); an `hf:` prefix is allowed. Endpo
 - `GET /health` — also says how many requests are queued
 
 Concurrent requests are batched: one scheduler thread owns the model and generates for up to `--max-batch`
-queued requests with the same temperature/top_p at once (`agentgym_opsd.policy_batcher` explains how, and
-why each answer is exactly what it would be alone). Limits, each answered with a JSON error:
+queued requests with the same temperature/top_p at once (`agentgym_opsd.serving.policy_batcher` explains
+how, and why each answer is exactly what it would be alone). Prompts are checked and tokenised in the
+request's own thread before they are queued, so the scheduler only ever sees token ids of prompts that fit.
+Limits, each answered with a JSON error:
 
 - `max_tokens` over `--max-tokens-cap` -> 400 (refused, not clamped: a client asking for more than it can
   get should hear so, as OpenAI refuses a request whose prompt plus max_tokens exceed the context);
   the prompt plus `max_tokens` over the model's context -> 400; a prompt over `--max-prompt-tokens` -> 400.
   Without `max_tokens` the budget is `--max-new-tokens`, shrunk to what the context has left.
+- A prompt with more characters than its token limit can hold (`--max-prompt-tokens`, or the context when
+  smaller, times `--prompt-chars-per-token`, 16 by default; each message counts 4 tokens' worth more for
+  its template) -> 400 before it is tokenised, so a huge prompt costs no tokenising time.
 - `--max-queue` requests already waiting -> 503 with Retry-After; a request that waited more than
   `--queue-timeout` seconds without being scheduled -> 503. The `openai:` client retries both.
 - A client that disconnects while its request is queued: the request leaves the queue and is never
@@ -49,16 +55,23 @@ from typing import Any
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from agentgym_opsd.policy_batcher import Completion, Job, JobError, PolicyBatcher, QueueFull, socket_alive
-from agentgym_opsd.serving import (
-    BodyError,
+from agentgym_opsd.serving.bodies import BodyError, read_json_body
+from agentgym_opsd.serving.cli import (
     non_negative_float,
     number_type,
     port_number,
     positive_float,
     positive_int,
-    read_json_body,
     serve_until_interrupted,
+)
+from agentgym_opsd.serving.policy_batcher import (
+    PROMPT_CHARS_PER_TOKEN,
+    Completion,
+    Job,
+    JobError,
+    PolicyBatcher,
+    QueueFull,
+    socket_alive,
 )
 
 __all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "create_app", "main", "validate_chat_request"]
@@ -83,6 +96,7 @@ class ServerLimits:
     queue_timeout_s: float = 60.0
     max_body_bytes: int = 1 << 20
     batch_window_s: float = 0.02
+    prompt_chars_per_token: float = PROMPT_CHARS_PER_TOKEN  # the size a prompt may have before tokenising
 
 
 class BadRequest(ValueError):
@@ -179,17 +193,18 @@ def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None,
                context_tokens: int | None = None) -> Flask:
     """A Flask app serving `policy` (an HFPolicy, or anything with what `policy_batcher.BatchPolicy` lists).
     The policy's temperature, top_p and max_new_tokens at this call are the defaults for requests that
-    give none; from here on only the scheduler thread touches the policy. `context_tokens` defaults to the
+    give none; from here on only the scheduler thread touches the policy (request threads tokenise on a
+    copy of its tokenizer). `context_tokens` defaults to the
     model's `max_position_embeddings`. The batcher is `app.extensions["policy_batcher"]` (close it to stop
     the scheduler thread)."""
     limits = limits or ServerLimits()
-    app = Flask("agentgym_opsd.serve_policy")
+    app = Flask("agentgym_opsd.serving.policy_server")
     default_temperature, default_top_p = float(policy.temperature), float(policy.top_p)
     batcher = PolicyBatcher(
         policy, default_max_tokens=int(policy.max_new_tokens), max_tokens_cap=limits.max_tokens_cap,
         max_prompt_tokens=limits.max_prompt_tokens, context_tokens=context_tokens or _context_tokens(policy),
         max_batch=limits.max_batch, max_queue=limits.max_queue, queue_timeout_s=limits.queue_timeout_s,
-        batch_window_s=limits.batch_window_s)
+        batch_window_s=limits.batch_window_s, prompt_chars_per_token=limits.prompt_chars_per_token)
     app.extensions["policy_batcher"] = batcher
 
     @app.errorhandler(HTTPException)
@@ -225,7 +240,7 @@ def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None,
                   top_p=req.get("top_p", default_top_p), max_tokens=req.get("max_tokens"), stop=req["stop"],
                   **({"client_alive": functools.partial(socket_alive, sock)} if sock is not None else {}))
         try:
-            batcher.submit(job)
+            batcher.submit(job)  # checks and tokenises the prompt in this thread, then queues it
             done = batcher.wait(job)
         except QueueFull as exc:
             return _error(503, str(exc), "server_error")
@@ -253,7 +268,7 @@ _temperature = number_type(float, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MA
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     defaults = ServerLimits()
-    p = argparse.ArgumentParser(prog="python -m agentgym_opsd.serve_policy", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m agentgym_opsd.serving.policy_server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="embedded:smollm2-135m-instruct | tiny-random | folder | checkpoint (hf: optional)")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (0 = any free port)")
@@ -267,6 +282,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="largest max_tokens a request may ask for (more is refused with 400)")
     p.add_argument("--max-prompt-tokens", type=positive_int, default=defaults.max_prompt_tokens,
                    help="longest prompt accepted, in tokens (longer is refused with 400)")
+    p.add_argument("--prompt-chars-per-token", type=positive_float, default=defaults.prompt_chars_per_token,
+                   help="a prompt over this many characters per prompt token allowed is refused with 400 before "
+                        "it is tokenised (raise it for prompts of long whitespace runs)")
     p.add_argument("--max-batch", type=positive_int, default=defaults.max_batch,
                    help="most requests generated together (1 = one at a time)")
     p.add_argument("--max-queue", type=positive_int, default=defaults.max_queue,
@@ -291,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = _build_policy(model, args)
     limits = ServerLimits(max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
                           max_batch=args.max_batch, max_queue=args.max_queue, queue_timeout_s=args.queue_timeout,
-                          max_body_bytes=args.max_body_bytes, batch_window_s=args.batch_window_ms / 1000)
+                          max_body_bytes=args.max_body_bytes, batch_window_s=args.batch_window_ms / 1000,
+                          prompt_chars_per_token=args.prompt_chars_per_token)
     app = create_app(policy, args.model_name or model, limits)
     try:
         serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}")

@@ -1,9 +1,15 @@
 """The policy server's scheduler: concurrent chat requests become batched generations on one model.
 
 Request threads `submit` a `Job` and `wait` for it; one scheduler thread owns the policy (model, tokenizer,
-sampling RNG) and is the only thread that touches it. Why the tokenizer too: a fast HF tokenizer flips
-shared state (`encode_special_tokens`) on every call, so two threads encoding at once can raise "Already
-borrowed" or, worse, encode a message's content with special tokens live (a chat-injection hole).
+sampling RNG) and is the only thread that generates or decodes. The scheduler never tokenises a prompt:
+`submit`, in the request's own thread, first refuses (400) a prompt with more characters than the token
+limit can hold (`max_prompt_chars`, see PROMPT_CHARS_PER_TOKEN), then tokenises it and checks its budget
+(400 for a prompt over `max_prompt_tokens` or one whose budget does not fit the model's context), and only
+then queues it with its token ids. So a flood of huge prompts costs the scheduler nothing, and one that is
+refused is refused before any tokenising. Request threads tokenise on a copy of the tokenizer of their own
+(see `_request_side_policy`), one thread at a time: a fast HF tokenizer flips shared state
+(`encode_special_tokens`) on every call, so two threads encoding at once on one tokenizer can raise
+"Already borrowed" or, worse, encode a message's content with special tokens live (a chat-injection hole).
 
 A scheduling round:
 1. waits until a job is queued, then up to `batch_window_s` more while fewer jobs are queued than were in
@@ -15,11 +21,11 @@ A scheduling round:
 3. takes the oldest job and every queued job with the same sampling settings (temperature, top_p; top_p is
    moot for greedy decoding) up to `max_batch`, in arrival order; jobs with other settings wait for a later
    round, so the oldest job is always served next;
-4. tokenises each prompt, refusing (400) a prompt over `max_prompt_tokens` or one whose budget does not fit
-   the model's context, then generates once for the group with `max_new_tokens` = the group's largest
-   budget, and cuts each answer to its own budget. This is exact, not an approximation: tokens are sampled
-   one at a time, each row independently of the others, so the first N tokens of a longer answer are a
-   sample of an N-token answer (a row that met a closing tag or end-of-sequence before N stopped there).
+4. generates once for the group (its prompts tokenised and checked already, by `submit`) with
+   `max_new_tokens` = the group's largest budget, and cuts each answer to its own budget. This is exact,
+   not an approximation: tokens are sampled one at a time, each row independently of the others, so the
+   first N tokens of a longer answer are a sample of an N-token answer (a row that met a closing tag or
+   end-of-sequence before N stopped there).
 
 A generation that has started runs to its end (at most `max_tokens_cap` tokens per row, which is what
 bounds the time a batch can hold the model) even if its clients leave; their answers are discarded.
@@ -28,7 +34,9 @@ bounds the time a batch can hold the model) even if its clients leave; their ans
 from __future__ import annotations
 
 import bisect
+import copy
 import logging
+import math
 import socket
 import threading
 import time
@@ -40,15 +48,31 @@ from typing import Any, Protocol
 from agentgym_opsd.policies import PolicyOutput
 from agentgym_opsd.records import ChatMessage
 
-__all__ = ["BatchPolicy", "Completion", "Job", "JobError", "PolicyBatcher", "QueueFull", "socket_alive"]
+__all__ = ["MESSAGE_FRAMING_TOKENS", "PROMPT_CHARS_PER_TOKEN", "BatchPolicy", "Completion", "Job", "JobError",
+           "PolicyBatcher", "QueueFull", "prompt_chars", "socket_alive"]
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN_CLIENT_STATUS = 499  # nginx's "client closed request": written into a socket nobody reads
 
+# Prompts are refused by size before they are tokenised, because tokenising costs time in proportion to the
+# text (SmolLM2's tokenizer on one CPU: about 45 ms for 64K characters of English, 1.4 s for 1 MB): without
+# this bound, prompts of a megabyte each would be tokenised only to be refused by the token limit. The
+# bound is the token limit (`max_prompt_tokens`, or the model's context when smaller) times
+# PROMPT_CHARS_PER_TOKEN characters. A token averages about 4 characters of English text and under 2 of
+# random letters; 16 is generous: only long runs of one character (SmolLM2 has a token of 81 spaces) go
+# past it, and the policy server's `--prompt-chars-per-token` raises it. Each message also counts as
+# MESSAGE_FRAMING_TOKENS tokens' worth of characters for what the chat template adds around it (ChatML:
+# `<|im_start|>`, the role, a newline, `<|im_end|>`): tokenising costs per message as well, so thousands of
+# empty messages are refused like a megabyte of text.
+PROMPT_CHARS_PER_TOKEN = 16.0
+MESSAGE_FRAMING_TOKENS = 4
+
 
 class BatchPolicy(Protocol):
-    """What the scheduler needs from a policy (`HFPolicy` has all of it)."""
+    """What the scheduler needs from a policy (`HFPolicy` has all of it). `prompt_ids` may use the policy's
+    `tokenizer` and nothing else that changes: request threads call it on a shallow copy of the policy
+    that holds a deep copy of the tokenizer."""
 
     tokenizer: Any  # `.decode(ids, skip_special_tokens=False)` cuts an answer to a shorter budget
     top_p: float
@@ -93,7 +117,8 @@ def _always_alive() -> bool:
 @dataclass(eq=False)
 class Job:
     """One chat request. `max_tokens` None means the server's default budget (shrunk to fit the context);
-    `client_alive` says whether the client is still connected (checked before the job is generated)."""
+    `client_alive` says whether the client is still connected (checked before the job is generated).
+    `submit` sets `prompt_ids` and `budget` (the answer's token budget) before the job is queued."""
 
     messages: list[ChatMessage]
     temperature: float
@@ -101,6 +126,8 @@ class Job:
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     client_alive: Callable[[], bool] = _always_alive
+    prompt_ids: list[int] = field(default_factory=list)
+    budget: int = 0
     enqueued_at: float = field(default_factory=time.monotonic)
     started: bool = False
     result: Completion | None = None
@@ -114,6 +141,21 @@ class Job:
     def finish(self, result: Completion | None = None, error: JobError | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
+
+
+def prompt_chars(messages: Sequence[ChatMessage], chars_per_token: float = PROMPT_CHARS_PER_TOKEN) -> int:
+    """The size of a prompt as the limit before tokenising counts it: its roles' and contents' characters,
+    plus MESSAGE_FRAMING_TOKENS tokens' worth of characters a message (see PROMPT_CHARS_PER_TOKEN)."""
+    framing = MESSAGE_FRAMING_TOKENS * chars_per_token
+    return sum(len(m["role"]) + len(m["content"]) for m in messages) + math.ceil(framing * len(messages))
+
+
+def _request_side_policy(policy: BatchPolicy) -> BatchPolicy:
+    """The policy as request threads tokenise with it: a shallow copy (no copy of the weights) holding a deep
+    copy of the tokenizer, so tokenising a prompt never touches the tokenizer the scheduler decodes with."""
+    view = copy.copy(policy)
+    view.tokenizer = copy.deepcopy(policy.tokenizer)
+    return view
 
 
 def socket_alive(sock: socket.socket) -> bool:
@@ -149,12 +191,15 @@ class PolicyBatcher:
         queue_timeout_s: float = 60.0,
         batch_window_s: float = 0.02,
         poll_s: float = 0.1,
+        prompt_chars_per_token: float = PROMPT_CHARS_PER_TOKEN,
     ) -> None:
         if not 1 <= default_max_tokens <= max_tokens_cap:
             raise ValueError(f"the default max_tokens ({default_max_tokens}) must be in 1..max_tokens_cap "
                              f"({max_tokens_cap})")
         if min(max_prompt_tokens, max_batch, max_queue) < 1 or not queue_timeout_s > 0:
             raise ValueError("max_prompt_tokens, max_batch, max_queue and queue_timeout_s must be positive")
+        if not 0 < prompt_chars_per_token < math.inf:
+            raise ValueError(f"prompt_chars_per_token must be a finite number > 0, got {prompt_chars_per_token}")
         self.policy = policy
         self.default_max_tokens = default_max_tokens
         self.max_tokens_cap = max_tokens_cap
@@ -165,6 +210,11 @@ class PolicyBatcher:
         self.queue_timeout_s = queue_timeout_s
         self.batch_window_s = batch_window_s
         self.poll_s = poll_s
+        self.prompt_chars_per_token = prompt_chars_per_token
+        self.prompt_token_limit = max_prompt_tokens if context_tokens is None else min(max_prompt_tokens, context_tokens)
+        self.max_prompt_chars = int(self.prompt_token_limit * prompt_chars_per_token)  # as `prompt_chars` counts
+        self._tokenizing = _request_side_policy(policy)  # used by request threads only, under _tokenizing_lock
+        self._tokenizing_lock = threading.Lock()
         self.batch_sizes: list[int] = []  # jobs per generation, for /health and the tests
         self._expected = 1  # jobs the next round waits for: those in flight when the last generation ended
         self.dropped_disconnected = 0
@@ -177,13 +227,16 @@ class PolicyBatcher:
     # -- request threads ----------------------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
-        """Queue `job`; raises QueueFull when `max_queue` jobs are waiting already."""
+        """In the calling (request) thread: refuse a prompt too long to tokenise, tokenise it and check its
+        budget (JobError 400 when refused, 500 when tokenising fails), then queue `job` with its token ids.
+        Raises QueueFull when `max_queue` jobs are waiting already (checked before tokenising too)."""
         with self._cond:
-            if self._closed:
-                raise QueueFull("the server is shutting down")
-            if len(self._queue) >= self.max_queue:
-                raise QueueFull(f"{len(self._queue)} requests are queued already (the limit is {self.max_queue}); "
-                                f"retry later")
+            self._refuse_if_full()
+        job.prompt_ids = self._tokenise(job.messages)
+        job.budget = self._budget(job, len(job.prompt_ids))
+        with self._cond:
+            self._refuse_if_full()
+            job.enqueued_at = time.monotonic()
             self._queue.append(job)
             self._cond.notify_all()
 
@@ -219,6 +272,48 @@ class PolicyBatcher:
         for job in pending:
             job.finish(error=JobError(503, "the server is shutting down", "server_error"))
         self._thread.join(timeout=30)
+
+    def _refuse_if_full(self) -> None:
+        if self._closed:
+            raise QueueFull("the server is shutting down")
+        if len(self._queue) >= self.max_queue:
+            raise QueueFull(f"{len(self._queue)} requests are queued already (the limit is {self.max_queue}); "
+                            f"retry later")
+
+    def _tokenise(self, messages: list[ChatMessage]) -> list[int]:
+        """The prompt's token ids, tokenised on the request side's own tokenizer; a prompt with more than
+        `max_prompt_chars` characters is refused (400) without being tokenised."""
+        size = prompt_chars(messages, self.prompt_chars_per_token)
+        if size > self.max_prompt_chars:
+            framing = MESSAGE_FRAMING_TOKENS * self.prompt_chars_per_token
+            raise _Refused(f"the prompt is too long to tokenise: {size} characters, counting {framing:g} a message "
+                           f"for its template ({len(messages)} messages), where at most {self.max_prompt_chars} are "
+                           f"accepted ({self.prompt_token_limit} prompt tokens x {self.prompt_chars_per_token:g} "
+                           f"characters a token)")
+        try:
+            with self._tokenizing_lock:
+                return list(self._tokenizing.prompt_ids(messages))
+        except ValueError as exc:  # an unknown role, say: this client's mistake
+            raise JobError(400, str(exc)) from None
+        except Exception as exc:
+            log.exception("tokenising a prompt failed")
+            raise JobError(500, f"tokenising the prompt failed: {type(exc).__name__}", "server_error") from None
+
+    def _budget(self, job: Job, prompt_tokens: int) -> int:
+        """The job's token budget; raises _Refused (400) when its prompt or its total does not fit."""
+        if prompt_tokens > self.max_prompt_tokens:
+            raise _Refused(f"the prompt is {prompt_tokens} tokens; this server accepts at most "
+                           f"{self.max_prompt_tokens}")
+        room = None if self.context_tokens is None else self.context_tokens - prompt_tokens
+        if job.max_tokens is not None:
+            if room is not None and job.max_tokens > room:
+                raise _Refused(f"this model's context is {self.context_tokens} tokens; the prompt ({prompt_tokens})"
+                               f" plus max_tokens ({job.max_tokens}) exceed it")
+            return job.max_tokens
+        if room is not None and room < 1:
+            raise _Refused(f"the prompt ({prompt_tokens} tokens) fills this model's context "
+                           f"({self.context_tokens} tokens)")
+        return self.default_max_tokens if room is None else min(self.default_max_tokens, room)
 
     def _withdraw(self, job: Job) -> bool:
         """Take `job` out of the queue unless the scheduler has taken it already."""
@@ -276,46 +371,17 @@ class PolicyBatcher:
         return group
 
     def _run(self, group: list[Job]) -> None:
-        ready: list[tuple[Job, list[int], int]] = []
-        for job in group:
-            try:
-                ids = self.policy.prompt_ids(job.messages)
-                ready.append((job, ids, self._budget(job, len(ids))))
-            except _Refused as exc:
-                job.finish(error=exc)
-            except ValueError as exc:  # an unknown role, say: this client's mistake, not the batch's
-                job.finish(error=JobError(400, str(exc)))
-            except Exception as exc:
-                log.exception("tokenising a prompt failed")
-                job.finish(error=JobError(500, f"tokenising the prompt failed: {type(exc).__name__}", "server_error"))
-        if not ready:
-            return
-        self.batch_sizes.append(len(ready))
-        temperature, top_p = ready[0][0].sampling_key
+        """Generate for `group`: jobs `submit` tokenised and checked, all with the same sampling settings."""
+        self.batch_sizes.append(len(group))
+        temperature, top_p = group[0].sampling_key
         self.policy.set_temperature(temperature)
         self.policy.top_p = top_p
-        self.policy.max_new_tokens = max(budget for _, _, budget in ready)
-        outputs = self.policy.generate_ids([ids for _, ids, _ in ready])
+        self.policy.max_new_tokens = max(job.budget for job in group)
+        outputs = self.policy.generate_ids([job.prompt_ids for job in group])
         with self._cond:  # counted before any answer goes out, so no client is counted twice
-            self._expected = len(ready) + len(self._queue)
-        for (job, ids, budget), out in zip(ready, outputs, strict=True):
-            job.finish(self._completion(out, budget, job.stop, len(ids)))
-
-    def _budget(self, job: Job, prompt_tokens: int) -> int:
-        """The job's token budget; raises _Refused (400) when its prompt or its total does not fit."""
-        if prompt_tokens > self.max_prompt_tokens:
-            raise _Refused(f"the prompt is {prompt_tokens} tokens; this server accepts at most "
-                           f"{self.max_prompt_tokens}")
-        room = None if self.context_tokens is None else self.context_tokens - prompt_tokens
-        if job.max_tokens is not None:
-            if room is not None and job.max_tokens > room:
-                raise _Refused(f"this model's context is {self.context_tokens} tokens; the prompt ({prompt_tokens})"
-                               f" plus max_tokens ({job.max_tokens}) exceed it")
-            return job.max_tokens
-        if room is not None and room < 1:
-            raise _Refused(f"the prompt ({prompt_tokens} tokens) fills this model's context "
-                           f"({self.context_tokens} tokens)")
-        return self.default_max_tokens if room is None else min(self.default_max_tokens, room)
+            self._expected = len(group) + len(self._queue)
+        for job, out in zip(group, outputs, strict=True):
+            job.finish(self._completion(out, job.budget, job.stop, len(job.prompt_ids)))
 
     def _completion(self, out: PolicyOutput, budget: int, stops: Sequence[str], prompt_tokens: int) -> Completion:
         ids, text, reason = out.token_ids, out.text, out.finish_reason

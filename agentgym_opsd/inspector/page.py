@@ -1,6 +1,6 @@
 """Credit inspector: one static HTML page of a training step's credit numbers.
 
-    python -m agentgym_opsd.inspect RUN_DIR [--step N] [--out FILE.html]
+    python -m agentgym_opsd.inspector RUN_DIR [--step N] [--out FILE.html]
 
 reads `RUN_DIR/trajectories/step_N.jsonl` and, when the trainer wrote it, `RUN_DIR/credit/step_N.jsonl`
 (joined by trajectory id and turn index), and writes one self-contained page (inline CSS, JS and SVG; no
@@ -314,7 +314,7 @@ _JS = """
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentgym_opsd.inspect", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m agentgym_opsd.inspector", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a training run's output folder (trainer.output_dir)")
     parser.add_argument("--step", type=int, default=None, help="RL step to show (default: the last saved)")
@@ -330,7 +330,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(render_html(data), encoding="utf-8")
     print(f"wrote {out} ({len(data.trajectories)} trajectories, step {data.step})")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""What the servers' and tools' command lines share: numeric argument types whose usage errors read alike,
+and serving an app in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import Any
+
+from werkzeug.serving import make_server
+
+__all__ = ["non_negative_float", "non_negative_int", "number_type", "port_number", "positive_float", "positive_int",
+           "serve_until_interrupted"]
+
+
+def number_type(cast: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str, *,
+                name: str = "", subject: str = "") -> Callable[[str], Any]:
+    """An argparse type: `cast(text)` (a usage error naming the text when it is not a number), then
+    `accept(value)` (a usage error saying `must be <requirement>` otherwise). The servers' and tools'
+    numeric flags are all built from this, so their messages read alike."""
+    noun = "an integer" if cast is int else "a number"
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {name or noun}: {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{subject + ' ' if subject else ''}must be {requirement}, got {text}")
+        return value
+
+    parse.__name__ = name or cast.__name__  # argparse names the type in some messages
+    return parse
+
+
+port_number = number_type(int, lambda v: 0 <= v <= 65535, "in 0..65535 (0 = any free port)", name="a port number",
+                          subject="port")
+"""argparse type: a TCP port in 0..65535 (0 = any free port)."""
+positive_int = number_type(int, lambda v: v >= 1, ">= 1")
+"""argparse type: an integer >= 1."""
+non_negative_int = number_type(int, lambda v: v >= 0, ">= 0")
+"""argparse type: an integer >= 0."""
+positive_float = number_type(float, lambda v: 0 < v < math.inf, "a finite number > 0")
+"""argparse type: a finite number > 0."""
+non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+"""argparse type: a finite number >= 0."""
+
+
+def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str],
+                            **server_kwargs: Any) -> None:
+    """Bind `host:port` (port 0 picks a free one), print `banner(url)` with the bound address, serve
+    threaded until interrupted, then close the socket. Werkzeug's server never runs its debugger,
+    whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
+    server = make_server(host, port, app, threaded=True, **server_kwargs)
+    print(banner(f"http://{host}:{server.server_port}"), flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
