@@ -75,6 +75,7 @@ from agentgym_opsd.trainer.logprobs import (
 )
 from agentgym_opsd.trainer.losses import policy_objective
 from agentgym_opsd.trainer.metrics import METRIC_KEYS, MetricsLog, reduce_step_metrics, step_metrics
+from agentgym_opsd.trainer.model_card import write_model_card
 from agentgym_opsd.trainer.reference import ReferencePolicy
 from agentgym_opsd.trainer.task_stream import train_task_specs
 from agentgym_opsd.trainer.trained_model import TrainedModel
@@ -623,12 +624,19 @@ class Trainer:
                                   rank_rng=rank_rng)
         extra = (lambda d: self.engine.save_deepspeed_checkpoint(str(d / "deepspeed"))) if ds_zero else None
         ranks = ckpt.Ranks(self.rank, dist.barrier, dist.broadcast_object)
-        path = ckpt.save_checkpoint(self.ckpt_dir, state, save_model=self.trained.save,
+        path = ckpt.save_checkpoint(self.ckpt_dir, state, save_model=self._save_shareable_model,
                                     config_yaml=self.cfg.to_yaml(), save_extra=extra, ranks=ranks)
         if self.is_main:
             ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
         dist.barrier()
         return path
+
+    def _save_shareable_model(self, folder: Path) -> None:
+        """The weights, and beside them a model card and the sampling settings (`trainer/model_card.py`)."""
+        self.trained.save(folder)
+        if self.is_main:
+            write_model_card(folder, self.cfg, step=self.step_done, metrics_path=self.out / "metrics.jsonl",
+                             tokenizer=self.tokenizer)
 
     def close(self) -> None:
         self.runner.close()
