@@ -21,6 +21,7 @@ import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
 from agentgym_opsd.prompts import TEACHER_CONTEXTS
+from agentgym_opsd.trainer.trackers import parse_report_to
 from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
 
 __all__ = [
@@ -338,8 +339,15 @@ class TrainerConfig:
     eval_pool_rollouts: int = _f(0, "validation also samples every game of the training pool (env.num_train_tasks) "
                                     "this many times at the rollout temperature: pool/success_rate (0 = off)")
     save_trajectories: bool = _f(True, "write each step's trajectories to trajectories/step_N.jsonl")
-    tensorboard: bool = _f(True, "write TensorBoard events")
+    report_to: str = _f("tensorboard", "experiment trackers, comma-separated: tensorboard | wandb (offline unless "
+                                       "WANDB_MODE says otherwise) | mlflow (file store RUN/mlruns) | none")
+    tensorboard: bool = _f(True, "false drops tensorboard from report_to (the switch of configs before report_to)")
     progress: bool = _f(True, "progress bars")
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers to write to: `report_to`, less tensorboard when `tensorboard` is false."""
+        return [t for t in parse_report_to(self.report_to) if t != "tensorboard" or self.tensorboard]
 
     def __post_init__(self) -> None:
         _check_nonneg("trainer.total_steps", self.total_steps)
@@ -347,6 +355,10 @@ class TrainerConfig:
             raise ConfigError("trainer.output_dir: expected a folder, got an empty string (it would be the current "
                               "folder)")
         _check_choice("trainer.backend", self.backend, ("deepspeed", "torch"))
+        try:
+            parse_report_to(self.report_to)
+        except ValueError as exc:
+            raise ConfigError(f"trainer.report_to: {exc}") from None
         _check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
         _check_nonneg("trainer.save_every", self.save_every)
         _check_positive("trainer.keep_checkpoints", self.keep_checkpoints)

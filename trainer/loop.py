@@ -29,7 +29,7 @@ process would compute on the union), with its own sampling seed. The update's lo
 the whole step on all ranks: each rank divides its token sums by the global token count of the mini-batch
 and multiplies by W (DeepSpeed averages gradients over the ranks), and all ranks run the same number of
 micro-batches (padding with zero-weight ones) so ZeRO's collectives line up. Metrics are reduced across
-ranks; rank 0 alone writes metrics, TensorBoard, trajectories (the union, each trajectory's
+ranks; rank 0 alone writes metrics, the trackers, trajectories (the union, each trajectory's
 `metadata["rank"]` saying who collected it), credit files and the config; checkpoints are collective.
 The warm start and validation run identically on every rank (no speed-up, no divergence).
 
@@ -78,6 +78,7 @@ from agentgym_opsd.trainer.metrics import METRIC_KEYS, MetricsLog, reduce_step_m
 from agentgym_opsd.trainer.model_card import write_model_card
 from agentgym_opsd.trainer.reference import ReferencePolicy
 from agentgym_opsd.trainer.task_stream import train_task_specs
+from agentgym_opsd.trainer.trackers import make_trackers
 from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.turn_batch import (
     CreditRecord,
@@ -162,7 +163,9 @@ class Trainer:
         self._weights_dirty = False  # the trainer's weights changed since the vLLM engine last got them
         self._last_batch: TurnBatch | None = None  # this step's batch, until its credit file is written
         self.validation = Validation(cfg, self.profile, self.runner, self._make_runner, self._generating)
-        self.metrics_log = MetricsLog(self.out, tensorboard=cfg.trainer.tensorboard) if self.is_main else None
+        self.metrics_log = MetricsLog(self.out, functools.partial(
+            make_trackers, cfg.trainer.trackers, self.out, name=self.out.name, config=cfg.to_dict(),
+            resume=self.state is not None)) if self.is_main else None
         if self.state is not None:
             self._restore(resume_from)
         elif self.metrics_log is not None:
@@ -342,6 +345,8 @@ class Trainer:
             bar.close()
             if self.metrics_log is not None:
                 self.metrics_log.flush()
+        if self.metrics_log is not None and lines:
+            self.metrics_log.finish(step=self.step_done)
         return lines
 
     def warm_start(self) -> dict[str, Any]:

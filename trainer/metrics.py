@@ -1,4 +1,4 @@
-"""A step's metrics: assembled from the step batch, reduced across ranks, and written (metrics.jsonl, TensorBoard).
+"""A step's metrics: assembled from the step batch, reduced across ranks, and written (metrics.jsonl, the trackers).
 
 `MetricsLog` owns the run's `metrics.jsonl`: a fresh run sets an old file aside instead of appending to it; a
 resumed run drops the lines of steps after its checkpoint (they will be replayed exactly).
@@ -11,6 +11,7 @@ import math
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.trackers import Tracker
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
 __all__ = ["METRIC_KEYS", "MetricsLog", "reduce_step_metrics", "step_metrics", "sampling_gap"]
@@ -109,13 +111,17 @@ def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], batch:
 
 
 class MetricsLog:
-    """`metrics.jsonl` (+ TensorBoard when on) of one run folder; only rank 0 makes one."""
+    """`metrics.jsonl` and the trackers (`trainer/trackers.py`) of one run folder; only rank 0 makes one."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool) -> None:
+    def __init__(self, run_dir: Path, trackers: Callable[[int], list[Tracker]]) -> None:
         self.path = run_dir / "metrics.jsonl"
-        self.tensorboard_dir = run_dir / "tensorboard"
-        self.tensorboard = tensorboard
-        self._writer: Any = None
+        self._make_trackers = trackers  # called with the first step written (TensorBoard purges events after it)
+        self._trackers: list[Tracker] | None = None
+
+    def trackers(self, step: int) -> list[Tracker]:
+        if self._trackers is None:
+            self._trackers = self._make_trackers(step)
+        return self._trackers
 
     def set_aside_old(self) -> None:
         """A run that starts from step 0 (fresh, or `--resume auto` without a finished checkpoint) begins a
@@ -137,22 +143,33 @@ class MetricsLog:
         self.path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
     def write(self, metrics: dict[str, Any], *, step: int) -> None:
+        """One metrics line; a validation point's numbers also go to the trackers as a table."""
         line = {"step": step, **{k: v for k, v in metrics.items() if k != "step"}}
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
-        if self.tensorboard:
-            if self._writer is None:
-                from torch.utils.tensorboard import SummaryWriter
+        validation = [{"metric": k, "value": round(float(v), 6)} for k, v in line.items()
+                      if k.startswith(("val/", "pool/")) and isinstance(v, (int, float))]
+        for tracker in self.trackers(step):
+            tracker.log_metrics(line, step)
+            if validation:
+                tracker.log_table("validation", validation, step)
 
-                self._writer = SummaryWriter(str(self.tensorboard_dir), purge_step=step)
-            for k, v in line.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self._writer.add_scalar(k, v, step)
+    def finish(self, *, step: int) -> Path | None:
+        """At the end of training: the learning-curve PNG beside metrics.jsonl, also sent to the trackers."""
+        from agentgym_opsd.evaluation.compare import write_curves
+
+        if not self.path.is_file() or not self.path.stat().st_size:
+            return None
+        png = write_curves(self.path.parent)
+        for tracker in self.trackers(step):
+            tracker.log_image("training_curves", png, step)
+        return png
 
     def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        for tracker in self._trackers or []:
+            tracker.flush()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        for tracker in self._trackers or []:
+            tracker.close()
+        self._trackers = []
