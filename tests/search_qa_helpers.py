@@ -1,9 +1,26 @@
-"""Shared builder for the Search-QA tests: the tiny generated world with a hashing-encoder index; no tests here."""
+"""Shared builders for the Search-QA tests: the tiny generated world with a hashing-encoder index, and a stand-in
+encoder for the encoder batcher; no tests here."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+
+def tiny_index(folder: Path) -> tuple[Any, Path]:
+    """The `tiny` generated world and its flat index with a hashing encoder, built under `folder`:
+    (dataset, index folder). No model, seconds to build."""
+    from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
+    from agentgym_opsd.environments.search_qa.generator import generate_dataset
+    from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
+
+    data = generate_dataset("tiny")
+    return data, write_index_folder(folder / "idx", data.passages, HashingEncoder().encode, IndexConfig(kind="flat"),
+                                    progress=False)
 
 
 def tiny_search_qa_kwargs(folder: Path) -> dict[str, Any]:
@@ -11,14 +28,26 @@ def tiny_search_qa_kwargs(folder: Path) -> dict[str, Any]:
     hashing encoder: no model, seconds to build."""
     from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
     from agentgym_opsd.environments.search_qa.formats import write_questions
-    from agentgym_opsd.environments.search_qa.generator import generate_dataset
-    from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
     from agentgym_opsd.environments.search_qa.retriever import DenseRetriever
 
-    data = generate_dataset("tiny")
-    index = write_index_folder(folder / "idx", data.passages, HashingEncoder().encode, IndexConfig(kind="flat"),
-                               progress=False)
+    data, index = tiny_index(folder)
     qa = folder / "test.jsonl"
     write_questions(qa, data.questions["test"])
     return {"questions_path": {"test": str(qa)}, "index_dir": str(index),
             "retriever": DenseRetriever(index, encoder=HashingEncoder().encode)}
+
+
+def held_first_call_encoder(calls: list[list[str]], release: threading.Event) -> Callable[[Sequence[str]], np.ndarray]:
+    """An encoder for `EncodeBatcher` tests: text "7" becomes the row [7.0]; it records each call's texts in
+    `calls`, holds the first call until `release` is set (so other callers queue behind it), and refuses a
+    call holding the text "fail" with ValueError("cannot encode")."""
+
+    def encode(texts: Sequence[str]) -> np.ndarray:
+        calls.append(list(texts))
+        if len(calls) == 1:
+            release.wait(timeout=30)
+        if "fail" in texts:
+            raise ValueError("cannot encode")
+        return np.array([[float(t)] for t in texts], dtype=np.float32)
+
+    return encode

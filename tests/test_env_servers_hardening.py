@@ -21,11 +21,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
+from search_qa_helpers import held_first_call_encoder
+from search_qa_helpers import tiny_index as build_tiny_index
 from test_webshop_helpers import small_shop
 from werkzeug.serving import make_server
 
 from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
-from agentgym_opsd.environments.search_qa.generator import generate_dataset
 from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
 from agentgym_opsd.environments.search_qa.retriever import DenseRetriever, EncodeBatcher, HttpRetriever
 from agentgym_opsd.environments.search_qa.serve import create_app as create_search_app
@@ -35,10 +36,7 @@ from agentgym_opsd.environments.search_qa.serve import create_app as create_sear
 
 @pytest.fixture(scope="module")
 def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    data = generate_dataset("tiny")
-    folder = write_index_folder(tmp_path_factory.mktemp("hard") / "idx", data.passages, HashingEncoder().encode,
-                                IndexConfig(kind="flat"), progress=False)
-    return data, folder
+    return build_tiny_index(tmp_path_factory.mktemp("hard"))
 
 
 @contextlib.contextmanager
@@ -201,17 +199,8 @@ def test_search_concurrent_requests_share_encoder_calls(tiny_index: tuple[Any, P
 
 def test_batcher_gives_each_caller_its_rows_or_its_error() -> None:
     calls: list[list[str]] = []
-    release = threading.Event()
-
-    def encode(texts: Sequence[str]) -> np.ndarray:
-        calls.append(list(texts))
-        if len(calls) == 1:
-            release.wait(timeout=30)  # hold the first call so the others queue behind it
-        if "fail" in texts:
-            raise ValueError("cannot encode")
-        return np.array([[float(t)] for t in texts], dtype=np.float32)
-
-    batcher = EncodeBatcher(encode, max_texts=4)
+    release = threading.Event()  # the first call is held until then, so the others queue behind it
+    batcher = EncodeBatcher(held_first_call_encoder(calls, release), max_texts=4)
     results: dict[str, Any] = {}
 
     def run(name: str, texts: list[str]) -> None:

@@ -6,7 +6,8 @@ Both speak the same `retrieve(queries, topk)`; the environment holds either. The
 
 from __future__ import annotations
 
-import collections
+import heapq
+import itertools
 import json
 import os
 import threading
@@ -23,18 +24,25 @@ from agentgym_opsd.environments.search_qa.data import Passage
 
 __all__ = ["SearchHit", "Retriever", "DenseRetriever", "HttpRetriever", "RetrievalError", "clean_query",
            "EncodeBatcher", "MAX_QUERY_CHARS", "MAX_TOPK", "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS",
-           "shared_dense_retriever"]
+           "MAX_RESULTS_PER_REQUEST", "shared_dense_retriever"]
 
 MAX_QUERY_CHARS = 2_000
 """Queries are cut to this many characters (the encoder reads only 256 tokens anyway)."""
 MAX_TOPK = 100
 MAX_QUERIES_PER_REQUEST = 1_024
 """The retrieval server refuses more queries per request (HttpRetriever splits longer lists)."""
+MAX_RESULTS_PER_REQUEST = 10_240
+"""The retrieval server refuses requests asking for more passages (queries x topk) in total: room for a full
+request of 1,024 queries at any topk up to 10 (Search-R1 clients ask for 3), while one request of 1,024 x 100
+once answered 22.9 MB and held the server for seconds. HttpRetriever sends fewer queries per request when
+topk is larger."""
 MAX_REQUEST_QUERY_CHARS = 100_000
 """The retrieval server refuses requests whose queries hold more characters in total: encoding is the
 expensive part, and one request of 1,024 x 2,000 characters once held the encoder for minutes."""
-MAX_BATCH_TEXTS = 1_024
-"""At most this many texts per merged encoder call (a single larger caller is still encoded in one call)."""
+MAX_BATCH_TEXTS = 64
+"""At most this many texts per merged encoder call (a single larger caller is still encoded in one call): the
+MiniLM encoder's own batch, so merging more would save nothing, while smaller calls let a caller that comes
+first (`EncodeBatcher` priority) go between the chunks of a large request."""
 
 
 class RetrievalError(RuntimeError):
@@ -81,9 +89,10 @@ class EncodeBatcher:
     """Merges concurrent `encode` calls into one call of the underlying encoder.
 
     A caller that finds the encoder busy queues its texts and waits; the caller that finds it idle encodes
-    everything queued (whole callers, up to `max_texts` texts) in one call and hands each caller its rows,
-    until its own texts are done. One padded forward pass over many short queries costs far less than one
-    pass per request, and concurrent requests no longer queue on a lock one by one. If a merged call fails,
+    everything queued (whole callers, up to `max_texts` texts, lowest `priority` first, then first come) in
+    one call and hands each caller its rows, until its own texts are done. One padded forward pass over many
+    short queries costs far less than one pass per request, and concurrent requests no longer queue on a
+    lock one by one. If a merged call fails,
     each caller is encoded alone, so only the caller whose texts fail gets the error. The encoder is only
     ever called by one thread at a time, so it need not be thread-safe. No thread of its own is kept.
     """
@@ -93,39 +102,52 @@ class EncodeBatcher:
             raise ValueError(f"max_texts must be >= 1, got {max_texts}")
         self._encode = encode
         self.max_texts = max_texts
-        self._queue: collections.deque[_Job] = collections.deque()
+        self._queue: list[tuple[int, int, _Job]] = []  # heap of (priority, arrival, job)
+        self._arrivals = itertools.count()
         self._busy = False
         self._cond = threading.Condition()
 
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        job = _Job(list(texts))
+    def __call__(self, texts: Sequence[str], priority: int = 0) -> np.ndarray:
+        """The rows of `texts`. Queued callers are taken lowest `priority` first, then first come."""
+        return self.encode_parts([texts], [priority])[0]
+
+    def encode_parts(self, parts: Sequence[Sequence[str]], priorities: Sequence[int]) -> list[np.ndarray]:
+        """The rows of each part, each part queued as a caller of its own at its priority. A large request
+        queues all its chunks at once, so while this caller encodes they go out one call after another,
+        with no handing over between them, and a caller of lower priority still goes first at the next call
+        (the retrieval server ranks each request's first chunk 0, before the later chunks of all)."""
+        jobs = [_Job(list(texts)) for texts in parts]
         with self._cond:
-            self._queue.append(job)
-            while self._busy and not job.done:
+            for job, priority in zip(jobs, priorities, strict=True):
+                heapq.heappush(self._queue, (priority, next(self._arrivals), job))
+            while self._busy and not all(job.done for job in jobs):
                 self._cond.wait()
-            leader = not job.done  # nobody else will encode these texts: this caller does
+            leader = not all(job.done for job in jobs)  # nobody else will encode the rest: this caller does
             if leader:
                 self._busy = True
         if leader:
             try:
-                while not job.done:
+                while not all(job.done for job in jobs):
                     self._encode_batch(self._take())
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
-        if job.error is not None:
-            raise job.error
-        assert job.vectors is not None
-        return job.vectors
+        rows: list[np.ndarray] = []
+        for job in jobs:
+            if job.error is not None:
+                raise job.error
+            assert job.vectors is not None
+            rows.append(job.vectors)
+        return rows
 
     def _take(self) -> list[_Job]:
-        """The oldest queued callers, whole, up to `max_texts` texts (at least one caller)."""
+        """The first queued callers (by priority, then arrival), whole, up to `max_texts` texts (at least one)."""
         with self._cond:
             batch: list[_Job] = []
             count = 0
-            while self._queue and (not batch or count + len(self._queue[0].texts) <= self.max_texts):
-                job = self._queue.popleft()
+            while self._queue and (not batch or count + len(self._queue[0][2].texts) <= self.max_texts):
+                job = heapq.heappop(self._queue)[2]
                 batch.append(job)
                 count += len(job.texts)
             return batch
@@ -187,14 +209,30 @@ class DenseRetriever:
         return self._encode(texts)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit vectors of `texts`, encoded together with concurrent callers' (`EncodeBatcher`)."""
         return self._batcher(texts)
+
+    def encode_parts(self, parts: Sequence[Sequence[str]], priorities: Sequence[int]) -> np.ndarray:
+        """Unit vectors of the texts of all `parts`, in order; each part is a caller of its own, at its
+        priority, with the encoder (`EncodeBatcher.encode_parts`)."""
+        return np.concatenate(self._batcher.encode_parts(parts, priorities))
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
         _check_topk(topk)
         if not queries:
             return []
-        vectors = self.encode([clean_query(q) for q in queries])
-        scores, rows = self.index.search(vectors, topk)
+        return self.hits(*self.search(self.encode([clean_query(q) for q in queries]), topk))
+
+    def search(self, vectors: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of the `topk` nearest passages of each vector (rows -1 where there are fewer).
+        `retrieve` = `hits(*search(encode(cleaned queries), topk))`; the server runs the steps apart so that
+        it can encode and answer a large request in chunks, and still search it in one call (FAISS scores
+        depend, in their last bit, on which queries share a call)."""
+        _check_topk(topk)
+        return self.index.search(vectors, topk)
+
+    def hits(self, scores: np.ndarray, rows: np.ndarray) -> list[list[SearchHit]]:
+        """The passages of `search`'s (scores, rows), best first, one list per query."""
         store = self.index.store
         return [[SearchHit(store[int(r)], float(s)) for s, r in zip(qs, qr, strict=True) if r >= 0]
                 for qs, qr in zip(scores, rows, strict=True)]
@@ -216,7 +254,8 @@ def shared_dense_retriever(index_dir: str | os.PathLike[str]) -> DenseRetriever:
 
 class HttpRetriever:
     """Client of a Search-R1 style `POST /retrieve` server (stdlib only). A long list of queries goes out in
-    several requests, each within the server's limits (`MAX_QUERIES_PER_REQUEST`, `MAX_REQUEST_QUERY_CHARS`)."""
+    several requests, each within the server's default limits (`MAX_QUERIES_PER_REQUEST`,
+    `MAX_REQUEST_QUERY_CHARS`, `MAX_RESULTS_PER_REQUEST` passages = queries x topk)."""
 
     def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
         if not url.startswith(("http://", "https://")):
@@ -227,7 +266,8 @@ class HttpRetriever:
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
         _check_topk(topk)
         hits: list[list[SearchHit]] = []
-        for part in _request_sized([clean_query(q) for q in queries]):
+        per_request = min(MAX_QUERIES_PER_REQUEST, max(1, MAX_RESULTS_PER_REQUEST // topk))
+        for part in _request_sized([clean_query(q) for q in queries], per_request):
             hits.extend(self._retrieve_part(part, topk))
         return hits
 
@@ -248,12 +288,13 @@ class HttpRetriever:
             raise RetrievalError(f"{self.url}: reply is not in /retrieve format ({exc})") from exc
 
 
-def _request_sized(queries: list[str]) -> list[list[str]]:
-    """`queries` in consecutive parts that the server accepts (count and total characters per request)."""
+def _request_sized(queries: list[str], max_queries: int) -> list[list[str]]:
+    """`queries` in consecutive parts that the server accepts (at most `max_queries` queries and
+    `MAX_REQUEST_QUERY_CHARS` characters per request)."""
     parts: list[list[str]] = []
     chars = 0
     for query in queries:
-        if not parts or len(parts[-1]) >= MAX_QUERIES_PER_REQUEST or chars + len(query) > MAX_REQUEST_QUERY_CHARS:
+        if not parts or len(parts[-1]) >= max_queries or chars + len(query) > MAX_REQUEST_QUERY_CHARS:
             parts.append([])
             chars = 0
         parts[-1].append(query)
