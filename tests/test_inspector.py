@@ -200,6 +200,45 @@ def test_in_the_browser(tmp_path):
         driver.quit()
 
 
+def _poison(value, path: str = ""):
+    """Every string of a record (not the keys) becomes a hostile payload tagged with where it sits; numbers,
+    booleans and the closed vocabularies the loader checks (invalid kinds, roles) stay as they are."""
+    if isinstance(value, dict):
+        return {k: v if k in ("invalid_kind", "role") else _poison(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_poison(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+        tag = re.sub(r"[^A-Za-z0-9_.]", "_", path)[-40:]
+        return (f'{value}<img src=x onerror="document.title=\'pwned {tag}\'">'
+                f'<script>document.title="pwned {tag}"</script>"\'&<b>{tag}</b>')
+    return value
+
+
+def test_hostile_values_in_every_field_stay_text_in_the_browser(tmp_path):
+    run = tmp_path / "run"
+    make_run(run)
+    for folder in ("trajectories", "credit"):
+        path = run / folder / "step_000001.jsonl"
+        lines = [_poison(json.loads(x)) for x in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    page = tmp_path / "page.html"
+    assert main([str(run), "--out", str(page)]) == 0
+    html = page.read_text()
+    assert "<img src=x" not in html and not re.search(r"<b>\.", html)  # escaped wherever they landed
+    driver = _driver()
+    try:
+        driver.get(page.as_uri())
+        assert "pwned" not in driver.title and driver.title.startswith("credit inspector")
+        assert driver.execute_script("return document.images.length") == 0
+        bold = driver.execute_script("return [...document.querySelectorAll('b')].map(b => b.textContent)")
+        assert not [b for b in bold if b.startswith(".")]  # the page's own labels only, none of the payloads' tags
+        assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        body = driver.find_element("tag name", "body").text
+        assert "<script>" in body  # the payloads are there, as text
+    finally:
+        driver.quit()
+
+
 if __name__ == "__main__":  # regenerate docs/images/credit_inspector.png: python tests/test_inspector.py
     import tempfile
 
