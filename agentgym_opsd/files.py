@@ -4,18 +4,20 @@
 pid and a random id (two writers never share a temporary file), then rename it over the target: a reader sees
 the old file or the new one, never half of one, and a crash leaves only a `.NAME.PID.ID.tmp` behind.
 `cache_dir(*parts)` is `$AGENTGYM_OPSD_CACHE/...` (default `~/.cache/agentgym_opsd/...`): generated games,
-indexes, converted models and warm starts all live under it.
+indexes, converted models and warm starts all live under it. `is_disk_full(exc)` tells a full disk (or quota)
+from other write errors, also when a library wrapped the OSError (safetensors, torch.save).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CACHE_ENV_VAR", "atomic_write_lines", "atomic_write_text", "cache_dir", "make_tmp_dir",
+__all__ = ["CACHE_ENV_VAR", "atomic_write_lines", "atomic_write_text", "cache_dir", "is_disk_full", "make_tmp_dir",
            "remove_dead_tmp_dirs"]
 
 CACHE_ENV_VAR = "AGENTGYM_OPSD_CACHE"
@@ -25,6 +27,32 @@ def cache_dir(*parts: str) -> Path:
     """`$AGENTGYM_OPSD_CACHE/<parts>`, else `~/.cache/agentgym_opsd/<parts>` (not created)."""
     base = os.environ.get(CACHE_ENV_VAR)
     return (Path(base) if base else Path.home() / ".cache" / "agentgym_opsd").joinpath(*parts)
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "os error 28", "os error 122")
+
+
+def is_disk_full(exc: BaseException, folder: str | os.PathLike[str] | None = None) -> bool:
+    """Whether `exc` comes from a full disk or an exceeded quota: an OSError with ENOSPC / EDQUOT anywhere in
+    its cause/context chain, or a library's wrapped message ("No space left on device (os error 28)" from
+    safetensors). Libraries that lose the errno altogether (torch.save to a path: "unexpected pos ...") count
+    when `folder` is given and its filesystem has less than 1 MiB left; call it before freeing anything."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(text in str(current).lower() for text in _DISK_FULL_TEXT):
+            return True
+        current = current.__cause__ or current.__context__
+    if folder is not None and isinstance(exc, (OSError, RuntimeError)):
+        try:
+            return shutil.disk_usage(folder).free < 1 << 20
+        except OSError:
+            return False
+    return False
 
 
 def atomic_write_lines(path: str | os.PathLike[str], lines: Iterable[str]) -> Path:

@@ -8,7 +8,8 @@ Examples::
     python -m agentgym_opsd.train --config cpu-small --resume auto         # continue the latest checkpoint
 
 Presets live in `agentgym_opsd/trainer/presets/` (`--list-presets`); `--print-config` shows the resolved
-config and exits. Unknown keys and bad values are errors that name the key.
+config and exits. Unknown keys and bad values are errors that name the key. Exit status: 0 done, 2 a config
+or checkpoint error, 3 the output folder's disk filled up (one line says what was kept for `--resume auto`).
 
 Several processes (data parallel; gloo on the CPU, nccl on GPUs, chosen from the training device)::
 
@@ -23,7 +24,7 @@ import logging
 import os
 import sys
 
-__all__ = ["main", "build_arg_parser", "learning_summary"]
+__all__ = ["main", "build_arg_parser", "disk_full_message", "learning_summary"]
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(cfg.to_yaml(with_help=True))
         return 0
+    from agentgym_opsd.files import is_disk_full
     from agentgym_opsd.trainer.loop import Trainer
 
     try:
@@ -85,8 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # what only the run's folder and ranks can tell (a folder that is not a run)
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        return _report_disk_full(cfg.trainer.output_dir, exc)
     try:
         lines = trainer.train()
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        return _report_disk_full(cfg.trainer.output_dir, exc)
     finally:
         trainer.close()
     if not trainer.is_main:  # data parallel: rank 0 reports for all
@@ -98,6 +108,32 @@ def main(argv: list[str] | None = None) -> int:
     for line in learning_summary(trainer.out / "metrics.jsonl"):
         print(line)
     return 0
+
+
+def _report_disk_full(output_dir: str, exc: BaseException) -> int:
+    logging.getLogger(__name__).debug("disk full", exc_info=True)  # the traceback, for --log-level DEBUG
+    print(disk_full_message(output_dir, exc), file=sys.stderr)
+    return 3
+
+
+def disk_full_message(output_dir: os.PathLike[str] | str, exc: BaseException) -> str:
+    """One line for a run that ran out of space: the folder, what failed, and what is kept for `--resume auto`
+    (the last complete checkpoint; a half-written one is never renamed into place, see trainer/checkpoint.py)."""
+    from pathlib import Path
+
+    from agentgym_opsd.trainer.checkpoint import latest_checkpoint
+
+    out = Path(output_dir)
+    filename = getattr(exc, "filename", None)
+    where = f" (writing {filename})" if filename and Path(filename) != out else ""
+    try:
+        kept = latest_checkpoint(out / "checkpoints")
+    except OSError:
+        kept = None
+    resume = (f"kept: the last complete checkpoint {kept} (metrics.jsonl lines after its step are replayed); "
+              "free some space and continue with --resume auto") if kept is not None else \
+        "no complete checkpoint was written; free some space and start the run again"
+    return f"error: no space left on device in {out}{where}; {resume}"
 
 
 def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:

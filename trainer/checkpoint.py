@@ -13,6 +13,8 @@ Layout of one checkpoint (`<output_dir>/checkpoints/step_000010/`)::
 A checkpoint is written into a hidden temporary folder, every file is fsync'ed, and the folder is renamed
 into place: a crash (even kill -9) mid-write leaves the previous checkpoint untouched and at most a stray
 temporary folder, which the next save removes. `latest_checkpoint` picks the highest complete step.
+A save that runs out of space removes its temporary folder and raises `OSError(ENOSPC)` naming the folder,
+whatever the writing library raised (safetensors and torch.save wrap or lose the errno).
 
 Several processes (data parallel): `save_checkpoint` is collective. Rank 0 picks the temporary folder and
 tells the others, every rank writes its part (`save_model` gathers ZeRO-3 weights, `save_extra` writes the
@@ -31,6 +33,7 @@ trusted exactly as much as whoever can write to it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -45,6 +48,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from agentgym_opsd.files import is_disk_full
 
 __all__ = [
     "CheckpointError",
@@ -247,11 +252,12 @@ def save_checkpoint(
         if save_extra is not None:
             save_extra(tmp)
         if main:
-            torch.save({
-                "step": state.step, "task_cursor": state.task_cursor, "warm_start_done": state.warm_start_done,
-                "engine": state.engine, "rng": state.rng, "extra": state.extra, "world_size": state.world_size,
-                "rank_rng": state.rank_rng,
-            }, tmp / STATE_FILE)
+            with (tmp / STATE_FILE).open("wb") as fh:  # a file object: a full disk stays an OSError in the chain
+                torch.save({
+                    "step": state.step, "task_cursor": state.task_cursor, "warm_start_done": state.warm_start_done,
+                    "engine": state.engine, "rng": state.rng, "extra": state.extra, "world_size": state.world_size,
+                    "rank_rng": state.rank_rng,
+                }, fh)
             (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         ranks.barrier()  # every rank's files are on disk
         if main:
@@ -266,6 +272,13 @@ def save_checkpoint(
                 os.fsync(fd)
             finally:
                 os.close(fd)
+    except Exception as exc:
+        plain = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+        if not plain and is_disk_full(exc, tmp if tmp.exists() else root):  # before the temporary folder is freed
+            detail = " ".join(str(exc).split())[:200]
+            raise OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {final.name} "
+                          f"({type(exc).__name__}: {detail})", str(final)) from exc
+        raise
     finally:
         if main and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,7 @@ resumed run drops the lines of steps after its checkpoint (they will be replayed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agentgym_opsd.files import atomic_write_lines
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.trackers import Tracker
@@ -140,13 +142,19 @@ class MetricsLog:
                     kept.append(line)
             except (json.JSONDecodeError, ValueError):
                 continue  # a line cut by the kill
-        self.path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+        atomic_write_lines(self.path, (x + "\n" for x in kept))  # a full disk leaves the old file whole
 
     def write(self, metrics: dict[str, Any], *, step: int) -> None:
         """One metrics line; a validation point's numbers also go to the trackers as a table."""
         line = {"step": step, **{k: v for k, v in metrics.items() if k != "step"}}
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+        start = self.path.stat().st_size if self.path.is_file() else 0
+        try:
+            with self.path.open("ab") as fh:
+                fh.write((json.dumps(line) + "\n").encode("utf-8"))
+        except OSError:  # a full disk: cut a half-written line off, so every line stays whole JSON
+            with contextlib.suppress(OSError):
+                os.truncate(self.path, start)
+            raise
         validation = [{"metric": k, "value": round(float(v), 6)} for k, v in line.items()
                       if k.startswith(("val/", "pool/")) and isinstance(v, (int, float))]
         for tracker in self.trackers(step):
