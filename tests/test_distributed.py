@@ -91,7 +91,7 @@ def probed_train(self):
     lines = train(self)
     self.model.eval()
     with self.engine.full_weights():
-        logp = self._logprobs(self.model, [{probe_prompt!r}], [{probe_response!r}])[0]
+        logp = self.trained.logprobs([{probe_prompt!r}], [{probe_response!r}])[0]
     if self.is_main:
         torch.save(logp, self.out / "probe" / "logprobs.pt")
     return lines

@@ -114,17 +114,17 @@ def test_trainer_step_with_dynamic_sampling_logs_its_rounds(tmp_path, toy_env_id
 
 
 def test_pool_diversity_counts_one_group_per_game(tmp_path, toy_env_ids, monkeypatch) -> None:
-    from agentgym_opsd.trainer import loop
+    from agentgym_opsd.trainer import validation
     from agentgym_opsd.trainer.loop import Trainer
 
     cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
                                    "trainer.tensorboard=false", "env.num_train_tasks=4", "trainer.eval_pool_rollouts=2"])
     trainer = Trainer(cfg)
     seen: list[Trajectory] = []
-    real = loop.group_diversity
-    monkeypatch.setattr(loop, "group_diversity", lambda trajs, **kw: (seen.extend(trajs), real(trajs, **kw))[1])
+    real = validation.group_diversity
+    monkeypatch.setattr(validation, "group_diversity", lambda trajs, **kw: (seen.extend(trajs), real(trajs, **kw))[1])
     try:
-        out = trainer.pool_success()
+        out = trainer.validation.pool(trainer.policy)
     finally:
         trainer.close()
     # the pool is played a few games per call: every game must still be its own group (4 groups of 2)

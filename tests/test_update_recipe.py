@@ -359,16 +359,16 @@ def test_learning_summary_gives_intervals_and_warns_when_worse_beyond_chance(tmp
 
 
 def test_warm_start_can_leave_the_rl_pool_to_rl(tmp_path, toy_env_ids, monkeypatch) -> None:
-    import agentgym_opsd.trainer.loop as loop
+    import agentgym_opsd.trainer.warm_start as warm_start
 
     seen = []
-    real = loop.collect_demonstrations
+    real = warm_start.collect_demonstrations
 
     def spy(runner, tasks, **kwargs):
         seen.extend(t.options["task_index"] for t in tasks)
         return real(runner, tasks, **kwargs)
 
-    monkeypatch.setattr(loop, "collect_demonstrations", spy)
+    monkeypatch.setattr(warm_start, "collect_demonstrations", spy)
     trainer = make_trainer(tmp_path, "warm_start.steps=1", "warm_start.episodes=0", "warm_start.cache=off",
                            "warm_start.exclude_rl_pool=true", "env.num_train_tasks=2")
     try:
