@@ -21,6 +21,7 @@ from rich.table import Table
 
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.loop import Trainer
+from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -43,9 +44,10 @@ def main() -> None:
         trainer.warm_start()
         for top_p in args.top_p:
             for temperature in args.temperatures:
-                trainer.cfg.rollout.temperature, trainer.cfg.rollout.top_p = temperature, top_p
+                trainer.policy.top_p = top_p  # the sampler's nucleus; with_sampling sets the temperature and seed
                 t0 = time.perf_counter()
-                m = trainer.pool_success()
+                m = trainer.validation.pool(trainer.policy.with_sampling(temperature=temperature,
+                                                                         seed=2 * TRAIN_SEED_LIMIT))
                 rows.append({"temperature": temperature, "top_p": top_p, "success": m["pool/success_rate"],
                              "mixed_group_share": m["pool/mixed_group_share"],
                              "sampled_nll_per_token": m["pool/sampled_nll_per_token"],
