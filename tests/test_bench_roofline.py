@@ -95,7 +95,11 @@ def test_hooks_split_prefill_and_decode() -> None:
 def test_quick_run_end_to_end(tmp_path) -> None:
     pytest.importorskip("textworld")
     out = tmp_path / "roofline"
-    br.main(["--quick", "--threads", "1", "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        br.main(["--quick", "--threads", "1", "--out", str(out)])
+    finally:  # the script sets the process's torch threads; later tests compare runs bit for bit across processes
+        torch.set_num_threads(threads)
     record = json.loads(out.with_suffix(".json").read_text())
     assert out.with_suffix(".png").is_file()
     phases = {p["name"]: p for p in record["phases"]}
