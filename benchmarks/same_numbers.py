@@ -12,7 +12,7 @@ match the recorded ones to `--rtol`. The cases:
 - `cpu-tiny-outcome`: the same with the main job's recipe switches (outcome penalty, dynamic sampling, the
   teacher with the privileged hint), 2 steps.
 - `cpu-learn-step`: one RL step of `cpu-learn` (SmolLM2-135M from the cached warm start; 2 tasks per step),
-  after the preset's validation at start (48 held-out episodes, whose numbers are compared too): ~15 min on an
+  after the preset's validation at start (48 held-out episodes; it runs, but only the RL step is compared): ~15 min on an
   idle 2-core machine, an hour on a loaded one. Needs the warm start's cache entry (else it trains it first,
   ~20 min).
 """
