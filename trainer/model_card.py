@@ -7,7 +7,6 @@ from the same folder) and in vLLM with no project code.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,18 @@ __all__ = ["model_card", "write_model_card", "write_generation_config", "before_
 
 def before_after(metrics_path: Path, key: str) -> tuple[float, float] | None:
     """(first, last) finite value of `key` in a metrics.jsonl, or None when it was never logged."""
+    from agentgym_opsd.evaluation.compare import load_metrics  # skips lines a kill cut short
+
     if not metrics_path.is_file():
         return None
-    values = []
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        try:
-            value = json.loads(line).get(key)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            values.append(float(value))
+    values = [float(v) for row in load_metrics(metrics_path) if isinstance(v := row.get(key), (int, float))
+              and math.isfinite(v)]
     return (values[0], values[-1]) if values else None
 
 
 def _base_model(cfg: Config) -> str:
     name = cfg.model.name_or_path
-    if name.startswith("embedded:") or name == "tiny-random":
-        return {"embedded:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}.get(name, name)
-    return name
+    return {"embedded:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}.get(name, name)
 
 
 def model_card(cfg: Config, *, step: int, metrics_path: Path) -> str:
