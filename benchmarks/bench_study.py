@@ -168,12 +168,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0, help="RL steps per run (0 = the preset's total_steps)")
     ap.add_argument("--out", default="runs/study")
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--cores", type=int, default=None,
+                    help="torch threads shared by this runner's processes (default: all; 1 beside another run)")
     ap.add_argument("--plan", action="store_true", help="list the runs and whether each finished")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     seeds = {env: tuple(args.seeds) if args.seeds else s for env, s in SEEDS.items()}
     specs = [s for s in study_specs(args.only, seeds, args.steps) if not args.arms or s.labels["arm"] in args.arms]
-    runner = ExperimentRunner(Path(args.out), STUDY, parallel=args.parallel)
+    runner = ExperimentRunner(Path(args.out), STUDY, parallel=args.parallel, cores=args.cores)
     if args.plan:
         pending = {s.name for s in runner.pending(specs)}
         for s in specs:
