@@ -39,6 +39,7 @@ import functools
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -186,9 +187,18 @@ def heuristic_nouns(title: str) -> list[str]:
     return nouns
 
 
-@functools.lru_cache(maxsize=4)
+_SPACY_LOCK = threading.Lock()
+
+
 def _spacy_pipeline(model: str) -> Any:
-    """The loaded spaCy model, or None when spaCy or the model is missing (checked once per model)."""
+    """The loaded spaCy model, or None when spaCy or the model is missing (checked once per model and process:
+    the environment pool's threads all score at once, and lru_cache alone lets each of them load and log)."""
+    with _SPACY_LOCK:
+        return _load_spacy(model)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_spacy(model: str) -> Any:
     try:
         import spacy
 
