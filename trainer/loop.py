@@ -70,7 +70,6 @@ from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
     collate,
-    prefix_shared_response_logprobs,
     response_logprobs,
 )
 from agentgym_opsd.trainer.losses import policy_objective
@@ -161,7 +160,6 @@ class Trainer:
                                          warm_start_dir=self.warm_starter.model_dir)
         self.policy: RolloutBackend = self._make_rollout_backend()
         self._weights_dirty = False  # the trainer's weights changed since the vLLM engine last got them
-        self._last_batch: TurnBatch | None = None  # this step's batch, until its credit file is written
         self.validation = Validation(cfg, self.profile, self.runner, self._make_runner, self._generating)
         self.metrics_log = MetricsLog(self.out, functools.partial(
             make_trackers, cfg.trainer.trackers, self.out, name=self.out.name, config=cfg.to_dict(),
@@ -361,7 +359,7 @@ class Trainer:
         t0 = time.perf_counter()
         trajs, sampling = self.collect_step()
         seconds_rollout = time.perf_counter() - t0
-        metrics = self.step_on(trajs)
+        metrics, batch = self.train_on(trajs)
         metrics.update(sampling)
         metrics["seconds_rollout"] = seconds_rollout
         self.step_done += 1
@@ -370,13 +368,18 @@ class Trainer:
             union = [t for part in dist.all_gather_objects(trajs) for t in part]
             if self.is_main:
                 save_jsonl(union, self.out / "trajectories" / f"step_{self.step_done:06d}.jsonl")
-            self._save_credit(trajs)
+            self._save_credit(trajs, batch)
         self._weights_dirty = True  # vLLM gets the updated weights before it next generates
         return metrics
 
     def step_on(self, trajs: list[Trajectory]) -> dict[str, Any]:
-        """Score, log-probs, credit and one update on given trajectories (also used by benchmarks): the step
-        batch gets its columns phase by phase."""
+        """Score, log-probs, credit and one update on given trajectories (also used by benchmarks and tests);
+        the step's metrics."""
+        return self.train_on(trajs)[0]
+
+    def train_on(self, trajs: list[Trajectory]) -> tuple[dict[str, Any], TurnBatch]:
+        """`step_on`, also returning the step batch, which gets its columns phase by phase (the credit file is
+        written from it)."""
         batch = self.score(trajs)
         t0 = time.perf_counter()
         with self.engine.full_weights():  # ZeRO-3: these passes differ in length by rank
@@ -399,7 +402,7 @@ class Trainer:
             metrics = reduce_step_metrics(metrics, trajs, batch, self.world)
         # one key style for every phase: `<phase>/<env spec>/<metric>`, as validation writes `val/<spec>/...`
         metrics[f"train/{self.cfg.env.id}/success_rate"] = metrics["success_rate"]
-        return metrics
+        return metrics, batch
 
     def collect_step(self) -> tuple[list[Trajectory], dict[str, float]]:
         """This rank's trajectories of one step and the sampling metrics. Without dynamic sampling: B / ranks
@@ -463,14 +466,8 @@ class Trainer:
         if idx:
             prompts = [batch.rows[i].teacher_prompt_ids for i in idx]
             responses = [batch.rows[i].response_ids for i in idx]
-            if self.cfg.optim.teacher_prefix_cache:
-                o = self.cfg.optim
-                got = prefix_shared_response_logprobs(
-                    self.model, prompts, responses, pad_id=self.tokenizer.pad_token_id,  # type: ignore[arg-type]
-                    temperature=self.cfg.rollout.temperature, max_tokens=o.micro_batch_tokens,
-                    max_rows=o.micro_batch_rows, device=self.device)
-            else:
-                got = self.trained.logprobs(prompts, responses)  # type: ignore[arg-type]
+            got = self.trained.logprobs(prompts, responses,  # type: ignore[arg-type]
+                                        shared_prefix=self.cfg.optim.teacher_prefix_cache)
             for i, t in zip(idx, got, strict=True):
                 out[i] = t
         return out
@@ -493,14 +490,12 @@ class Trainer:
                                config=a.credit_config(self.current_lam()), cross_steps=a.grpo_cross_steps,
                                normalize_std=a.normalize_std, return_details=self.cfg.trainer.save_trajectories)
         batch.advantages, batch.seq_advantages, batch.credit = out.tokens, out.seq, out.result
-        self._last_batch = batch  # for the step's credit file
 
-    def _save_credit(self, trajs: list[Trajectory]) -> None:
+    def _save_credit(self, trajs: list[Trajectory], batch: TurnBatch) -> None:
         """`credit/step_N.jsonl` beside the trajectories: per turn e_k, B_k, ΔB_k, w_k, Ã_k (and GiGPO's step
         numbers, per-token gaps for a token-level estimator), one line per trajectory, joined by traj_id/turn."""
-        batch, self._last_batch = self._last_batch, None
         lines: list[dict[str, Any]] = []
-        if batch is not None and batch.credit is not None:
+        if batch.credit is not None:
             assert batch.evidence is not None and batch.gaps is not None
             assert batch.seq_advantages is not None and batch.advantages is not None
             record = CreditRecord(batch, batch.evidence, batch.gaps, batch.seq_advantages, batch.advantages,
