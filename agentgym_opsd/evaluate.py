@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from agentgym_opsd.env_workers import ENV_WORKERS
 from agentgym_opsd.envpool import EVAL_SEED
 from agentgym_opsd.evaluation.runner import evaluate_policy
 
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help="response length limit of model policies")
     p.add_argument("--num-envs", type=int, default=_LIBRARY_DEFAULTS["num_envs"],
                    help="environments played in parallel (one policy batch)")
+    p.add_argument("--env-workers", choices=sorted(ENV_WORKERS), default=_LIBRARY_DEFAULTS["env_workers"],
+                   help="where the environments run: threads (this process), processes (a worker process per "
+                        "core; CPU-bound environments such as ALFWorld), ray (Ray actors, `ray` extra)")
     p.add_argument("--max-retries", type=int, default=_LIBRARY_DEFAULTS["max_retries"],
                    help="replays of an episode that ended in an error")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -126,7 +130,7 @@ def _run(argv: Sequence[str]) -> int:
     suite = SuiteOptions(policy=args.policy, envs=envs, episodes=args.episodes, seed=args.seed,
                          num_envs=args.num_envs, max_turns=args.max_turns, max_retries=args.max_retries,
                          oracle_horizon=not args.no_oracle_horizon, keep_prompts=args.keep_prompts,
-                         policy_options=options)
+                         policy_options=options, env_workers=args.env_workers)
     summaries = run_suite(policy, suite, args.out, progress=not args.no_progress)
     _print_summaries(summaries, args.policy)
     print(f"reports written to {args.out}/ (results.json, report.md, success_by_task_type.png, horizon.png)")

@@ -7,24 +7,27 @@ log-probs, the action, its validity, the observation, the reward, and the task's
 When the environment reports `info["oracle_distance"]` (the expert's distance to the goal), each turn records
 it before and after its action (`Turn.info["oracle_distance_before"/"oracle_distance_after"]`), so a turn
 can be labelled progress (the distance dropped) or wasted without replaying the episode.
-This module knows only the turn API, never a concrete environment.
+This module knows only the turn API, never a concrete environment; where the environments run (threads,
+worker processes, Ray actors: `env_workers`) is the pool's business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from agentgym_opsd import core
-from agentgym_opsd.envpool import EnvPool, StepResult, TaskSpec
+from agentgym_opsd.env_workers import EnvFactory, make_env_pool
+from agentgym_opsd.envpool import BaseEnvPool, StepResult, TaskSpec
 from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
 from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, HistoryItem, PromptRenderer
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid
-from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, make, parse_env_spec
+from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, parse_env_spec
 
 __all__ = ["ORACLE_DISTANCE", "ORACLE_BEFORE", "ORACLE_AFTER", "PROGRESS", "WASTED", "RolloutRunner", "turn_progress"]
 
@@ -54,7 +57,10 @@ class _Episode:
 
 
 class RolloutRunner:
-    """Plays policies on one environment id (optionally `Env-v0:split`)."""
+    """Plays policies on one environment id (optionally `Env-v0:split`).
+
+    `env_workers` says where the `num_envs` environments run: `threads` (this process), `processes` or `ray`
+    (`num_env_workers` workers, default one per core; see `agentgym_opsd.env_workers`)."""
 
     def __init__(
         self,
@@ -69,13 +75,16 @@ class RolloutRunner:
         step_timeout_s: float = 60.0,
         max_prompt_chars: int = 0,
         hint_level: str = "",
+        env_workers: str = "threads",
+        num_env_workers: int | None = None,
     ) -> None:
         self.env_spec = env_spec
         self.hint_level = hint_level  # which of the env's privileged hints to record ("" = none)
         self.env_id, split = parse_env_spec(env_spec)
         self.profile = profile or env_profile(self.env_id)
         kwargs = dict(env_kwargs or {})
-        self.pool = EnvPool(lambda: make(env_spec, **kwargs), num_envs, step_timeout_s=step_timeout_s)
+        self.pool: BaseEnvPool = make_env_pool(env_workers, EnvFactory.for_spec(env_spec, kwargs), num_envs,
+                                               step_timeout_s=step_timeout_s, num_workers=num_env_workers)
         self.renderer = renderer or PromptRenderer(
             self.profile.system_prompt, history_turns=self.profile.history_turns, max_chars=max_prompt_chars
         )
@@ -155,6 +164,7 @@ class RolloutRunner:
 
     def _play_turn(self, policy: Policy, episodes: dict[int, _Episode]) -> None:
         indices = list(episodes)
+        oracle = _TurnOracle(self.pool, indices)
         requests = []
         for i in indices:
             ep = episodes[i]
@@ -165,9 +175,7 @@ class RolloutRunner:
                 admissible_actions=ep.admissible,
                 turn_index=len(ep.traj.turns),
             )
-            unwrapped = self.pool.unwrapped(i)
-            requests.append(PolicyRequest(messages, ep.admissible, getattr(unwrapped, "oracle_action", None),
-                                          self.parser.format))
+            requests.append(PolicyRequest(messages, ep.admissible, oracle.of(i), self.parser.format))
         outputs = policy.act(requests)
         if len(outputs) != len(requests):
             raise RuntimeError(f"policy answered {len(outputs)} of {len(requests)} requests")
@@ -222,6 +230,27 @@ class RolloutRunner:
         ep.history.append(HistoryItem(parsed.action or out.text[:200], ep.observation))
         ep.observation = res.observation
         ep.admissible = res.info.get(core.ADMISSIBLE_ACTIONS)
+
+
+class _TurnOracle:
+    """The expert's next actions for one turn's environments, asked of the pool on first use and then for
+    all of them at once: only scripted policies ask, and an out-of-process pool answers a batch with one
+    round trip per worker, the workers in parallel, instead of one round trip per request."""
+
+    def __init__(self, pool: BaseEnvPool, indices: list[int]) -> None:
+        self.pool, self.indices = pool, indices
+        self._answers: dict[int, str | Exception] | None = None
+
+    def of(self, index: int) -> Callable[[], str]:
+        return partial(self._answer, index)
+
+    def _answer(self, index: int) -> str:
+        if self._answers is None:
+            self._answers = self.pool.oracle_actions(self.indices)
+        answer = self._answers[index]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 def _is_json_scalar(value: Any) -> bool:

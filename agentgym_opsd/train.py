@@ -141,20 +141,15 @@ def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:
     (the first and the last line that has each number; nothing when a run validated once or never), each
     with its Wilson 95% interval when the episode count is logged, and a warning line when the after-interval
     lies wholly below the before-interval (training made the agent worse beyond what chance explains)."""
-    import json
     from pathlib import Path
 
+    from agentgym_opsd.evaluation.compare import load_metrics
     from agentgym_opsd.evaluation.metrics import wilson_interval
 
     path = Path(metrics_path)
     if not path.is_file():
         return []
-    rows = []
-    for text in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(text))
-        except json.JSONDecodeError:
-            continue
+    rows = load_metrics(path)
     out = []
     for prefix, label in (("val", "held-out success"), ("pool", "training-pool success")):
         key = f"{prefix}/success_rate"

@@ -199,11 +199,6 @@ def plan_tasks(episodes: int, seed: int, num_tasks: int | None) -> list[TaskSpec
     return [TaskSpec(seed + j, {"task_index": int(order[j % num_tasks])}) for j in range(episodes)]
 
 
-def _num_tasks(runner: RolloutRunner) -> int | None:
-    value = getattr(runner.pool.unwrapped(0), "num_tasks", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
 def _chunks(items: Sequence[TaskSpec], size: int) -> Iterator[list[TaskSpec]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
@@ -234,6 +229,7 @@ def evaluate_policy(
     keep_prompts: bool = False,
     runner: RolloutRunner | None = None,
     env_kwargs: dict[str, Any] | None = None,
+    env_workers: str = "threads",
 ) -> EvalSummary:
     """Play `episodes` episodes of `env_spec` (e.g. `ALFWorld-v0:valid_unseen`) with `policy`.
 
@@ -243,7 +239,8 @@ def evaluate_policy(
     name). `oracle_horizon` plays the oracle on tasks whose trajectories carry no horizon, to fill in
     `metadata["oracle_turns"]` for the horizon plot. `keep_prompts` stores prompts and token ids in the
     results file too. Pass a `runner` to reuse its environments across calls (periodic validation); it must
-    be for the same env spec and is left open.
+    be for the same env spec and is left open. `env_workers` says where a new runner's environments run
+    (threads | processes | ray, `agentgym_opsd.env_workers`; a passed runner keeps its own).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -257,11 +254,11 @@ def evaluate_policy(
         kwargs["max_turns"] = int(max_turns)
     own_runner = runner is None
     if runner is None:
-        runner = RolloutRunner(env_spec, num_envs=num_envs, env_kwargs=kwargs)
+        runner = RolloutRunner(env_spec, num_envs=num_envs, env_kwargs=kwargs, env_workers=env_workers)
     elif runner.env_spec != env_spec:
         raise ValueError(f"runner plays {runner.env_spec!r}, asked to evaluate {env_spec!r}")
     try:
-        tasks = plan_tasks(episodes, seed, _num_tasks(runner))
+        tasks = plan_tasks(episodes, seed, runner.pool.num_tasks)
         done: dict[int, Trajectory] = {}
         if results_path is not None:
             wanted = {t.seed for t in tasks}

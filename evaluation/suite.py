@@ -127,6 +127,7 @@ class SuiteOptions:
     oracle_horizon: bool = True
     keep_prompts: bool = False
     policy_options: dict[str, Any] = field(default_factory=dict)
+    env_workers: str = "threads"
 
 
 def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, progress: bool = True) -> list[EvalSummary]:
@@ -142,7 +143,7 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
             policy, spec, episodes=options.episodes, seed=options.seed, num_envs=options.num_envs,
             max_turns=options.max_turns, progress=progress, results_path=out / EPISODES_FILE,
             policy_name=options.policy, max_retries=options.max_retries, oracle_horizon=options.oracle_horizon,
-            keep_prompts=options.keep_prompts,
+            keep_prompts=options.keep_prompts, env_workers=options.env_workers,
         ))
     write_reports(summaries, out, policy=options.policy)
     return summaries

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
+from agentgym_opsd.env_workers import ENV_WORKERS
 from agentgym_opsd.prompts import TEACHER_CONTEXTS
 from agentgym_opsd.trainer.trackers import parse_report_to
 from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
@@ -152,9 +153,13 @@ class RolloutConfig:
     batch_size: int = _f(64, "generation batch size (prompts per generate call)")
     vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory (colocated with training)")
     vllm_max_model_len: int = _f(8192, "vLLM: max prompt + response tokens")
+    env_workers: str = _f("threads", "where the B x G environments run: threads (in the trainer's process) | "
+                          "processes (worker processes, one per core) | ray (Ray actors, `ray` extra); "
+                          "see benchmarks/results/env_workers.json")
 
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("hf", "vllm"))
+        _check_choice("rollout.env_workers", self.env_workers, tuple(ENV_WORKERS))
         _check_positive("rollout.tasks_per_step", self.tasks_per_step)
         _check_positive("rollout.group_size", self.group_size)
         _check_positive("rollout.max_new_tokens", self.max_new_tokens)
