@@ -37,83 +37,20 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd import credit
+from agentgym_opsd.evaluation.credit_quality import (
+    DEFAULT_HORIZON_EDGES,
+    TurnScore,
+    summarise,
+    turn_label,
+)
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
-from agentgym_opsd.rollout import PROGRESS, WASTED, turn_progress
+from agentgym_opsd.rollout import PROGRESS
 from agentgym_opsd.trainer.advantages import batch_advantages
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior",
               "agentopsd-token", "gigpo", "agentopsd+gigpo")
-DEFAULT_HORIZON_EDGES = (4, 7)
-"""Trajectory-length buckets: ≤ 4 turns, 5–7, ≥ 8 (ALFWorld `easy` plans take 3–8 steps, `cpu-learn` caps
-episodes at 10 turns)."""
-
-
-# ---- the metric ------------------------------------------------------------------------------------------------
-def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
-    """P(a positive scores above a negative) + ½ P(tie): the Mann–Whitney AUC; NaN when a side is empty."""
-    if not len(positive) or not len(negative):
-        return math.nan
-    pos, neg = np.asarray(positive, dtype=np.float64), np.sort(np.asarray(negative, dtype=np.float64))
-    below = np.searchsorted(neg, pos, side="left")  # negatives strictly below each positive
-    ties = np.searchsorted(neg, pos, side="right") - below
-    return float((below.sum() + 0.5 * ties.sum()) / (len(pos) * len(neg)))
-
-
-turn_label = turn_progress  # the one rule (agentgym_opsd.rollout), shared with the inspector
-
-
-@dataclass
-class TurnScore:
-    """One turn row: its trajectory's outcome and length, its label, A_seq and each estimator's multiplier."""
-
-    won: bool
-    horizon: int
-    label: str | None
-    valid: bool
-    seq_advantage: float
-    multiplier: dict[str, float] = field(default_factory=dict)
-
-
-def horizon_bucket(horizon: int, edges: Sequence[int]) -> str:
-    lo = 1
-    for edge in edges:
-        if horizon <= edge:
-            return f"{lo}-{edge}"
-        lo = edge + 1
-    return f"{lo}+"
-
-
-def split_auc(scores: Sequence[TurnScore], estimator: str, *, won: bool) -> tuple[float, int, int]:
-    """(AUC, progress turns, wasted turns) in won (progress should score higher) or lost trajectories
-    (wasted should score higher: a larger multiplier on a negative A_seq is more blame)."""
-    rows = [s for s in scores if s.won == won and s.label is not None and estimator in s.multiplier]
-    prog = [s.multiplier[estimator] for s in rows if s.label == PROGRESS]
-    waste = [s.multiplier[estimator] for s in rows if s.label == WASTED]
-    value = auc(prog, waste) if won else auc(waste, prog)
-    return value, len(prog), len(waste)
-
-
-def summarise(scores: Sequence[TurnScore], estimators: Sequence[str] = ESTIMATORS,
-              horizon_edges: Sequence[int] = DEFAULT_HORIZON_EDGES) -> dict[str, Any]:
-    """AUCs per estimator: all turns, valid turns only, and by horizon bucket; plus the counts behind them."""
-    buckets = sorted({horizon_bucket(s.horizon, horizon_edges) for s in scores}, key=lambda b: int(b.split("-")[0].rstrip("+")))
-    out: dict[str, Any] = {"estimators": {}, "buckets": buckets}
-    valid = [s for s in scores if s.valid]
-    for name in estimators:
-        entry: dict[str, Any] = {}
-        for outcome, won in (("success", True), ("failure", False)):
-            value, n_prog, n_waste = split_auc(scores, name, won=won)
-            entry[outcome] = {"auc": value, "progress": n_prog, "wasted": n_waste,
-                              "auc_valid_only": split_auc(valid, name, won=won)[0]}
-            entry[f"{outcome}_by_horizon"] = {
-                b: dict(zip(("auc", "progress", "wasted"),
-                            split_auc([s for s in scores if horizon_bucket(s.horizon, horizon_edges) == b], name,
-                                      won=won), strict=True))
-                for b in buckets}
-        out["estimators"][name] = entry
-    return out
 
 
 # ---- rollouts and credit ---------------------------------------------------------------------------------------
@@ -178,17 +115,14 @@ def collect(trainer: Any, policy: Any, *, num_tasks: int, group_size: int, first
 
 def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[str] = ESTIMATORS) -> list[TurnScore]:
     """Every estimator's per-turn multiplier Ã_k / A_seq on the same rows (teacher pass: forward only)."""
-    from agentgym_opsd.trainer.logprobs import prefix_shared_response_logprobs
-
-    a, o = trainer.cfg.algorithm, trainer.cfg.optim
+    a = trainer.cfg.algorithm
     batch = trainer.score(trajs)
     rows = batch.rows
     if all(len(r.sample_logprobs) == len(r.response_ids) for r in rows):
         student = [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in rows]  # π_old as the trainer
     else:  # scripted replies carry no log-probs: a student pass (prompts share the system message: cache it)
-        student = prefix_shared_response_logprobs(trainer.model, [r.prompt_ids for r in rows], [r.response_ids for r in rows],
-                                            pad_id=trainer.tokenizer.pad_token_id, temperature=trainer.cfg.rollout.temperature,
-                                            max_tokens=o.micro_batch_tokens, max_rows=o.micro_batch_rows)
+        student = trainer.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
+                                           shared_prefix=True)
     teacher = trainer.teacher_logprobs(batch, student)
     gaps = [t - s for t, s in zip(teacher, student, strict=True)]
     evidence = torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64)
@@ -251,7 +185,7 @@ def run_policy(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_si
     for context in contexts:
         trainer.cfg.teacher.context = context
         context_scores = credit_scores(trainer, trajs)
-        by_context[context] = summarise(context_scores, horizon_edges=horizon_edges)
+        by_context[context] = summarise(context_scores, ESTIMATORS, horizon_edges=horizon_edges)
         scores = scores or context_scores
     t2 = time.perf_counter()
     run = PolicyRun(name, num_tasks, group_size, episodes=len(trajs),

@@ -32,7 +32,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.files import atomic_write_text
 from agentgym_opsd.trainer.experiments import BeforeSpec, ExperimentRunner, RunSpec, load_results
 
 RESULTS = Path(__file__).parent / "results"
@@ -104,14 +106,35 @@ def summarize(results: list[dict]) -> dict:
             "rl_minutes": sum(r["rl_minutes"] for r in rows) / len(rows),
             "lost_rows_positive": sum(r["failed_rows_positive"] for r in rows),
             "lost_rows": sum(r["failed_rows"] for r in rows),
+            "credit_auc": _mean_auc(rows),
         }
     return table
+
+
+def _mean_auc(rows: list[dict]) -> dict[str, float | None]:
+    """The credit-quality AUC of the arm's own rollouts (valid turns), mean over the seeds that have one."""
+    out: dict[str, float | None] = {}
+    for outcome in ("success", "failure"):
+        values = [r["credit_auc"][outcome]["auc"] for r in rows
+                  if r.get("credit_auc") and r["credit_auc"][outcome]["auc"] is not None]
+        out[outcome] = sum(values) / len(values) if values else None
+    return out
+
+
+def backfill_credit_auc(runs_dir: Path) -> None:
+    """Result files written before `credit_auc` existed get it from their run's records, when still there."""
+    for path in STUDY.rglob("*.json"):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if "credit_auc" in result or not (runs_dir / result["name"] / "credit").is_dir():
+            continue
+        result["credit_auc"] = run_credit_auc(runs_dir / result["name"])
+        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
 
 
 def report(table: dict, results: list[dict]) -> None:
     t = Table(title="The study: success after RL (mean over seeds; [pooled-episode 95% CI])")
     for col in ("env / arm", "seeds", "pool before -> after", "held-out before -> after", "paired vs GRPO (held-out)",
-                "invalid after", "RL min"):
+                "invalid after", "credit AUC won / lost", "RL min"):
         t.add_column(col, justify="right")
     for name, a in table.items():
         p, v = a["pool_after"], a["valid_after"]
@@ -122,12 +145,17 @@ def report(table: dict, results: list[dict]) -> None:
                   f"{100 * a['valid_before']:.1f} -> {100 * v['mean']:.1f} [{100 * v['episodes_ci'][0]:.0f}, "
                   f"{100 * v['episodes_ci'][1]:.0f}]",
                   " ".join(f"{100 * d:+.0f}" for d in diffs) if a["arm"] != "grpo" else "-",
-                  f"{100 * a['invalid_after']:.1f}%", f"{a['rl_minutes']:.0f}")
+                  f"{100 * a['invalid_after']:.1f}%", " / ".join(_f2(a["credit_auc"][k]) for k in ("success", "failure")),
+                  f"{a['rl_minutes']:.0f}")
     Console().print(t)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "study.json").write_text(json.dumps(table, indent=2) + "\n")
     if results:
         plot(table, results)
+
+
+def _f2(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def plot(table: dict, results: list[dict]) -> None:
@@ -185,6 +213,7 @@ def main() -> None:
         failed = runner.run(specs)
         if failed:
             print(f"failed: {failed}; re-run to retry them")
+    backfill_credit_auc(Path(args.out))
     results = load_results(STUDY)
     report(summarize(results), results)
 

@@ -1,5 +1,6 @@
-"""benchmarks/bench_credit_quality.py: the AUC helper by hand (ties included), turn labels, the summary, and a
-tiny end-to-end run (noisy oracle on ALFWorld, tiny random model, seconds)."""
+"""Credit quality (`agentgym_opsd.evaluation.credit_quality`, `benchmarks/bench_credit_quality.py`): the AUC
+helper by hand (ties included), turn labels, the summary, a run's own records, and a tiny end-to-end run
+(noisy oracle on ALFWorld, tiny random model, seconds)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.records import Turn
+from agentgym_opsd.evaluation import credit_quality as cq
+from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_credit_quality.py"
 _spec = importlib.util.spec_from_file_location("bench_credit_quality", _PATH)
@@ -30,13 +32,13 @@ _spec.loader.exec_module(bcq)
     ([0.5] * 4, [0.5] * 3, 0.5),  # all tied: GRPO's constant multiplier
 ])
 def test_auc_by_hand(pos: list[float], neg: list[float], expected: float) -> None:
-    assert bcq.auc(pos, neg) == pytest.approx(expected)
-    assert bcq.auc(neg, pos) == pytest.approx(1.0 - expected)  # swapping the sides mirrors it
+    assert cq.auc(pos, neg) == pytest.approx(expected)
+    assert cq.auc(neg, pos) == pytest.approx(1.0 - expected)  # swapping the sides mirrors it
 
 
 def test_auc_of_an_empty_side_is_nan() -> None:
-    assert math.isnan(bcq.auc([], [1.0]))
-    assert math.isnan(bcq.auc([1.0], []))
+    assert math.isnan(cq.auc([], [1.0]))
+    assert math.isnan(cq.auc([1.0], []))
 
 
 def _turn(before: int | None, after: int | None, valid: bool = True, recorded: bool = True) -> Turn:
@@ -45,31 +47,31 @@ def _turn(before: int | None, after: int | None, valid: bool = True, recorded: b
 
 
 def test_turn_labels() -> None:
-    assert bcq.turn_label(_turn(3, 2)) == bcq.PROGRESS
-    assert bcq.turn_label(_turn(3, 3)) == bcq.WASTED
-    assert bcq.turn_label(_turn(3, 4)) == bcq.WASTED
-    assert bcq.turn_label(_turn(3, 3, valid=False)) == bcq.WASTED
-    assert bcq.turn_label(_turn(1, None)) == bcq.WASTED  # a wrong final answer: the goal is out of reach
-    assert bcq.turn_label(_turn(1, 0)) == bcq.PROGRESS
-    assert bcq.turn_label(_turn(0, 0, recorded=False)) is None
+    assert cq.turn_label(_turn(3, 2)) == cq.PROGRESS
+    assert cq.turn_label(_turn(3, 3)) == cq.WASTED
+    assert cq.turn_label(_turn(3, 4)) == cq.WASTED
+    assert cq.turn_label(_turn(3, 3, valid=False)) == cq.WASTED
+    assert cq.turn_label(_turn(1, None)) == cq.WASTED  # a wrong final answer: the goal is out of reach
+    assert cq.turn_label(_turn(1, 0)) == cq.PROGRESS
+    assert cq.turn_label(_turn(0, 0, recorded=False)) is None
 
 
 def test_horizon_buckets() -> None:
-    assert [bcq.horizon_bucket(h, (4, 7)) for h in (1, 4, 5, 7, 8, 50)] == ["1-4", "1-4", "5-7", "5-7", "8+", "8+"]
+    assert [cq.horizon_bucket(h, (4, 7)) for h in (1, 4, 5, 7, 8, 50)] == ["1-4", "1-4", "5-7", "5-7", "8+", "8+"]
 
 
 def test_summary_signs_and_grpo() -> None:
     """In won trajectories progress should get the larger multiplier, in lost ones the wasted turns."""
-    S = bcq.TurnScore
+    S = cq.TurnScore
     scores = [
-        S(True, 3, bcq.PROGRESS, True, 1.0, {"grpo": 1.0, "good": 1.2, "bad": 0.8}),
-        S(True, 3, bcq.WASTED, True, 1.0, {"grpo": 1.0, "good": 0.8, "bad": 1.2}),
-        S(False, 9, bcq.PROGRESS, True, -1.0, {"grpo": 1.0, "good": 0.8, "bad": 1.2}),
-        S(False, 9, bcq.WASTED, False, -1.0, {"grpo": 1.0, "good": 1.2, "bad": 0.8}),
+        S(True, 3, cq.PROGRESS, True, 1.0, {"grpo": 1.0, "good": 1.2, "bad": 0.8}),
+        S(True, 3, cq.WASTED, True, 1.0, {"grpo": 1.0, "good": 0.8, "bad": 1.2}),
+        S(False, 9, cq.PROGRESS, True, -1.0, {"grpo": 1.0, "good": 0.8, "bad": 1.2}),
+        S(False, 9, cq.WASTED, False, -1.0, {"grpo": 1.0, "good": 1.2, "bad": 0.8}),
         S(False, 9, None, True, -1.0, {"grpo": 1.0, "good": 5.0, "bad": 5.0}),  # unlabelled: ignored
-        S(True, 3, bcq.PROGRESS, True, 0.0, {}),  # A_seq = 0: no multiplier, ignored
+        S(True, 3, cq.PROGRESS, True, 0.0, {}),  # A_seq = 0: no multiplier, ignored
     ]
-    s = bcq.summarise(scores, ("grpo", "good", "bad"), horizon_edges=(4, 7))
+    s = cq.summarise(scores, ("grpo", "good", "bad"), horizon_edges=(4, 7))
     e = s["estimators"]
     assert e["grpo"]["success"]["auc"] == 0.5 and e["grpo"]["failure"]["auc"] == 0.5
     assert e["good"]["success"]["auc"] == 1.0 and e["good"]["failure"]["auc"] == 1.0
@@ -107,3 +109,29 @@ def test_tiny_run_end_to_end(tmp_path, fresh_cache_dir) -> None:
     json.dumps(run.summary)  # the JSON record takes it as is
     table = bcq.format_table(run)
     assert "agentopsd+gigpo" in table
+
+
+def test_a_runs_own_records_give_the_auc_of_its_valid_turns(tmp_path) -> None:
+    """`scores_from_run` joins trajectories and credit lines by trajectory and turn; invalid turns (their Ã
+    carries the penalty push) and A_seq = 0 trajectories are left out; the multiplier is Ã_k / A_seq."""
+    won = Trajectory("e", "t0", "x", 0, 0, 0, turns=[_turn(3, 2), _turn(2, 2), _turn(2, 1, valid=False)], won=True)
+    lost = Trajectory("e", "t0", "x", 0, 1, 1, turns=[_turn(3, 3), _turn(3, 2)])
+    flat = Trajectory("e", "t1", "x", 1, 2, 2, turns=[_turn(3, 3)])
+    save_jsonl([won, lost, flat], tmp_path / "trajectories" / "step_000001.jsonl")
+    lines = [
+        {"estimator": "agentopsd", "traj_id": 0, "seq_advantage": 1.0,
+         "turns": [{"turn": 0, "advantage": 1.2}, {"turn": 1, "advantage": 0.8}, {"turn": 2, "advantage": 5.0}]},
+        {"estimator": "agentopsd", "traj_id": 1, "seq_advantage": -1.0,
+         "turns": [{"turn": 0, "advantage": -1.2}, {"turn": 1, "advantage": -0.8}]},
+        {"estimator": "agentopsd", "traj_id": 2, "seq_advantage": 0.0, "turns": [{"turn": 0, "advantage": 0.0}]},
+    ]
+    (tmp_path / "credit").mkdir()
+    (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    estimator, scores = cq.scores_from_run(tmp_path)
+    assert estimator == "agentopsd" and len(scores) == 4
+    assert sorted(s.multiplier["agentopsd"] for s in scores) == pytest.approx([0.8, 0.8, 1.2, 1.2])
+    result = cq.run_credit_auc(tmp_path)
+    assert result is not None
+    assert result["success"] == {"auc": 1.0, "progress": 1, "wasted": 1}  # progress got the larger share
+    assert result["failure"] == {"auc": 1.0, "progress": 1, "wasted": 1}  # the wasted turn the larger blame
+    assert cq.run_credit_auc(tmp_path / "missing") is None

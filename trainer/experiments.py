@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
 
@@ -93,8 +94,9 @@ def _rate(metrics: dict[str, Any], prefix: str) -> dict[str, Any] | None:
 
 
 def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
-    """Before / after (held-out `val` and `pool`, with Wilson intervals), the per-step numbers and the credit
-    check of a finished run; None while it has no validation after its last step."""
+    """Before / after (held-out `val` and `pool`, with Wilson intervals), the per-step numbers, the credit
+    check and the credit-quality AUC of the run's own rollouts (`run_credit_auc`) of a finished run; None while
+    it has no validation after its last step."""
     lines = read_metrics(run_dir)
     steps = [m for m in lines if "seconds_update" in m]
     after = next((m for m in reversed(lines) if "val/success_rate" in m and m.get("step", 0) > 0), None)
@@ -108,6 +110,7 @@ def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
                           for m in steps) / 60,
         "per_step": [{k: m.get(k) for k in PER_STEP_KEYS} for m in steps],
         **credit_check(run_dir),
+        "credit_auc": run_credit_auc(run_dir),
     }
 
 
