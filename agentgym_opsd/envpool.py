@@ -18,6 +18,7 @@ import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -204,11 +205,10 @@ class EnvPool(BaseEnvPool):
 
     # ---- internals -------------------------------------------------------------------------------------
     def _reset(self, calls: dict[int, TaskSpec]) -> dict[int, StepResult]:
-        return self._run({i: (lambda i=i, task=task: self._reset_one(i, task)) for i, task in calls.items()},
-                         what="reset")
+        return self._run({i: partial(self._reset_one, i, task) for i, task in calls.items()}, what="reset")
 
     def _step(self, actions: dict[int, str]) -> dict[int, StepResult]:
-        return self._run({i: (lambda i=i, a=a: self._step_one(i, a)) for i, a in actions.items()}, what="step")
+        return self._run({i: partial(self._step_one, i, a) for i, a in actions.items()}, what="step")
 
     def _reset_one(self, index: int, task: TaskSpec) -> StepResult:
         observation, info = self.env(index).reset(seed=task.seed, options=dict(task.options))

@@ -18,9 +18,15 @@ whatever the writing library raised (safetensors and torch.save wrap or lose the
 
 Several processes (data parallel): `save_checkpoint` is collective. Rank 0 picks the temporary folder and
 tells the others, every rank writes its part (`save_model` gathers ZeRO-3 weights, `save_extra` writes the
-DeepSpeed shards), a barrier, then rank 0 alone writes the trainer state (with every rank's RNG state), the
-manifest and the marker and renames; a last barrier keeps any rank from moving on before the checkpoint is
-in place. The output folder must be one filesystem that all ranks see.
+DeepSpeed shards; rank 0 also the trainer state, with every rank's RNG state) and reports how it went on
+a status board (`Ranks.board`; the trainer's is the rendezvous store, outside the sequence of collectives).
+Only when every rank reported success does rank 0 write the manifest and the marker and rename, then it
+reports that too; the others wait for that report before moving on. When any rank fails, every rank
+raises the same `CheckpointSaveError`, naming the rank that failed first and why, and nothing is put in
+place: the latest complete checkpoint stays what `--resume auto` picks. A rank that fails leaves the process
+group right after its report (`Ranks.abort`), so a rank waiting for it in a collective (DeepSpeed's, inside
+`save_extra`) fails at once and reads the report, instead of waiting for the group's timeout; a rank that
+stays silent is named after `Ranks.timeout_s`. The output folder must be one filesystem that all ranks see.
 
 What is trusted on resume: our own `trainer_state.pt` is read with `torch.load(weights_only=True)` (tensors
 and plain data; anything else is refused) and the weights are safetensors. DeepSpeed's ZeRO > 0 files
@@ -33,26 +39,33 @@ trusted exactly as much as whoever can write to it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
+import logging
+import math
 import os
 import pickle
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from agentgym_opsd.files import is_disk_full
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "CheckpointError",
+    "CheckpointSaveError",
     "RUN_MARKERS",
     "check_run_folder",
     "TrainerState",
@@ -65,6 +78,8 @@ __all__ = [
     "prune_checkpoints",
     "verify_manifest",
     "Ranks",
+    "SAVE_TIMEOUT_S",
+    "StatusBoard",
     "MANIFEST",
 ]
 
@@ -76,17 +91,64 @@ _PREFIX = "step_"
 _PICKLED_UNDER = ("deepspeed/",)  # loaded by DeepSpeed with weights_only=False: hashed and checked
 
 
+SAVE_TIMEOUT_S = 1800.0
+"""How long a rank waits for another's report during a save before naming it silent: torch's default
+process-group timeout, so a save waits no longer than a collective would."""
+
+
+class StatusBoard(Protocol):
+    """Messages between the ranks of a save, outside the sequence of collectives: a rank can report a failure
+    while the others wait in a collective it will never join, and reading never pairs up with a collective
+    of another rank. The trainer's is `engine.StoreBoard` (the rendezvous store)."""
+
+    def post(self, key: str, value: str) -> None:
+        """Publish `value` under `key` to every rank."""
+        ...
+
+    def read(self, keys: Sequence[str], timeout_s: float) -> list[str | None]:
+        """The values under `keys`, waiting up to `timeout_s` for all of them; None for a key not posted by then."""
+        ...
+
+
 @dataclass(frozen=True)
 class Ranks:
     """How a collective save talks to the other processes (a single process needs none of it)."""
 
     rank: int = 0
-    barrier: Callable[[], None] = lambda: None
-    broadcast: Callable[[Any], Any] = lambda obj: obj  # rank 0's value, on every rank
+    world_size: int = 1
+    broadcast: Callable[[Any], Any] = lambda obj: obj
+    """Rank 0's value, on every rank (a collective: all ranks call it together, at the start of the save)."""
+    board: StatusBoard | None = None
+    """Where each rank reports how its part went; required with more than one rank."""
+    abort: Callable[[], None] = lambda: None
+    """Called before a rank raises a failed save: leave the process group, so that a rank waiting for this one
+    in a collective fails now instead of at the group's timeout (a failed save ends the run)."""
+    timeout_s: float = SAVE_TIMEOUT_S
+    """Seconds to wait for another rank's report before naming it as silent."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"Ranks: rank {self.rank} is not one of 0..{self.world_size - 1} (world_size "
+                             f"{self.world_size})")
+        if self.world_size > 1 and self.board is None:
+            raise ValueError(f"Ranks: a save over {self.world_size} processes needs a board to report on "
+                             "(engine.checkpoint_ranks() gives the trainer's)")
+        if not 0 < self.timeout_s < math.inf:
+            raise ValueError(f"Ranks.timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used (missing or corrupt files), with the path and the reason."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save over several processes that failed on some rank, raised on every rank alike. `failed` maps
+    each rank that failed (or stayed silent) to why, the one that failed first first; the message names them
+    and the checkpoint that is still the latest. Nothing was put in place."""
+
+    def __init__(self, message: str, failed: dict[int, str]) -> None:
+        super().__init__(message)
+        self.failed = failed
 
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "warm_start")
@@ -234,20 +296,16 @@ def save_checkpoint(
 
     `save_model(folder)` writes the weights (save_pretrained); `save_extra(folder)` may add files
     (e.g. the DeepSpeed engine checkpoint) before the folder is sealed. With `ranks` every process calls
-    this (both callbacks run on every rank; rank 0 writes the rest), see the module docstring.
+    this (both callbacks run on every rank; rank 0 writes the rest), see the module docstring; a failure on
+    any rank is then a `CheckpointSaveError` on every rank.
     """
     ranks = ranks or Ranks()
     main = ranks.rank == 0
     root = Path(checkpoints_dir)
     final = root / f"{_PREFIX}{state.step:06d}"
-    tmp_name = None
-    if main:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f".tmp-{_PREFIX}*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a crash during an earlier save
-        tmp_name = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root)).name
-    tmp = root / ranks.broadcast(tmp_name)
-    try:
+    tmp = root / _begin(ranks, root, final)
+
+    def write_part() -> None:
         save_model(tmp / "model")
         if save_extra is not None:
             save_extra(tmp)
@@ -259,31 +317,166 @@ def save_checkpoint(
                     "rank_rng": state.rank_rng,
                 }, fh)
             (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
-        ranks.barrier()  # every rank's files are on disk
-        if main:
-            write_manifest(tmp, state.step, state.world_size)
-            (tmp / COMPLETE).write_text(json.dumps({"step": state.step}), encoding="utf-8")
-            _fsync_tree(tmp)
-            if final.exists():  # a re-save of the same step (resume replayed it): replace
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            fd = os.open(root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+
+    def commit() -> None:  # rank 0, once every part is on disk
+        write_manifest(tmp, state.step, state.world_size)
+        (tmp / COMPLETE).write_text(json.dumps({"step": state.step}), encoding="utf-8")
+        _fsync_tree(tmp)
+        if final.exists():  # a re-save of the same step (resume replayed it): replace
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    try:
+        if ranks.world_size == 1:
+            _naming_a_full_disk(write_part, tmp, final)
+            _naming_a_full_disk(commit, tmp, final)
+        else:
+            _save_together(ranks, tmp, final, write_part, commit)
+    finally:
+        if main and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _begin(ranks: Ranks, root: Path, final: Path) -> str:
+    """Rank 0 removes what crashed saves left and makes the temporary folder; every rank gets its name, or
+    raises (CheckpointSaveError with several ranks) when rank 0 could not make it."""
+    made: tuple[str | None, str | None] = (None, None)  # (the folder's name, why there is none)
+    error = None
+    if ranks.rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(f".tmp-{_PREFIX}*"):
+                shutil.rmtree(stale, ignore_errors=True)  # left by a crash during an earlier save
+            made = (Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root)).name, None)
+        except OSError as exc:
+            error, made = exc, (None, _describe(exc))
+    name, why = ranks.broadcast(made)  # every rank is here: nobody waits in another collective
+    if why is None:
+        return name
+    if error is not None and ranks.world_size == 1:
+        raise error
+    raise CheckpointSaveError(f"checkpoint {final.name} was not saved: rank 0 could not create its folder in {root} "
+                              f"({why})", {0: why}) from error
+
+
+def _naming_a_full_disk(work: Callable[[], None], tmp: Path, final: Path) -> None:
+    """Run `work`; a full disk, however the writing library reported it (safetensors and torch.save wrap or
+    lose the errno), is raised as OSError(ENOSPC) naming the checkpoint."""
+    try:
+        work()
     except Exception as exc:
         plain = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-        if not plain and is_disk_full(exc, tmp if tmp.exists() else root):  # before the temporary folder is freed
+        if not plain and is_disk_full(exc, tmp if tmp.exists() else tmp.parent):  # before the folder is freed
             detail = " ".join(str(exc).split())[:200]
             raise OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {final.name} "
                           f"({type(exc).__name__}: {detail})", str(final)) from exc
         raise
-    finally:
-        if main and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    ranks.barrier()  # nobody moves on (or prunes, or resumes) before the checkpoint is in place
-    return final
+
+
+def _outcome(work: Callable[[], None], tmp: Path, final: Path) -> Exception | None:
+    """`work`'s exception (see `_naming_a_full_disk`), or None when it succeeded."""
+    try:
+        _naming_a_full_disk(work, tmp, final)
+    except Exception as exc:  # reported to every rank, then raised on every rank
+        return exc
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+_Failures = dict[int, tuple[float, str]]
+"""rank -> (when it failed, as time.time(); inf for a rank that never reported, why)."""
+
+
+def _report(why: str | None, at: float, failed: _Failures | None = None) -> str:
+    """A rank's report: success (`why` None) or why it failed, and when (to tell which rank failed first);
+    `failed`, when the failure is other ranks' (rank 0 did not commit because of them)."""
+    return json.dumps({"ok": why is None, "why": why, "at": at, "failed": failed})
+
+
+def _failures(ranks: Ranks, keys: dict[int, str]) -> _Failures:
+    """Read the reports under `keys` (rank -> key): the ranks that failed or did not report within
+    `ranks.timeout_s` (empty: all succeeded)."""
+    assert ranks.board is not None
+    try:
+        values = ranks.board.read(list(keys.values()), ranks.timeout_s)
+    except (RuntimeError, OSError) as exc:  # the board itself is gone (the process that hosts it died)
+        why = f"its report could not be read, the ranks lost contact ({_describe(exc)})"
+        return {r: (math.inf, why) for r in keys}
+    failed = {}
+    for r, value in zip(keys, values, strict=True):
+        if value is None:
+            failed[r] = (math.inf, f"did not report within {ranks.timeout_s:g} s (hung, or killed)")
+        elif (report := json.loads(value))["failed"]:  # the reporter failed because of these ranks
+            failed.update({int(k): (float(at), str(why)) for k, (at, why) in report["failed"].items()})
+        elif not report["ok"]:
+            failed[r] = (float(report["at"]), str(report["why"]))
+    return failed
+
+
+def _post(board: StatusBoard, key: str, value: str) -> None:
+    """Post, or log why not: a board that is gone (its host died) is reported by the reads that follow."""
+    try:
+        board.post(key, value)
+    except (RuntimeError, OSError) as exc:
+        log.warning("checkpoint: could not post %s (%s)", key, _describe(exc))
+
+
+def _summary(failed: _Failures) -> str:
+    (first, (_, why)), *rest = sorted(failed.items(), key=lambda item: item[1][0])
+    return f"rank {first} failed first ({why})" + "".join(f"; then rank {r} ({why})" for r, (_, why) in rest)
+
+
+def _save_together(ranks: Ranks, tmp: Path, final: Path, write_part: Callable[[], None],
+                   commit: Callable[[], None]) -> None:
+    """Every rank writes its part and reports it; rank 0 commits only when all succeeded, and reports that;
+    a failure anywhere raises CheckpointSaveError on every rank (see the module docstring)."""
+    board = ranks.board
+    assert board is not None
+    key = f"agentgym-opsd/checkpoint/{tmp.name}"  # the temporary folder's name is new for every save
+    others = [r for r in range(ranks.world_size) if r != ranks.rank]
+    started = time.time()
+    mine = _outcome(write_part, tmp, final)
+    at = time.time()
+    _post(board, f"{key}/written/{ranks.rank}", _report(None if mine is None else _describe(mine), at))
+    if mine is not None:
+        ranks.abort()  # a rank waiting for this one in a collective fails now, and reads the report
+    failed = _failures(ranks, {r: f"{key}/written/{r}" for r in others})
+    if mine is not None:
+        failed[ranks.rank] = (at, _describe(mine))
+    elif failed and at - started > ranks.timeout_s:  # the others may have stopped waiting for this rank
+        failed[ranks.rank] = (started + ranks.timeout_s, f"took {at - started:.0f} s to write its part, past the "
+                                                         f"save timeout of {ranks.timeout_s:g} s")
+    if ranks.rank == 0:
+        if not failed:
+            mine = _outcome(commit, tmp, final)
+            if mine is not None:
+                failed[0] = (time.time(), f"could not put the checkpoint in place: {_describe(mine)}")
+        why = None if not failed else failed[0][1] if 0 in failed else f"did not commit: {_summary(failed)}"
+        _post(board, f"{key}/committed", _report(why, time.time(), None if 0 in failed else failed))
+        # rank 0 may host the board: it stays until every rank that reported has read the outcome
+        with contextlib.suppress(RuntimeError, OSError):  # a board that is gone has no reader left to wait for
+            board.read([f"{key}/done/{r}" for r in others if r not in failed], ranks.timeout_s)
+    else:
+        if not failed:
+            failed = _failures(ranks, {0: f"{key}/committed"})
+        _post(board, f"{key}/done/{ranks.rank}", "")
+    if failed:
+        ranks.abort()
+        latest = latest_checkpoint(final.parent)
+        kept = f"the latest complete checkpoint is still {latest.name}" if latest else "there is no complete one yet"
+        raise CheckpointSaveError(f"checkpoint {final.name} was not saved: {_summary(failed)}. Nothing was put in "
+                                  f"place; {kept}", {r: why for r, (_, why) in sorted(failed.items(),
+                                                                                     key=lambda x: x[1][0])}
+                                  ) from mine
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:

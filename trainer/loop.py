@@ -623,9 +623,8 @@ class Trainer:
                                   rng=rng, extra={"config": asdict(self.cfg)}, world_size=self.world,
                                   rank_rng=rank_rng)
         extra = (lambda d: self.engine.save_deepspeed_checkpoint(str(d / "deepspeed"))) if ds_zero else None
-        ranks = ckpt.Ranks(self.rank, dist.barrier, dist.broadcast_object)
         path = ckpt.save_checkpoint(self.ckpt_dir, state, save_model=self._save_shareable_model,
-                                    config_yaml=self.cfg.to_yaml(), save_extra=extra, ranks=ranks)
+                                    config_yaml=self.cfg.to_yaml(), save_extra=extra, ranks=dist.checkpoint_ranks())
         if self.is_main:
             ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
         dist.barrier()

@@ -3,11 +3,12 @@ policy server itself.
 
 - `bodies`: reading a JSON request body that cannot hurt the server (hostile bodies get a JSON 400/413);
 - `cli`: numeric command-line argument types and serving an app in the foreground;
+- `pool`: a server with a fixed pool of worker threads, refusing connections beyond its queue with 503;
 - `policy_batcher`: the policy server's scheduler (concurrent chat requests become batched generations);
 - `policy_server`: a local HF model behind an OpenAI-compatible API
   (`python -m agentgym_opsd.serving.policy_server MODEL`, or `agentgym-opsd serve-policy MODEL`).
 
-This package re-exports the shared helpers (`bodies` and `cli`), which need werkzeug only; the policy
+This package re-exports the shared helpers (`bodies`, `cli` and `pool`), which need werkzeug only; the policy
 server's modules (flask, a model) are imported only by those who name them.
 """
 
@@ -23,6 +24,8 @@ from agentgym_opsd.serving.cli import (
     positive_int,
     serve_until_interrupted,
 )
+from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
 
 __all__ = ["BodyError", "MAX_JSON_DEPTH", "non_negative_float", "non_negative_int", "number_type", "parse_json_text",
-           "port_number", "positive_float", "positive_int", "read_json_body", "serve_until_interrupted"]
+           "PooledWSGIServer", "port_number", "positive_float", "positive_int", "read_json_body",
+           "serve_until_interrupted", "WorkerPool"]

@@ -10,6 +10,8 @@ from typing import Any
 
 from werkzeug.serving import make_server
 
+from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
+
 __all__ = ["non_negative_float", "non_negative_int", "number_type", "port_number", "positive_float", "positive_int",
            "serve_until_interrupted"]
 
@@ -47,12 +49,16 @@ non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite n
 """argparse type: a finite number >= 0."""
 
 
-def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str],
-                            **server_kwargs: Any) -> None:
-    """Bind `host:port` (port 0 picks a free one), print `banner(url)` with the bound address, serve
-    threaded until interrupted, then close the socket. Werkzeug's server never runs its debugger,
-    whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
-    server = make_server(host, port, app, threaded=True, **server_kwargs)
+def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str], *,
+                            pool: WorkerPool | None = None, **server_kwargs: Any) -> None:
+    """Bind `host:port` (port 0 picks a free one), print `banner(url)` with the bound address, serve until
+    interrupted, then close the socket: with `pool`, on its fixed pool of workers (a connection beyond its
+    queue gets 503, `pool.PooledWSGIServer`), else on a thread per connection. Werkzeug's server never
+    runs its debugger, whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
+    if pool is not None:
+        server = PooledWSGIServer(host, port, app, pool, **server_kwargs)
+    else:
+        server = make_server(host, port, app, threaded=True, **server_kwargs)
     print(banner(f"http://{host}:{server.server_port}"), flush=True)
     try:
         server.serve_forever()

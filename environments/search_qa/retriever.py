@@ -9,8 +9,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import math
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -255,13 +257,20 @@ def shared_dense_retriever(index_dir: str | os.PathLike[str]) -> DenseRetriever:
 class HttpRetriever:
     """Client of a Search-R1 style `POST /retrieve` server (stdlib only). A long list of queries goes out in
     several requests, each within the server's default limits (`MAX_QUERIES_PER_REQUEST`,
-    `MAX_REQUEST_QUERY_CHARS`, `MAX_RESULTS_PER_REQUEST` passages = queries x topk)."""
+    `MAX_REQUEST_QUERY_CHARS`, `MAX_RESULTS_PER_REQUEST` passages = queries x topk). A server too busy to
+    queue a request answers 503 with `Retry-After`; the request is sent again after that many seconds (at
+    most `MAX_RETRY_AFTER_S`), up to `busy_retries` times."""
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+    MAX_RETRY_AFTER_S = 10.0
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0, busy_retries: int = 8) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
+        if busy_retries < 0:
+            raise ValueError(f"busy_retries must be >= 0, got {busy_retries}")
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.timeout_s = timeout_s
+        self.busy_retries = busy_retries
 
     def retrieve(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
         _check_topk(topk)
@@ -273,19 +282,37 @@ class HttpRetriever:
 
     def _retrieve_part(self, queries: list[str], topk: int) -> list[list[SearchHit]]:
         body = json.dumps({"queries": queries, "topk": topk, "return_scores": True}).encode("utf-8")
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload: Any = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise RetrievalError(f"{self.url} answered {exc.code}: {exc.read()[:300]!r}") from exc
-        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
-            raise RetrievalError(f"{self.url}: {exc}") from exc
+        payload = self._post(body)
         try:
             return [[SearchHit(Passage.from_contents(str(h["document"]["id"]), h["document"]["contents"]),
                                float(h.get("score", 0.0))) for h in hits] for hits in payload["result"]]
         except (KeyError, TypeError) as exc:
             raise RetrievalError(f"{self.url}: reply is not in /retrieve format ({exc})") from exc
+
+    def _post(self, body: bytes) -> Any:
+        """The decoded answer to `body`, sent again while the server answers 503 (busy), as it asks."""
+        retries = 0
+        while True:
+            request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                if exc.code != 503 or retries >= self.busy_retries:
+                    raise RetrievalError(f"{self.url} answered {exc.code}: {exc.read()[:300]!r}") from exc
+                retries += 1
+                time.sleep(_retry_after_s(exc.headers.get("Retry-After"), self.MAX_RETRY_AFTER_S))
+            except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
+                raise RetrievalError(f"{self.url}: {exc}") from exc
+
+
+def _retry_after_s(header: str | None, most_s: float) -> float:
+    """A `Retry-After` header in seconds, within [0, `most_s`]; 1 when it is missing or not a number."""
+    try:
+        seconds = float(header or 1)
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.0), most_s) if math.isfinite(seconds) else 1.0
 
 
 def _request_sized(queries: list[str], max_queries: int) -> list[list[str]]:

@@ -15,6 +15,13 @@ a missing or non-list `queries` or non-string queries get 400. The work one requ
 total, or more than `max_results` (10,240) passages in all (queries x topk) get 413. An unexpected failure
 is a JSON 500. It binds 127.0.0.1 by default and never runs Werkzeug's debugger, whatever FLASK_DEBUG says.
 
+Concurrency is bounded too (`agentgym_opsd.serving.pool`): `--workers` (32) threads answer requests, up to
+`--max-pending` (128) accepted connections wait for one, and a connection beyond that gets a JSON 503 with
+`Retry-After: 1` (`{"error", "limit": "max_pending", "max"}`) at once; `HttpRetriever` waits and retries.
+A flood of connections therefore never starts more threads than that, and requests waiting in the queue
+are answered once it drains (the fairness below holds among the requests being answered). Each connection carries one request (no keep-alive: an idle client would hold a
+worker).
+
 Fairness: a request is encoded `chunk_queries` (64) queries at a time through `retriever.EncodeBatcher`,
 which merges concurrent callers' texts (up to 64 a call) and takes the first chunk of any request before
 the later chunks of all (those in order of arrival: large requests run one after another, not
@@ -53,6 +60,7 @@ from agentgym_opsd.serving import (
     read_json_body,
     serve_until_interrupted,
 )
+from agentgym_opsd.serving.pool import WorkerPool
 
 __all__ = ["create_app", "main", "CHUNK_QUERIES", "DEFAULT_TOPK", "LimitError", "MAX_BODY_BYTES",
            "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS", "MAX_RESULTS_PER_REQUEST", "RetrieveLimits"]
@@ -237,6 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits.add_argument("--chunk-queries", type=positive_int, default=defaults.chunk_queries,
                         help=f"queries a request works on per turn, so small requests slip in between "
                              f"(default {defaults.chunk_queries})")
+    pool_defaults = WorkerPool()
+    concurrency = p.add_argument_group("concurrency (a connection beyond the queue: a JSON 503 with Retry-After)")
+    concurrency.add_argument("--workers", type=positive_int, default=pool_defaults.workers,
+                             help=f"threads answering requests, the most answered at once (default "
+                                  f"{pool_defaults.workers})")
+    concurrency.add_argument("--max-pending", type=positive_int, default=pool_defaults.max_pending,
+                             help=f"connections that may wait for a worker (default {pool_defaults.max_pending})")
     args = p.parse_args(argv)
     if not Path(args.index).is_dir():
         p.error(f"--index {args.index}: no such folder (build one with "
@@ -253,10 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--index {args.index}: {exc}")
     retriever.encode(["warm up"])  # load the encoder before the first request
     app = create_app(retriever, limits, num_passages=len(retriever.index))
+    pool = WorkerPool(workers=args.workers, max_pending=args.max_pending)
     serve_until_interrupted(app, args.host, args.port,
                             lambda url: f"serving {len(retriever.index)} passages of {args.index} on {url} "
                                         f"(per request: <= {limits.max_queries} queries, topk <= {limits.max_topk}, "
-                                        f"<= {limits.max_results} passages)")
+                                        f"<= {limits.max_results} passages; {pool.workers} workers, "
+                                        f"<= {pool.max_pending} waiting)", pool=pool)
     return 0
 
 
