@@ -265,10 +265,15 @@ class WarmStart:
             schedule = schedule[: ws.steps]
         policy.engine.set_lr(ws.lr)
         losses = []
-        for pick in tqdm(schedule, desc="warm start (SFT)", unit="step", disable=not cfg.trainer.progress):
+        every = max(len(schedule) // 10, 1)  # a log line per tenth: background runs have no progress bar
+        for k, pick in enumerate(tqdm(schedule, desc="warm start (SFT)", unit="step",
+                                      disable=not cfg.trainer.progress), start=1):
             losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
                                    max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
                                    device=policy.device))
+            if not cfg.trainer.progress and (k % every == 0 or k == len(schedule)):
+                log.info("warm start: SFT step %d / %d, loss %.3f, %.0f s", k, len(schedule),
+                         float(np.mean(losses[-every:])), time.perf_counter() - t0 - seconds_demos)
         policy.engine.set_lr(cfg.optim.lr)
         seconds_sft = time.perf_counter() - t0 - seconds_demos
         exact = math.nan
