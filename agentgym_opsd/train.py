@@ -9,7 +9,8 @@ Examples::
 
 Presets live in `agentgym_opsd/trainer/presets/` (`--list-presets`); `--print-config` shows the resolved
 config and exits. Unknown keys and bad values are errors that name the key. Exit status: 0 done, 2 a config
-or checkpoint error, 3 the output folder's disk filled up (one line says what was kept for `--resume auto`).
+or checkpoint error (with several processes, a save that failed on any rank: every rank names the rank that
+failed first), 3 the output folder's disk filled up (one line says what was kept for `--resume auto`).
 
 Several processes (data parallel; gloo on the CPU, nccl on GPUs, chosen from the training device)::
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this project never downloads weights
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    from agentgym_opsd.trainer.checkpoint import CheckpointError
+    from agentgym_opsd.trainer.checkpoint import CheckpointError, CheckpointSaveError
     from agentgym_opsd.trainer.config import ConfigError, available_presets, config_help, load_config
 
     if args.list_presets:
@@ -94,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lines = trainer.train()
     except Exception as exc:
-        if not is_disk_full(exc):
-            raise
-        return _report_disk_full(cfg.trainer.output_dir, exc)
+        if is_disk_full(exc):
+            return _report_disk_full(cfg.trainer.output_dir, exc)
+        if isinstance(exc, CheckpointSaveError):  # on every rank alike, naming the rank that failed first
+            logging.getLogger(__name__).debug("checkpoint save failed", exc_info=True)
+            print(f"checkpoint error: {exc}", file=sys.stderr)
+            return 2
+        raise
     finally:
         trainer.close()
     if not trainer.is_main:  # data parallel: rank 0 reports for all

@@ -23,10 +23,13 @@ a status board (`Ranks.board`; the trainer's is the rendezvous store, outside th
 Only when every rank reported success does rank 0 write the manifest and the marker and rename, then it
 reports that too; the others wait for that report before moving on. When any rank fails, every rank
 raises the same `CheckpointSaveError`, naming the rank that failed first and why, and nothing is put in
-place: the latest complete checkpoint stays what `--resume auto` picks. A rank that fails leaves the process
-group right after its report (`Ranks.abort`), so a rank waiting for it in a collective (DeepSpeed's, inside
-`save_extra`) fails at once and reads the report, instead of waiting for the group's timeout; a rank that
-stays silent is named after `Ranks.timeout_s`. The output folder must be one filesystem that all ranks see.
+place: the latest complete checkpoint stays what `--resume auto` picks. A rank that stays silent is named
+after `Ranks.timeout_s`. A rank whose own part failed raises after at most `REPORT_GRACE_S` (the trainer
+then exits): a rank blocked in a collective with it (DeepSpeed's, inside `save_extra`) is released only
+when its process exits (gloo: "Connection closed by peer"), or else at the process group's timeout, and
+then reads its report. (Destroying or aborting the process group does not release it: DeepSpeed holds
+references to the groups, and gloo closes its connections only when the last one goes.) The output
+folder must be one filesystem that all ranks see.
 
 What is trusted on resume: our own `trainer_state.pt` is read with `torch.load(weights_only=True)` (tensors
 and plain data; anything else is refused) and the weights are safetensors. DeepSpeed's ZeRO > 0 files
@@ -78,6 +81,7 @@ __all__ = [
     "prune_checkpoints",
     "verify_manifest",
     "Ranks",
+    "REPORT_GRACE_S",
     "SAVE_TIMEOUT_S",
     "StatusBoard",
     "MANIFEST",
@@ -94,6 +98,10 @@ _PICKLED_UNDER = ("deepspeed/",)  # loaded by DeepSpeed with weights_only=False:
 SAVE_TIMEOUT_S = 1800.0
 """How long a rank waits for another's report during a save before naming it silent: torch's default
 process-group timeout, so a save waits no longer than a collective would."""
+
+REPORT_GRACE_S = 10.0
+"""How long a rank that is leaving a failed save waits for the others to read its report (it may host the
+board), at most: it must leave soon, since its exit is what releases a rank blocked in a collective with it."""
 
 
 class StatusBoard(Protocol):
@@ -120,9 +128,6 @@ class Ranks:
     """Rank 0's value, on every rank (a collective: all ranks call it together, at the start of the save)."""
     board: StatusBoard | None = None
     """Where each rank reports how its part went; required with more than one rank."""
-    abort: Callable[[], None] = lambda: None
-    """Called before a rank raises a failed save: leave the process group, so that a rank waiting for this one
-    in a collective fails now instead of at the group's timeout (a failed save ends the run)."""
     timeout_s: float = SAVE_TIMEOUT_S
     """Seconds to wait for another rank's report before naming it as silent."""
 
@@ -402,19 +407,19 @@ def _report(why: str | None, at: float, failed: _Failures | None = None) -> str:
     return json.dumps({"ok": why is None, "why": why, "at": at, "failed": failed})
 
 
-def _failures(ranks: Ranks, keys: dict[int, str]) -> _Failures:
-    """Read the reports under `keys` (rank -> key): the ranks that failed or did not report within
-    `ranks.timeout_s` (empty: all succeeded)."""
-    assert ranks.board is not None
+def _failures(board: StatusBoard, keys: dict[int, str], timeout_s: float, *, silent_fails: bool = True) -> _Failures:
+    """Read the reports under `keys` (rank -> key): the ranks that failed, and (`silent_fails`) those that did
+    not report within `timeout_s` or could not be read. Empty: all that reported succeeded."""
     try:
-        values = ranks.board.read(list(keys.values()), ranks.timeout_s)
+        values = board.read(list(keys.values()), timeout_s)
     except (RuntimeError, OSError) as exc:  # the board itself is gone (the process that hosts it died)
         why = f"its report could not be read, the ranks lost contact ({_describe(exc)})"
-        return {r: (math.inf, why) for r in keys}
+        return {r: (math.inf, why) for r in keys} if silent_fails else {}
     failed = {}
     for r, value in zip(keys, values, strict=True):
         if value is None:
-            failed[r] = (math.inf, f"did not report within {ranks.timeout_s:g} s (hung, or killed)")
+            if silent_fails:
+                failed[r] = (math.inf, f"did not report within {timeout_s:g} s (hung, or killed)")
         elif (report := json.loads(value))["failed"]:  # the reporter failed because of these ranks
             failed.update({int(k): (float(at), str(why)) for k, (at, why) in report["failed"].items()})
         elif not report["ok"]:
@@ -442,19 +447,19 @@ def _save_together(ranks: Ranks, tmp: Path, final: Path, write_part: Callable[[]
     board = ranks.board
     assert board is not None
     key = f"agentgym-opsd/checkpoint/{tmp.name}"  # the temporary folder's name is new for every save
-    others = [r for r in range(ranks.world_size) if r != ranks.rank]
+    written = {r: f"{key}/written/{r}" for r in range(ranks.world_size) if r != ranks.rank}
     started = time.time()
     mine = _outcome(write_part, tmp, final)
     at = time.time()
     _post(board, f"{key}/written/{ranks.rank}", _report(None if mine is None else _describe(mine), at))
-    if mine is not None:
-        ranks.abort()  # a rank waiting for this one in a collective fails now, and reads the report
-    failed = _failures(ranks, {r: f"{key}/written/{r}" for r in others})
-    if mine is not None:
+    if mine is not None:  # leave soon (REPORT_GRACE_S): others' failures are named, the silent are not waited for
+        failed = _failures(board, written, min(ranks.timeout_s, REPORT_GRACE_S), silent_fails=False)
         failed[ranks.rank] = (at, _describe(mine))
-    elif failed and at - started > ranks.timeout_s:  # the others may have stopped waiting for this rank
-        failed[ranks.rank] = (started + ranks.timeout_s, f"took {at - started:.0f} s to write its part, past the "
-                                                         f"save timeout of {ranks.timeout_s:g} s")
+    else:
+        failed = _failures(board, written, ranks.timeout_s)
+        if failed and at - started > ranks.timeout_s:  # the others may have stopped waiting for this rank
+            failed[ranks.rank] = (started + ranks.timeout_s, f"took {at - started:.0f} s to write its part, past "
+                                                             f"the save timeout of {ranks.timeout_s:g} s")
     if ranks.rank == 0:
         if not failed:
             mine = _outcome(commit, tmp, final)
@@ -462,21 +467,20 @@ def _save_together(ranks: Ranks, tmp: Path, final: Path, write_part: Callable[[]
                 failed[0] = (time.time(), f"could not put the checkpoint in place: {_describe(mine)}")
         why = None if not failed else failed[0][1] if 0 in failed else f"did not commit: {_summary(failed)}"
         _post(board, f"{key}/committed", _report(why, time.time(), None if 0 in failed else failed))
-        # rank 0 may host the board: it stays until every rank that reported has read the outcome
+        # rank 0 may host the board: it stays until the ranks that reported have read the outcome (they wait
+        # for nothing else by now)
         with contextlib.suppress(RuntimeError, OSError):  # a board that is gone has no reader left to wait for
-            board.read([f"{key}/done/{r}" for r in others if r not in failed], ranks.timeout_s)
+            board.read([f"{key}/done/{r}" for r in written if r not in failed], min(ranks.timeout_s, REPORT_GRACE_S))
     else:
         if not failed:
-            failed = _failures(ranks, {0: f"{key}/committed"})
+            failed = _failures(board, {0: f"{key}/committed"}, ranks.timeout_s)
         _post(board, f"{key}/done/{ranks.rank}", "")
     if failed:
-        ranks.abort()
+        first_to_last = {r: why for r, (_, why) in sorted(failed.items(), key=lambda item: item[1][0])}
         latest = latest_checkpoint(final.parent)
         kept = f"the latest complete checkpoint is still {latest.name}" if latest else "there is no complete one yet"
         raise CheckpointSaveError(f"checkpoint {final.name} was not saved: {_summary(failed)}. Nothing was put in "
-                                  f"place; {kept}", {r: why for r, (_, why) in sorted(failed.items(),
-                                                                                     key=lambda x: x[1][0])}
-                                  ) from mine
+                                  f"place; {kept}", first_to_last) from mine
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:

@@ -44,7 +44,8 @@ from agentgym_opsd.trainer.config import DeepSpeedConfig, OptimConfig
 
 __all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "ensure_dist_env", "deepspeed_config",
            "init_distributed", "rank", "world_size", "is_main", "barrier", "all_reduce", "all_gather_objects",
-           "broadcast_object", "checkpoint_ranks", "leave_process_group", "StoreBoard", "innermost_optimizer", "skip_cpu_shm_op", "remove_stale_build_lock", "extension_build_dir"]
+           "broadcast_object", "checkpoint_ranks", "StoreBoard", "innermost_optimizer", "skip_cpu_shm_op",
+           "remove_stale_build_lock", "extension_build_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 class StoreBoard:
     """`checkpoint.StatusBoard` on the process group's rendezvous store (the key-value server every rank
     already talks to). Its messages are not collectives: a rank's report never pairs up with a collective
-    another rank waits in, and the store keeps answering after `leave_process_group` (this object holds it)."""
+    another rank waits in."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -288,24 +289,16 @@ class StoreBoard:
         return [self._store.get(k).decode() if self._store.check([k]) else None for k in keys]
 
 
-def leave_process_group() -> None:
-    """Destroy this process's process group at once (no collective). A rank waiting for this one in a gloo
-    collective fails right away ("Connection closed by peer") instead of at the group's timeout; with nccl
-    it fails at NCCL's watchdog timeout. Only for a run that ends: no collective works afterwards."""
-    if _dist():
-        torch.distributed.destroy_process_group()
-
-
 def checkpoint_ranks(timeout_s: float = ckpt.SAVE_TIMEOUT_S) -> ckpt.Ranks:
-    """How `checkpoint.save_checkpoint` reaches the other ranks: this process's rank, rank 0's broadcast,
-    reports on the rendezvous store, and leaving the group when a save fails (a single process: none)."""
+    """How `checkpoint.save_checkpoint` reaches the other ranks: this process's rank, rank 0's broadcast and
+    reports on the rendezvous store (a single process: none)."""
     if not (_dist() and world_size() > 1):
         return ckpt.Ranks()
     # The store the group was built on; torch exposes it only under this name (there since torch 1.8).
     from torch.distributed.distributed_c10d import _get_default_store
 
     return ckpt.Ranks(rank(), world_size(), broadcast_object, board=StoreBoard(_get_default_store()),
-                      abort=leave_process_group, timeout_s=timeout_s)
+                      timeout_s=timeout_s)
 
 
 def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig) -> dict[str, Any]:

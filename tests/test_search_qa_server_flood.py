@@ -1,0 +1,247 @@
+"""The retrieval server under a flood of connections (issue 22): a fixed pool of workers, a bounded queue,
+a JSON 503 with Retry-After beyond it, the same number of threads however many connect, and answers again
+once the flood is over; `HttpRetriever` waits out a 503 as told."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from search_qa_helpers import tiny_index as build_tiny_index
+
+from agentgym_opsd.environments.search_qa.data import Passage
+from agentgym_opsd.environments.search_qa.retriever import HttpRetriever, SearchHit
+from agentgym_opsd.environments.search_qa.serve import create_app
+from agentgym_opsd.serving import PooledWSGIServer, WorkerPool
+
+PASSAGE = Passage.from_contents("p1", "Title\nsome text")
+
+
+class HeldRetriever:
+    """Answers every query with PASSAGE once `release` is set; counts the calls that started."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def retrieve(self, queries: Sequence[str], topk: int) -> list[list[SearchHit]]:
+        with self._lock:
+            self.started += 1
+        assert self.release.wait(60), "the test never released the retriever"
+        return [[SearchHit(PASSAGE, 1.0)] for _ in queries]
+
+
+@contextlib.contextmanager
+def pooled(app: Any, pool: WorkerPool) -> Iterator[tuple[PooledWSGIServer, int]]:
+    """`app` on a pooled server on a free loopback port; yields (server, port)."""
+    server = PooledWSGIServer("127.0.0.1", 0, app, pool)
+    thread = threading.Thread(target=server.serve_forever, name="test-serve", daemon=True)
+    thread.start()
+    try:
+        yield server, server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def request_bytes(queries: list[str]) -> bytes:
+    body = json.dumps({"queries": queries, "topk": 1}).encode()
+    return (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def read_answer(sock: socket.socket, timeout_s: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """Read one HTTP answer to its end (the server closes every connection after one request)."""
+    sock.settimeout(timeout_s)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_a_flood_gets_503_beyond_the_queue_with_no_more_threads_and_the_server_answers_after(recwarn) -> None:
+    """2 workers, 3 waiting, 40 connections at once from one thread: the 2 in progress and those queued are
+    answered once the retriever is released, every other one gets a JSON 503 with Retry-After at once,
+    and the process runs no thread beyond the pool's (a thread per connection would have been 40)."""
+    pool = WorkerPool(workers=2, max_pending=3)
+    retriever = HeldRetriever()
+    threads_before = threading.active_count()
+    with pooled(create_app(retriever), pool) as (server, port):
+        pool_threads = threading.active_count() - threads_before
+        assert pool_threads == pool.workers + 2  # the workers, the refused-connection closer, serve_forever
+        flood = []
+        for i in range(40):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(request_bytes([f"q{i}"]))
+            flood.append(sock)
+        deadline = time.monotonic() + 30
+        # each connection held by a worker, queued or refused (the queue may have been full for a moment before
+        # the workers took their first two, so 1 to 3 wait now)
+        while retriever.started < pool.workers or retriever.started + server.pending() + server.refused < len(flood):
+            assert time.monotonic() < deadline, "the server never accepted the whole flood"
+            time.sleep(0.01)
+        assert 1 <= server.pending() <= pool.max_pending
+        # every refused connection has its answer already, while the workers are still held
+        busy, held = [], []
+        for sock in flood:
+            sock.settimeout(0.2)
+            try:
+                peeked = sock.recv(12, socket.MSG_PEEK)
+            except TimeoutError:
+                held.append(sock)
+                continue
+            (busy if b" 503" in peeked else held).append(sock)
+        assert threading.active_count() - threads_before == pool_threads, "the flood started threads"
+        assert len(busy) == server.refused == len(flood) - pool.workers - server.pending()
+        for sock in busy:
+            status, headers, body = read_answer(sock)
+            assert status == 503 and headers["retry-after"] == "1"
+            assert headers["content-type"] == "application/json"
+            reply = json.loads(body)
+            assert reply["limit"] == "max_pending" and reply["max"] == 3 and "busy" in reply["error"]
+        retriever.release.set()
+        for sock in held:  # in progress or queued: answered in full once the retriever is free
+            status, _, body = read_answer(sock)
+            assert status == 200, body
+            assert json.loads(body)["result"][0][0]["id"] == "p1"
+        assert retriever.started == len(held)
+        # the flood is over: the server answers as before, with the same threads
+        status, _, body = _post(port, ["after"])
+        assert status == 200 and json.loads(body)["result"][0][0]["id"] == "p1"
+        assert threading.active_count() - threads_before == pool_threads
+    assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
+
+
+def _post(port: int, queries: list[str]) -> tuple[int, dict[str, str], bytes]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(request_bytes(queries))
+    return read_answer(sock)
+
+
+def test_http_retriever_waits_out_a_503_and_gets_the_answer() -> None:
+    """1 worker held, 1 connection queued: the client's request is refused with 503, and answered when it
+    comes back after Retry-After (1 s), once the retriever is free."""
+    pool = WorkerPool(workers=1, max_pending=1)
+    retriever = HeldRetriever()
+    with pooled(create_app(retriever), pool) as (server, port):
+        blockers = []
+        for query, held in (("held", lambda: retriever.started == 1), ("queued", lambda: server.pending() == 1)):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(request_bytes([query]))
+            blockers.append(sock)
+            deadline = time.monotonic() + 30
+            while not held():
+                assert time.monotonic() < deadline, f"the {query!r} request never took its place"
+                time.sleep(0.01)
+        assert _post(port, ["refused"])[0] == 503
+        found: dict[str, Any] = {}
+        client = threading.Thread(target=lambda: found.update(
+            hits=HttpRetriever(f"http://127.0.0.1:{port}", busy_retries=5).retrieve(["client"], 1)))
+        assert server.refused == 1
+        t0 = time.monotonic()
+        client.start()
+        while server.refused < 2:  # the client's first attempt is refused while both places are taken
+            assert time.monotonic() - t0 < 30, "the client never came"
+            time.sleep(0.01)
+        retriever.release.set()
+        client.join(timeout=30)
+        assert found["hits"][0][0].passage.id == "p1"
+        assert time.monotonic() - t0 >= 0.9 and server.refused == 2  # it waited out the Retry-After, then got in
+        assert all(read_answer(sock)[0] == 200 for sock in blockers)
+    with pytest.raises(ValueError, match="busy_retries"):
+        HttpRetriever("http://127.0.0.1:1", busy_retries=-1)
+
+
+@pytest.mark.parametrize("kwargs", [{"workers": 0}, {"max_pending": True}, {"request_timeout_s": float("inf")},
+                                    {"linger_s": 0}])
+def test_worker_pool_refuses_settings_that_cannot_work(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=f"WorkerPool.{next(iter(kwargs))}"):
+        WorkerPool(**kwargs)
+
+
+# ------------------------------------------------------------------------------ the command line, end to end
+
+_SLOW_SERVER = """
+import sys, time
+from agentgym_opsd.environments.search_qa import retriever, serve
+from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
+
+
+def encode(texts):
+    if any(text.startswith("slow") for text in texts):
+        time.sleep(5)
+    return HashingEncoder().encode(texts)
+
+
+class SlowRetriever(retriever.DenseRetriever):
+    def __init__(self, folder):
+        super().__init__(folder, encoder=encode)
+
+
+retriever.DenseRetriever = SlowRetriever
+sys.exit(serve.main(sys.argv[1:]))
+"""
+
+
+def _threads(pid: int) -> int:
+    return int(re.search(r"^Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="counts threads through /proc")
+def test_serve_main_keeps_its_threads_under_a_flood(tmp_path: Path) -> None:
+    """`python -m ...search_qa.serve --workers 2 --max-pending 2`: 60 connections at once while both workers
+    are busy; the process's thread count does not grow, the excess gets 503, and it answers afterwards."""
+    _, folder = build_tiny_index(tmp_path)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_SERVER, "--index", str(folder), "--port", "0",
+                             "--workers", "2", "--max-pending", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert match and "2 workers" in line, f"no banner, got {line!r}"
+        port = int(match.group(1))
+        assert _post(port, ["warm"])[0] == 200  # whatever starts on a first request has started
+        baseline = _threads(proc.pid)
+        slow = []
+        for i in range(2):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            sock.sendall(request_bytes([f"slow {i}"]))
+            slow.append(sock)
+        flood = []  # the slow two hold both workers (or wait for them): at most 2 of these can be queued
+        for i in range(60):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            sock.sendall(request_bytes([f"flood {i}"]))
+            flood.append(sock)
+        most = _threads(proc.pid)
+        answers = [read_answer(sock)[0] for sock in flood]
+        most = max(most, _threads(proc.pid))
+        assert most <= baseline, f"{most} threads under the flood, {baseline} before"
+        assert answers.count(503) >= 60 - 2 and set(answers) <= {200, 503}
+        assert [read_answer(sock)[0] for sock in slow] == [200, 200]
+        assert _post(port, ["after"])[0] == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
