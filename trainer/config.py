@@ -43,6 +43,7 @@ __all__ = [
     "config_help",
     "load_config",
     "apply_overrides",
+    "parse_env_mix",
 ]
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -96,22 +97,65 @@ def _check_prompt_template(path: str) -> None:
         raise ConfigError(f"env.prompt_template: {path}: {exc}") from None
 
 
+MIX_SYNTAX = "SPEC[=WEIGHT],SPEC[=WEIGHT],... e.g. 'ALFWorld-v0:easy=0.5,WebShop-v0:train=0.5'"
+
+
+def parse_env_mix(text: str, *, key: str = "env.id", weighted: bool = True) -> list[tuple[str, float]]:
+    """`'ALFWorld-v0:easy=3,WebShop-v0:train=1'` -> `[('ALFWorld-v0:easy', 0.75), ('WebShop-v0:train', 0.25)]`:
+    the environment specs (each `Env-v0` or `Env-v0:split`, as `registry.parse_env_spec` reads it) with their
+    shares of the training tasks, normalised to sum 1. Weights are optional (equal shares), but then for none
+    of the entries; `weighted=False` (`env.val_id`) refuses them. A single spec is the one-environment case.
+    Errors name `key`."""
+    entries: list[tuple[str, float | None]] = []
+    for item in str(text).split(","):
+        spec, sep, raw = (part.strip() for part in item.partition("="))
+        if not spec:
+            raise ConfigError(f"{key}: empty environment in {text!r}; expected {MIX_SYNTAX}")
+        if not sep:
+            entries.append((spec, None))
+            continue
+        if not weighted:
+            raise ConfigError(f"{key}: {item.strip()!r} has a weight; list environments without weights "
+                              "(each is validated on its own)")
+        try:
+            weight = float(raw)
+        except ValueError:
+            raise ConfigError(f"{key}: the weight of {spec} is {raw!r}, not a number; expected {MIX_SYNTAX}") from None
+        if not (math.isfinite(weight) and weight > 0):
+            raise ConfigError(f"{key}: the weight of {spec} must be a finite number > 0 (leave the environment "
+                              f"out instead of weighting it 0), got {raw!r}")
+        entries.append((spec, weight))
+    specs = [spec for spec, _ in entries]
+    if len(set(specs)) != len(specs):
+        twice = sorted({s for s in specs if specs.count(s) > 1})
+        raise ConfigError(f"{key}: {', '.join(twice)} listed more than once in {text!r}")
+    given = [w is not None for _, w in entries]
+    if any(given) and not all(given):
+        raise ConfigError(f"{key}: give every environment a weight or none (equal shares), got {text!r}")
+    weights = [w if w is not None else 1.0 for _, w in entries]
+    return [(spec, w / sum(weights)) for spec, w in zip(specs, weights, strict=True)]
+
+
 def _check_registered_env(key: str, spec: str) -> None:
     from agentgym_opsd.registry import RegistryError, env_profile, parse_env_spec
 
     if not spec:
         return
-    try:
-        env_profile(parse_env_spec(spec)[0])
-    except RegistryError as exc:
-        raise ConfigError(f"{key}: {exc}") from None
+    for one, _ in parse_env_mix(spec, key=key, weighted=key == "env.id"):
+        try:
+            env_profile(parse_env_spec(one)[0])
+        except RegistryError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
 
 
 @dataclass
 class EnvConfig:
-    id: str = _f("ALFWorld-v0", "registered environment id, optionally with a split: 'ALFWorld-v0:easy'")
-    val_id: str = _f("", "environment (and split) for periodic validation; '' = id with split valid_seen "
-                         "when the environment has it, else id")
+    id: str = _f("ALFWorld-v0", "registered environment id, optionally with a split: 'ALFWorld-v0:easy'; several "
+                                "with weights train one policy on a mix: 'ALFWorld-v0:easy=0.5,WebShop-v0:train=0.5' "
+                                "(weights optional: equal shares; each environment keeps its own prompt, skills, "
+                                "penalty and turn budget, and the settings below apply to every one)")
+    val_id: str = _f("", "environment(s) (and split) for periodic validation, comma-separated for several; '' = "
+                         "each training environment with split valid_seen when it has it, else itself")
     max_turns: int = _f(0, "turn limit per episode (0 = the environment profile's)")
     history_turns: int = _f(-1, "past turns shown in the prompt (-1 = the environment profile's)")
     max_prompt_chars: int = _f(0, "bound on the user message; history is dropped first (0 = none)")
@@ -135,6 +179,16 @@ class EnvConfig:
         _check_nonneg("env.max_turns", self.max_turns)
         _check_nonneg("env.num_train_tasks", self.num_train_tasks)
         _check_positive("env.reward_scale", self.reward_scale)
+
+    @property
+    def mix(self) -> list[tuple[str, float]]:
+        """The training environments with their shares of the tasks (one entry for a single environment)."""
+        return parse_env_mix(self.id)
+
+    @property
+    def val_specs(self) -> list[str]:
+        """The environments `val_id` names ([] = derived from the training environments)."""
+        return [spec for spec, _ in parse_env_mix(self.val_id, key="env.val_id", weighted=False)] if self.val_id else []
 
 
 @dataclass
@@ -385,6 +439,12 @@ class Config:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     preset: str = _f("", "name of the preset this config came from (informational)")
+
+    def __post_init__(self) -> None:
+        if self.warm_start.enabled and len(self.env.mix) > 1:
+            raise ConfigError(f"env.id: the warm start plays one environment, {self.env.id!r} names "
+                              f"{len(self.env.mix)}; set warm_start.steps=0 and warm_start.epochs=0, or warm-start "
+                              "a one-environment run and start this one from its checkpoint (model.name_or_path)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

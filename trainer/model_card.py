@@ -41,7 +41,7 @@ def model_card(cfg: Config, *, step: int, metrics_path: Path) -> str:
         "library_name": "transformers",
         "pipeline_tag": "text-generation",
         "tags": ["agentgym-opsd", "reinforcement-learning", "llm-agent", cfg.algorithm.estimator,
-                 cfg.env.id.split(":")[0].split("/")[-1]],
+                 *(spec.split(":")[0].split("/")[-1] for spec, _ in cfg.env.mix)],
     }
     if "/" in base and not Path(base).exists():  # a hub id, not a local folder
         meta["base_model"] = base

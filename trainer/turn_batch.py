@@ -12,7 +12,8 @@ released code's 0/10 scale). The invalid-action penalty goes either into that re
 (`penalty_mode="turn"`, the released code, and `penalty_mode="outcome"`, where the trainer keeps it apart
 from the outcome advantage; `row_penalties`). `penalize="any"` penalises every invalid turn,
 `"format"` only replies without a parsable action (the released code lets a well-formed but inadmissible
-action waste its turn unpunished). The group success rate R̄ (the belief's prior) is the fraction of the group's
+action waste its turn unpunished). The penalty is one number, or one per trajectory (a mixed-environment
+step: each row is penalised by its own environment's value). The group success rate R̄ (the belief's prior) is the fraction of the group's
 trajectories that were won (`success_source="won"`, paper), or the group mean of the raw reward without
 the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
 
@@ -176,13 +177,28 @@ def anchor_key(traj: Trajectory, position: int) -> int:
     return int.from_bytes(digest, "big") >> 1  # fits int64
 
 
+Penalty = float | Sequence[float]
+"""The invalid-action penalty: one value for every trajectory, or one per trajectory (in trajectory order)."""
+
+
+def _per_trajectory(invalid_penalty: Penalty, num_trajectories: int) -> list[float]:
+    """The penalty of each trajectory; a per-trajectory sequence must have one value per trajectory."""
+    if isinstance(invalid_penalty, (int, float)):
+        return [invalid_penalty] * num_trajectories
+    values = list(invalid_penalty)
+    if len(values) != num_trajectories:
+        raise ValueError(f"invalid_penalty: {len(values)} values for {num_trajectories} trajectories")
+    return values
+
+
 def trajectory_rewards(
-    trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: float, penalize: str = "any"
+    trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: Penalty, penalize: str = "any"
 ) -> Tensor:
     """(trajectories,) `reward_scale * won - invalid_penalty * penalised turns` (float64)."""
+    penalties = _per_trajectory(invalid_penalty, len(trajectories))
     return torch.tensor(
-        [reward_scale * float(t.won) - invalid_penalty * sum(is_penalised(x, penalize) for x in t.turns)
-         for t in trajectories],
+        [reward_scale * float(t.won) - p * sum(is_penalised(x, penalize) for x in t.turns)
+         for t, p in zip(trajectories, penalties, strict=True)],
         dtype=torch.float64,
     )
 
@@ -206,7 +222,7 @@ def build_turn_batch(
     encode_prompt: PromptEncoder,
     teacher_messages: TeacherMessages | None,
     reward_scale: float = 1.0,
-    invalid_penalty: float = 0.0,
+    invalid_penalty: Penalty = 0.0,
     success_source: str = "won",
     penalty_mode: str = "trajectory",
     penalize: str = "any",
@@ -216,14 +232,16 @@ def build_turn_batch(
     `encode_prompt(messages)` must return the exact prompt ids generation used (the HF policy's
     `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or when it equals
     the student's prompt: no skill text, no hint) the row has no teacher prompt and its evidence is zero.
+    `invalid_penalty`: one value, or one per trajectory (each row gets its trajectory's).
     """
     if penalty_mode not in PENALTY_MODES:
         raise ValueError(f"penalty_mode must be one of {PENALTY_MODES}, got {penalty_mode!r}")
     if penalize not in PENALISED_KINDS:
         raise ValueError(f"penalize must be one of {sorted(PENALISED_KINDS)}, got {penalize!r}")
     per_turn = penalty_mode != "trajectory"
+    penalties = _per_trajectory(invalid_penalty, len(trajectories))
     rewards = trajectory_rewards(trajectories, reward_scale=reward_scale,
-                                 invalid_penalty=0.0 if per_turn else invalid_penalty, penalize=penalize)
+                                 invalid_penalty=0.0 if per_turn else penalties, penalize=penalize)
     rates = group_success_rates(trajectories, source=success_source, reward_scale=reward_scale)
     rows: list[TurnRow] = []
     row_traj: list[int] = []
@@ -246,9 +264,9 @@ def build_turn_batch(
                 response_ids=list(turn.response_token_ids),
                 sample_logprobs=list(turn.response_logprobs),
                 action_valid=turn.action_valid,
-                penalty=invalid_penalty if per_turn and is_penalised(turn, penalize) else 0.0,
+                penalty=penalties[ti] if per_turn and is_penalised(turn, penalize) else 0.0,
                 turn_reward=reward_scale * float(turn.reward),
-                turn_penalty=invalid_penalty if is_penalised(turn, penalize) else 0.0,
+                turn_penalty=penalties[ti] if is_penalised(turn, penalize) else 0.0,
                 anchor_key=anchor_key(traj, position),
             ))
             row_traj.append(ti)
@@ -297,9 +315,12 @@ def _num(x: float) -> float | None:
 
 
 def credit_lines(trajectories: Sequence[Trajectory], record: CreditRecord, *, estimator: str, step: int,
-                 token_text: list[list[str]] | None = None) -> list[dict[str, Any]]:
+                 token_text: list[list[str]] | None = None,
+                 env_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """One JSON object per trajectory (all of them, in order), keyed by `traj_id` and each turn's `turn`
-    index so it joins with `trajectories/step_N.jsonl`. Per turn: `evidence` e_k, the estimator's details
+    index so it joins with `trajectories/step_N.jsonl`; `env_id` says which environment the trajectory's rows
+    came from (`env_ids`, one per trajectory: the trainer's env spec, e.g. `ALFWorld-v0:easy`; else the
+    trajectory's registered id). Per turn: `evidence` e_k, the estimator's details
     (`prior` B_0, `belief` B_k, `delta_belief` ΔB_k, `weight` w_k; GiGPO's `step_return`, `step_advantage`,
     `anchor_size`) and `advantage` Ã_k (the mean over the turn's tokens: the value itself for a turn-level
     estimator, penalty term included). A token-level estimator adds `token_gaps` and `tokens` per turn."""
@@ -326,7 +347,7 @@ def credit_lines(trajectories: Sequence[Trajectory], record: CreditRecord, *, es
             turns.append(entry)
         rows = rows_of.get(ti, [])
         lines.append({"step": step, "estimator": estimator, "traj_id": traj.traj_id, "group_id": traj.group_id,
-                      "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,
+                      "env_id": env_ids[ti] if env_ids is not None else traj.env_id, "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,
                       "reward": _num(rewards[ti]), "seq_advantage": _num(seq[ti]),
                       "success_rate": _num(rates[rows[0]]) if rows else None, "turns": turns})
     return lines
