@@ -182,6 +182,16 @@ def call_counts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pa
                       padded_tokens=rows * new)
 
 
+def packed_call_counts(input_ids: torch.Tensor, cu_seq_lens: torch.Tensor, logit_positions: torch.Tensor) -> CallCounts:
+    """Counts of a packed forward call (`trainer/logprobs.py`'s update layout): rows laid end to end in
+    `input_ids` (1, T), row r spanning `cu_seq_lens[r]:cu_seq_lens[r + 1]`, each attending causally to its own
+    span; the LM head on `logit_positions` only. No padding, no cache."""
+    lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).tolist()
+    tokens = int(input_ids.numel())
+    return CallCounts(tokens=tokens, attn_pairs=sum(n * (n + 1) // 2 for n in lengths),
+                      head_positions=int(logit_positions.numel()), kv_tokens=tokens, padded_tokens=tokens)
+
+
 # ---- the machine ----------------------------------------------------------------------------------------------
 def measure_peak_flops(sizes: Sequence[int], repeats: int) -> dict[str, float]:
     """Best fp32 `torch.mm` FLOP/s per size (2 n^3 FLOPs) at the current torch thread count."""
@@ -292,7 +302,11 @@ class ForwardMeter:
         ids = kwargs.get("input_ids", args[0] if args else None)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length()) if cache is not None else 0
-        counts = call_counts(ids, kwargs.get("attention_mask"), past, int(kwargs.get("logits_to_keep") or 0))
+        keep = kwargs.get("logits_to_keep")
+        if kwargs.get("cu_seq_lens_q") is not None:  # the packed update layout: rows end to end, head on positions
+            counts = packed_call_counts(ids, kwargs["cu_seq_lens_q"], keep)
+        else:
+            counts = call_counts(ids, kwargs.get("attention_mask"), past, int(keep or 0))
         label = self.label
         if label == "rollout":
             label = "prefill" if past == 0 else "decode"

@@ -68,6 +68,12 @@ def test_call_counts_masked_and_cached() -> None:
     assert (prefill.tokens, prefill.attn_pairs, prefill.head_positions, prefill.kv_tokens) == (4, 10, 1, 4)
 
 
+def test_packed_call_counts() -> None:
+    # rows of 3 and 2 tokens end to end, the LM head on 2 positions: no padding, causal pairs within each row
+    c = br.packed_call_counts(torch.zeros(1, 5, dtype=torch.long), torch.tensor([0, 3, 5]), torch.tensor([1, 3]))
+    assert (c.tokens, c.attn_pairs, c.head_positions, c.kv_tokens, c.padded_tokens) == (5, 6 + 3, 2, 5, 5)
+
+
 def test_hooks_split_prefill_and_decode() -> None:
     from agentgym_opsd.models.hf_policy import HFPolicy
     from agentgym_opsd.models.loading import load_policy_model

@@ -234,7 +234,11 @@ def test_the_loss_is_the_token_mean_over_both_ranks(runs, zero, toy_env_ids, tmp
         saved = load_file(str(out / "checkpoints" / "step_000001" / "model" / "model.safetensors"))
         mine = trainer.model.state_dict()
         worst = max(float((mine[k].float() - v.float()).abs().max()) for k, v in saved.items())
-        assert worst < 1e-6, f"ZeRO-{zero}: weights after step 1 differ from one process by {worst}"
+        # AdamW's first step moves a weight by lr·g/(|g| + eps): where |g| is near eps (1e-8) a float-rounding
+        # difference of a few % in g (another summation order: other micro-batches, two ranks) moves it by ~1e-6
+        # (measured 1.0e-6 padded, 1.8e-6 packed, 2.4e-6 across the two layouts). A real error moves weights by
+        # ~lr (1e-4); the bound is lr / 20.
+        assert worst < 0.05 * cfg.optim.lr, f"ZeRO-{zero}: weights after step 1 differ from one process by {worst}"
     finally:
         trainer.close()
 

@@ -8,12 +8,21 @@ instead of (rows, prompt + response, vocab). Position ids follow the attention m
 `generate` does with left padding, so recomputed log-probs match the sampling ones for the HF backend.
 
 Log-probs are taken at a temperature: `log_softmax(logits / T)`, the sampling distribution of the rollouts.
+
+The update pass has a second layout without padding (`pack`, `packed_response_logprobs`): a micro-batch's rows
+are laid end to end in one sequence, position ids restart at every row, attention runs row by row (causal SDPA
+on each row's own span; the HF decoder's packed-sequence interface, `cu_seq_lens_q`), and the LM head runs
+only on the positions that predict a response token. Same numbers as the padded path (to float rounding:
+`tests/test_update_packed.py`), with no FLOPs spent on pad tokens (in the layers and in attention) or on LM-head
+rows of short responses (`benchmarks/bench_update_path.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -22,13 +31,18 @@ from torch import Tensor
 from agentgym_opsd.models.hf_policy import cache_kwarg
 
 __all__ = [
+    "PACKED_MODEL_TYPES",
     "MicroBatch",
+    "PackedBatch",
     "batched_response_logprobs",
     "bucket_micro_batches",
     "collate",
+    "pack",
+    "packed_response_logprobs",
     "prefix_shared_response_logprobs",
     "response_logprobs",
     "shared_prefix_groups",
+    "supports_packing",
 ]
 
 
@@ -49,8 +63,10 @@ class MicroBatch:
             self.input_ids, self.attention_mask, self.position_ids, self.response_ids, self.response_mask)))
 
 
-def bucket_micro_batches(lengths: Sequence[int], *, max_tokens: int, max_rows: int) -> list[list[int]]:
-    """Group row indices (sorted by length) so that rows × longest ≤ max_tokens and rows ≤ max_rows.
+def bucket_micro_batches(lengths: Sequence[int], *, max_tokens: int, max_rows: int,
+                         padded: bool = True) -> list[list[int]]:
+    """Group row indices (sorted by length) so that rows × longest ≤ max_tokens (`padded`; the sum of the
+    lengths for the packed layout, which has no padding) and rows ≤ max_rows.
 
     A single row longer than the budget still gets its own micro-batch.
     """
@@ -59,7 +75,8 @@ def bucket_micro_batches(lengths: Sequence[int], *, max_tokens: int, max_rows: i
     current: list[int] = []
     for i in order:
         longest = max([lengths[j] for j in current] + [lengths[i]])
-        if current and (len(current) + 1 > max_rows or (len(current) + 1) * longest > max_tokens):
+        tokens = (len(current) + 1) * longest if padded else sum(lengths[j] for j in current) + lengths[i]
+        if current and (len(current) + 1 > max_rows or tokens > max_tokens):
             batches.append(current)
             current = []
         current.append(i)
@@ -124,6 +141,136 @@ def response_logprobs(
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         entropy = torch.where(mb.response_mask, entropy, torch.zeros_like(entropy))
     return logp, entropy
+
+
+# ---- the packed layout (update pass) -----------------------------------------------------------------------
+# Model families (tested here) whose attention dispatches through transformers' AttentionInterface with the
+# forward's keyword arguments (the row boundaries reach `_packed_sdpa_attention`) and whose causal LM accepts
+# positions as `logits_to_keep`. Other models keep the padded path.
+PACKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_PACKED_ATTENTION = "agentgym_opsd_packed_sdpa"
+
+
+@dataclass
+class PackedBatch:
+    """Some rows laid end to end without padding. Row r spans `cu_seq_lens[r]:cu_seq_lens[r + 1]` of the
+    sequence; `logit_positions` are the N positions whose logits predict the N response tokens
+    `response_ids`, row after row; `response_mask` (rows, R) is `collate`'s right-aligned mask, where
+    `packed_response_logprobs` puts the N values back."""
+
+    indices: list[int]
+    input_ids: Tensor  # (1, T), T = sum of the rows' prompt + response lengths
+    position_ids: Tensor  # (1, T), restarting at 0 in every row
+    cu_seq_lens: Tensor  # (rows + 1,) int32
+    logit_positions: Tensor  # (N,)
+    response_ids: Tensor  # (N,)
+    response_mask: Tensor  # (rows, R) bool
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        return PackedBatch(self.indices, *(t.to(device) for t in (
+            self.input_ids, self.position_ids, self.cu_seq_lens, self.logit_positions, self.response_ids,
+            self.response_mask)))
+
+
+def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> PackedBatch:
+    """Lay prompt+response of the given rows end to end (each row needs a prompt token before its response)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    bounds = [0]
+    logit_positions: list[int] = []
+    response_ids: list[int] = []
+    resp_width = max(max(len(responses[i]) for i in indices), 1)
+    response_mask = torch.zeros((len(indices), resp_width), dtype=torch.bool)
+    for r, i in enumerate(indices):
+        prompt, response = list(prompts[i]), list(responses[i])
+        if not prompt:
+            raise ValueError(f"row {i} has an empty prompt: its first response token has no position to predict it")
+        start = bounds[-1]
+        ids += prompt + response
+        positions += range(len(prompt) + len(response))
+        bounds.append(len(ids))
+        logit_positions += range(start + len(prompt) - 1, start + len(prompt) - 1 + len(response))
+        response_ids += response
+        if response:
+            response_mask[r, resp_width - len(response):] = True
+    return PackedBatch(list(indices), torch.tensor([ids], dtype=torch.long), torch.tensor([positions], dtype=torch.long),
+                       torch.tensor(bounds, dtype=torch.int32), torch.tensor(logit_positions, dtype=torch.long),
+                       torch.tensor(response_ids, dtype=torch.long), response_mask)
+
+
+def supports_packing(model: torch.nn.Module) -> bool:
+    """Whether `packed_response_logprobs` gives `response_logprobs`' numbers for this model. Gradient
+    checkpointing re-runs the forward pass during backward, after the packed attention is switched off
+    again, so it keeps the padded path."""
+    config = getattr(model, "config", None)
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return getattr(config, "model_type", None) in PACKED_MODEL_TYPES and not checkpointing
+
+
+def _packed_sdpa_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                           attention_mask: Tensor | None, *, cu_seq_lens_q: Tensor | None = None,
+                           **kwargs: Any) -> tuple[Tensor, None]:
+    """transformers attention function for packed rows: q (1, heads, T, head_dim), k/v (1, kv_heads, T,
+    head_dim); causal SDPA on each row's span alone. Returns (1, T, heads, head_dim) like `sdpa`."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if cu_seq_lens_q is None or attention_mask is not None:
+        raise ValueError("the packed attention needs the row boundaries (cu_seq_lens_q) and no attention mask; "
+                         "call it through packed_response_logprobs")
+    kwargs.pop("is_causal", None)
+    lengths = [e - s for s, e in pairwise(cu_seq_lens_q.tolist())]
+    # `split` rather than slicing: its backward is one concatenation, not a zero-filled full-size gradient
+    # per row and per tensor.
+    parts = [sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]
+             for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2),
+                                strict=True)]
+    return torch.cat(parts, dim=1), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The mask builder of the packed attention: rows are separated by their spans, not by a mask."""
+    return None
+
+
+@contextlib.contextmanager
+def _packed_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Route the model's attention through `_packed_sdpa_attention` for one forward call (the rollout and
+    log-prob passes share the model and keep its own implementation). Registering twice is harmless."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(_PACKED_ATTENTION, _packed_sdpa_attention)
+    AttentionMaskInterface.register(_PACKED_ATTENTION, _no_mask)
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = _PACKED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def packed_response_logprobs(
+    model: torch.nn.Module, pb: PackedBatch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """`response_logprobs` on a `PackedBatch`: (rows, R) right-aligned log-probs (0 where masked) and
+    optionally entropies, the same numbers to float rounding. Gradients flow when enabled."""
+    # The model's own forward (so wrappers — PEFT, DeepSpeed ZeRO-3's module hooks — see the usual call), with
+    # `logits_to_keep` as the positions: the LM head runs on those N rows only.
+    with _packed_attention(model):
+        out = model(input_ids=pb.input_ids, position_ids=pb.position_ids, use_cache=False,
+                    cu_seq_lens_q=pb.cu_seq_lens, cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions)
+    logits = out.logits[0].float() / temperature  # (N, vocab)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, pb.response_ids.unsqueeze(-1)).squeeze(-1)  # (N,)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+
+    def unpack(flat: Tensor) -> Tensor:  # (N,) -> (rows, R), row-major order = row after row
+        return flat.new_zeros(pb.response_mask.shape).masked_scatter(pb.response_mask, flat)
+
+    return unpack(logp), unpack(entropy) if entropy is not None else None
 
 
 @torch.no_grad()

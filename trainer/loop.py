@@ -33,6 +33,13 @@ ranks; rank 0 alone writes metrics, the trackers, trajectories (the union, each 
 `metadata["rank"]` saying who collected it), credit files and the config; checkpoints are collective.
 The warm start and validation run identically on every rank (no speed-up, no divergence).
 
+Several environments (`env.id` = `'ALFWorld-v0:easy=0.5,WebShop-v0:train=0.5'`): one `TrainEnv` each, with its
+own `RolloutRunner` (prompt format, system prompt, skill library, turn budget) and invalid-action penalty.
+Each round of B tasks is split between the environments by weight (`mixed_task_specs`, a function of the seed
+and the cursor, so a resume continues the same sequence); a group is G rollouts of one task of one
+environment, its id the task's slot in the stream (unique across environments). Each row is penalised by its
+own environment's value; metrics (`train/<spec>/...`), validation and credit records are per environment.
+
 Old log-probs: the rollout's sampling log-probs are kept in the trajectories, but the ratio uses the
 trainer's recomputation (identical up to float noise for the HF backend; for vLLM the two differ and the
 recomputed ones are the consistent reference for the trainer's own forward pass).
@@ -47,7 +54,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +77,16 @@ from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
     collate,
+    pack,
+    packed_response_logprobs,
     response_logprobs,
+    supports_packing,
 )
 from agentgym_opsd.trainer.losses import policy_objective
 from agentgym_opsd.trainer.metrics import METRIC_KEYS, MetricsLog, reduce_step_metrics, step_metrics
 from agentgym_opsd.trainer.model_card import write_model_card
 from agentgym_opsd.trainer.reference import ReferencePolicy
-from agentgym_opsd.trainer.task_stream import train_task_specs
+from agentgym_opsd.trainer.task_stream import mixed_task_specs, train_task_specs
 from agentgym_opsd.trainer.trackers import make_trackers
 from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.turn_batch import (
@@ -89,7 +99,7 @@ from agentgym_opsd.trainer.turn_batch import (
 from agentgym_opsd.trainer.validation import Validation
 from agentgym_opsd.trainer.warm_start import WarmStart
 
-__all__ = ["Trainer", "seed_everything", "METRIC_KEYS", "train_task_specs"]
+__all__ = ["Trainer", "TrainEnv", "seed_everything", "METRIC_KEYS", "train_task_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +120,22 @@ def _pad_left(rows: list[Tensor], width: int) -> Tensor:
     return out
 
 
+@dataclass
+class TrainEnv:
+    """One training environment of the run (the only one, or one of a mix): its spec as `env.id` names it, its
+    share of the tasks, its runner (own prompt format, skill library and turn budget), its invalid-action
+    penalty, and the size of its task cycle."""
+
+    spec: str
+    weight: float
+    runner: RolloutRunner
+    invalid_penalty: float
+    env_num_tasks: int | None  # the environment's own number of tasks (None: unknown)
+    num_tasks: int | None  # the training cycle: env.num_train_tasks, else env_num_tasks
+
+
 class Trainer:
-    """Owns the model, the engine, the rollout runner and the output directory of one run."""
+    """Owns the model, the engine, the rollout runners and the output directory of one run."""
 
     def __init__(self, cfg: Config, *, resume: str | None = None) -> None:
         self.cfg = cfg
@@ -141,18 +165,21 @@ class Trainer:
         model.to(self.device)
         self.engine = make_engine(model, cfg.optim, cfg.deepspeed, backend=cfg.trainer.backend)
         self.model = self.engine.module
+        # The update's micro-batches without padding (`trainer/logprobs.py`, `benchmarks/bench_update_path.py`):
+        # same numbers as the padded layout to float rounding; models it does not support keep the padded one.
+        self.packed_update = supports_packing(self.model)
         self.trained = TrainedModel(self.model, self.tokenizer, self.engine, self.device, is_main=self.is_main,
                                     lora=cfg.model.lora, temperature=cfg.rollout.temperature,
                                     micro_batch_tokens=cfg.optim.micro_batch_tokens,
                                     micro_batch_rows=cfg.optim.micro_batch_rows)
         if self.rank:  # ranks share the weights (seeded alike above), not their random streams
             seed_everything(self._rank_seed(cfg.trainer.seed))
-        self.profile = env_profile(parse_env_spec(cfg.env.id)[0])
-        self.invalid_penalty = (cfg.env.invalid_action_penalty if cfg.env.invalid_action_penalty >= 0
-                                else self.profile.invalid_action_penalty)
-        self.runner = self._make_runner(cfg.env.id, self.tasks_per_rank * cfg.rollout.group_size)
-        self.env_num_tasks = self._num_tasks(self.runner)
-        self.num_tasks = cfg.env.num_train_tasks or self.env_num_tasks
+        self.envs = [self._make_train_env(spec, weight) for spec, weight in cfg.env.mix]
+        self._env_by_spec = {env.spec: env for env in self.envs}
+        # the one-environment names (the warm start, benchmarks): the first environment's
+        first = self.envs[0]
+        self.profile, self.runner, self.invalid_penalty = first.runner.profile, first.runner, first.invalid_penalty
+        self.env_num_tasks, self.num_tasks = first.env_num_tasks, first.num_tasks
         self.warm_starter = WarmStart(cfg, run_dir=self.out, system_prompt=self.profile.system_prompt,
                                       env_num_tasks=self.env_num_tasks)
         self.reference = ReferencePolicy(self.trained, kl_coef=cfg.algorithm.kl_coef,
@@ -160,7 +187,8 @@ class Trainer:
                                          warm_start_dir=self.warm_starter.model_dir)
         self.policy: RolloutBackend = self._make_rollout_backend()
         self._weights_dirty = False  # the trainer's weights changed since the vLLM engine last got them
-        self.validation = Validation(cfg, self.profile, self.runner, self._make_runner, self._generating)
+        self.validation = Validation(cfg, {env.spec: env.runner for env in self.envs}, self._make_runner,
+                                     self._generating)
         self.metrics_log = MetricsLog(self.out, functools.partial(
             make_trackers, cfg.trainer.trackers, self.out, name=self.out.name, config=cfg.to_dict(),
             resume=self.state is not None)) if self.is_main else None
@@ -242,11 +270,23 @@ class Trainer:
             model.gradient_checkpointing_enable()
         return model, tok
 
+    def _make_train_env(self, spec: str, weight: float) -> TrainEnv:
+        """A training environment: its runner sized for this rank's B / ranks tasks (any step may draw them all
+        from it), its penalty (`env.invalid_action_penalty`, else its profile's) and its task cycle."""
+        e = self.cfg.env
+        runner = self._make_runner(spec, self.tasks_per_rank * self.cfg.rollout.group_size)
+        penalty = e.invalid_action_penalty if e.invalid_action_penalty >= 0 else runner.profile.invalid_action_penalty
+        env_num_tasks = self._num_tasks(runner)
+        return TrainEnv(spec, weight, runner, penalty, env_num_tasks, e.num_train_tasks or env_num_tasks)
+
     def _make_runner(self, env_spec: str, num_envs: int) -> RolloutRunner:
+        """A runner for `env_spec` with its own profile's system prompt and history length (unless the config
+        overrides them)."""
         cfg = self.cfg.env
-        history = cfg.history_turns if cfg.history_turns >= 0 else self.profile.history_turns
+        profile = env_profile(parse_env_spec(env_spec)[0])
+        history = cfg.history_turns if cfg.history_turns >= 0 else profile.history_turns
         template = Path(cfg.prompt_template).read_text(encoding="utf-8") if cfg.prompt_template else None
-        renderer = PromptRenderer(self.profile.system_prompt, history_turns=history, max_chars=cfg.max_prompt_chars,
+        renderer = PromptRenderer(profile.system_prompt, history_turns=history, max_chars=cfg.max_prompt_chars,
                                   user_template=template)
         kwargs = dict(cfg.kwargs)
         if cfg.max_turns > 0:
@@ -254,12 +294,12 @@ class Trainer:
         teacher = self.cfg.teacher
         return RolloutRunner(env_spec, num_envs=num_envs, env_kwargs=kwargs, renderer=renderer,
                              use_skills=cfg.use_skills, step_timeout_s=cfg.step_timeout_s,
-                             hint_level=teacher.hint_level if teacher.uses_hint else "")
+                             hint_level=teacher.hint_level if teacher.uses_hint else "",
+                             env_workers=self.cfg.rollout.env_workers)
 
     @staticmethod
     def _num_tasks(runner: RolloutRunner) -> int | None:
-        value = getattr(runner.pool.unwrapped(0), "num_tasks", None)
-        return int(value) if isinstance(value, int) and value > 0 else None
+        return runner.pool.num_tasks
 
     def _make_rollout_backend(self) -> RolloutBackend:
         """The rollout policy at the rollout temperature with this rank's seed. Other samplers (validation)
@@ -401,8 +441,30 @@ class Trainer:
         if self.world > 1:
             metrics = reduce_step_metrics(metrics, trajs, batch, self.world)
         # one key style for every phase: `<phase>/<env spec>/<metric>`, as validation writes `val/<spec>/...`
-        metrics[f"train/{self.cfg.env.id}/success_rate"] = metrics["success_rate"]
+        metrics.update(self._env_metrics(trajs, metrics))
         return metrics, batch
+
+    def _env_metrics(self, trajs: list[Trajectory], metrics: dict[str, Any]) -> dict[str, float]:
+        """`train/<env spec>/...`: one environment, its success rate (the step's); a mix, per environment the
+        episodes it played this step and, when it played any, success rate, turns and invalid-action rate
+        (summed over the ranks)."""
+        if len(self.envs) == 1:
+            return {f"train/{self.envs[0].spec}/success_rate": metrics["success_rate"]}
+        sums: list[float] = []
+        for env in self.envs:
+            mine = [t for t in trajs if self.env_of(t) is env]
+            sums += [float(len(mine)), float(sum(t.won for t in mine)), float(sum(t.num_turns for t in mine)),
+                     float(sum(t.num_invalid_actions for t in mine))]
+        sums = dist.all_reduce(sums) if self.world > 1 else sums
+        out: dict[str, float] = {}
+        for k, env in enumerate(self.envs):
+            episodes, won, turns, invalid = sums[4 * k:4 * k + 4]
+            out[f"train/{env.spec}/episodes"] = episodes
+            if episodes:
+                out.update({f"train/{env.spec}/success_rate": won / episodes,
+                            f"train/{env.spec}/turns_mean": turns / episodes,
+                            f"train/{env.spec}/invalid_action_rate": invalid / max(turns, 1.0)})
+        return out
 
     def collect_step(self) -> tuple[list[Trajectory], dict[str, float]]:
         """This rank's trajectories of one step and the sampling metrics. Without dynamic sampling: B / ranks
@@ -431,24 +493,52 @@ class Trainer:
         as in a one-process run), G rollouts each."""
         r = self.cfg.rollout
         first = self.task_cursor + self.rank * self.tasks_per_rank
-        tasks = train_task_specs(first, self.tasks_per_rank, num_tasks=self.num_tasks, seed=self.cfg.trainer.seed)
+        slots = mixed_task_specs(first, self.tasks_per_rank, weights=[env.weight for env in self.envs],
+                                 num_tasks=[env.num_tasks for env in self.envs], seed=self.cfg.trainer.seed,
+                                 block=r.tasks_per_step)
         self.model.eval()
+        trajs: list[Trajectory] = []
         with self._generating():
-            trajs = self.runner.run(self.policy, tasks, group_size=r.group_size, first_group_id=first,
-                                    first_traj_id=first * r.group_size)
+            for index, env in enumerate(self.envs):  # one environment after the other, each in one batch
+                mine = [(slot, task) for slot, (e, task) in enumerate(slots, start=first) if e == index]
+                if mine:
+                    trajs += self._play(env, mine)
+        trajs.sort(key=lambda t: t.traj_id)  # stream order, whatever the environment
         for traj in trajs:
             traj.metadata["rank"] = self.rank
         self.task_cursor += r.tasks_per_step
         return trajs
 
+    def _play(self, env: TrainEnv, slots: list[tuple[int, Any]]) -> list[Trajectory]:
+        """G rollouts of each (slot, task) on `env`'s runner. A group's id is its slot in the stream and a
+        trajectory's `slot * G + copy`, so ids are unique across environments; `metadata["env_spec"]` names
+        the environment."""
+        g = self.cfg.rollout.group_size
+        trajs = env.runner.run(self.policy, [task for _, task in slots], group_size=g, first_group_id=slots[0][0],
+                               first_traj_id=slots[0][0] * g)
+        for i, traj in enumerate(trajs):  # task-major, copy-minor
+            slot = slots[i // g][0]
+            traj.group_id, traj.traj_id = slot, slot * g + i % g
+            traj.metadata["env_spec"] = env.spec
+        return trajs
+
+    def env_of(self, traj: Trajectory) -> TrainEnv:
+        """The training environment a trajectory came from (the first one for trajectories not collected by
+        `collect`, e.g. a benchmark's own)."""
+        return self._env_by_spec.get(str(traj.metadata.get("env_spec")), self.envs[0])
+
     def score(self, trajs: list[Trajectory]) -> TurnBatch:
         a = self.cfg.algorithm
+        penalty = ([self.env_of(t).invalid_penalty for t in trajs] if len(self.envs) > 1  # each row its env's
+                   else self.invalid_penalty)
         return build_turn_batch(trajs, encode_prompt=self.trained.encode,
-                                teacher_messages=functools.partial(self.runner.teacher_messages,
-                                                                   context=self.cfg.teacher.context)
-                                if a.needs_teacher else None,
-                                reward_scale=self.cfg.env.reward_scale, invalid_penalty=self.invalid_penalty,
+                                teacher_messages=self._teacher_messages if a.needs_teacher else None,
+                                reward_scale=self.cfg.env.reward_scale, invalid_penalty=penalty,
                                 success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize)
+
+    def _teacher_messages(self, traj: Trajectory, turn: Any) -> list[dict[str, str]]:
+        """The turn's privileged prompt, rendered by its own environment's runner."""
+        return self.env_of(traj).runner.teacher_messages(traj, turn, context=self.cfg.teacher.context)
 
     def old_logprobs(self, batch: TurnBatch) -> list[Tensor]:
         """π_old of every response token: the sampler's own numbers when they are trustworthy (HF backend,
@@ -504,7 +594,7 @@ class Trainer:
             if batch.credit.granularity == "token":
                 token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in batch.rows]
             lines = credit_lines(trajs, record, estimator=self.cfg.algorithm.estimator, step=self.step_done,
-                                 token_text=token_text)
+                                 token_text=token_text, env_ids=[self.env_of(t).spec for t in trajs])
         # every rank takes part, also one without rows (no record): the gather is collective
         lines = [line for part in dist.all_gather_objects(lines) for line in part]
         if self.is_main and lines:
@@ -552,7 +642,8 @@ class Trainer:
         self.model.train()
         plan = self.mini_batches(len(rows), global_rows)
         micro = [bucket_micro_batches([lengths[i] for i in chosen], max_tokens=o.micro_batch_tokens,
-                                      max_rows=o.micro_batch_rows) if chosen else [] for chosen in plan]
+                                      max_rows=o.micro_batch_rows, padded=not self.packed_update)
+                 if chosen else [] for chosen in plan]
         # Token mean over every rank's rows: divide by the mini-batch's global token count; times the number of
         # ranks, since DeepSpeed averages the gradients over them. All ranks run the same number of micro-batches.
         local_tokens = [float(sum(len(responses[i]) for i in chosen)) for chosen in plan]
@@ -565,13 +656,11 @@ class Trainer:
                     self.engine.backward(self._idle_loss(), is_last=k == n_micro - 1)
                     continue
                 idx = [chosen[j] for j in local[k]]
-                mb = collate(idx, prompts, responses, self.tokenizer.pad_token_id).to(self.device)
-                width = mb.response_ids.shape[1]
-                logp, entropy = response_logprobs(self.model, mb, temperature=self.cfg.rollout.temperature,
-                                                  with_entropy=True)
+                logp, entropy, mask = self._update_logprobs(idx, prompts, responses)  # (rows, R) each
+                width = mask.shape[1]
                 terms = policy_objective(
                     logp, _pad_left([old[i] for i in idx], width).to(self.device),
-                    _pad_left([advantages[i] for i in idx], width).to(self.device), mb.response_mask,
+                    _pad_left([advantages[i] for i in idx], width).to(self.device), mask,
                     entropy=entropy, ref_logp=_pad_left([ref[i] for i in idx], width).to(self.device) if ref else None,
                     clip_low=a.clip_low, clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c, kl_coef=a.kl_coef,
                     entropy_coef=a.entropy_coef, num_tokens=int(num_tokens))
@@ -593,6 +682,21 @@ class Trainer:
                 "entropy": sums["entropy"] / tokens, "clip_fraction": sums["clipped"] / tokens,
                 "approx_kl": sums["approx_kl"] / tokens, "grad_norm": float(np.nanmean(grad_norms)),
                 "optimizer_steps": float(len(grad_norms))}
+
+    def _update_logprobs(self, idx: list[int], prompts: list, responses: list) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
+        packed (no padding) when the model supports it, else left-padded."""
+        temperature = self.cfg.rollout.temperature
+        if self.packed_update:
+            pb = pack(idx, prompts, responses).to(self.device)
+            logp, entropy = packed_response_logprobs(self.model, pb, temperature=temperature, with_entropy=True)
+            mask = pb.response_mask
+        else:
+            mb = collate(idx, prompts, responses, self.tokenizer.pad_token_id).to(self.device)
+            logp, entropy = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True)
+            mask = mb.response_mask
+        assert entropy is not None
+        return logp, entropy, mask
 
     def _idle_loss(self) -> Tensor:
         """A zero loss through the whole model (one pad token): a rank without rows in a micro-batch still
@@ -638,7 +742,8 @@ class Trainer:
                              tokenizer=self.tokenizer)
 
     def close(self) -> None:
-        self.runner.close()
+        for env in self.envs:
+            env.runner.close()
         self.validation.close()
         if self.metrics_log is not None:
             self.metrics_log.close()
