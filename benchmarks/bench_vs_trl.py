@@ -4,23 +4,28 @@
     python benchmarks/bench_vs_trl.py              # 2 RL steps each, seed 0, pool success before / after
     python benchmarks/bench_vs_trl.py --steps 1 --pool-rollouts 1 --threads 1     # the smoke run
 
-RESULT (the issue's goal: >= 2x faster per RL step than TRL at equal or better success). Measured with
+RESULT (the issue's goal: >= 2x faster per RL step than TRL at equal or better success). Two runs of
 `--steps 1 --pool-rollouts 1 --threads 1`, seed 0, on the shared 2-core machine (load average 3-8 from other
-jobs: read the ratios, not the seconds): ours 417 s per RL step (rollout 139 s + update 279 s) vs TRL 880 s
-(231 s + 649 s), 2.11x faster per step and 2.17x per turn played (80 vs 78 turns); peak RSS 3.2 vs 6.7 GB.
-Pool success after that one step: 9/16 on both sides, the same as before (one step at lr 2e-5 moves the
-weights ~1e-4 relative; 16 paired episodes cannot tell the two apart). So the speed half of the goal is met,
-narrowly; the success half is not yet tested at a size that could show a difference (the default, 2 steps x
-64 pool episodes, or more steps / seeds). Causes, from that run's own printout:
-- update 2.4x (72 vs 30 trained tokens/s, the same ~19.5k real tokens): TRL trains one packed row per
-  episode, ~2,650 tokens each, so attention spans whole episodes and its fused LM head runs (with the entropy)
-  on every completion position, env tokens included (~2,400 of them per row, against ~130 action tokens);
+jobs; both runs played identical episodes on each side, so only the machine differed; ours still ran its
+left-padded update, before the packed update micro-batches of the same issue landed): ours 417 / 363 s per
+RL step (rollout 139 / 95 s + update 279 / 269 s) vs TRL 880 / 1093 s (231 / 267 s + 649 / 826 s): 2.11x /
+3.01x faster per step (2.17x / 3.09x per turn played; 80 vs 78 turns); peak RSS 3.2-3.4 vs 6.7-6.8 GB. Both
+sides' weights moved (top layer ||dw|| / ||w||: ours 2.6e-4 over 5 optimiser steps, TRL 1.0e-4 over 1), yet
+pool success after that one step is 9/16 on both sides, as before: 16 paired episodes after one step at
+lr 2e-5 cannot tell the two apart. So the speed half of the goal is met (2.1-3.0x; one step per side does
+not average out the machine's noise: use the default 2 steps, ABBA-ordered, or more); the success half is
+untested at this size (the default 64 pool episodes, more steps or seeds are needed to show a difference).
+Causes, from the runs' own printouts:
+- update 2.4-3.1x (72-74 vs 24-30 trained tokens/s, the same ~19.5k real tokens): TRL trains one packed row
+  per episode, ~2,650 tokens each, so attention spans whole episodes and its fused LM head runs (with the
+  entropy) on every completion position, env tokens included (~2,400 per row, against ~130 action tokens);
   ours trains ~250-token turn rows with the LM head on the response tokens only.
-- rollout 1.7x (7.7 vs 4.5 sampled tokens/s): `generate` prefills the G identical first-turn prompts G times,
-  keeps finished rows decoding as padding until the batch's last row stops and runs its logits processors and
-  stop-string check every token; our `HFPolicy` prefills each distinct prompt once and drops finished rows
-  from the batch and its KV cache.
-- memory 2.1x: activations of ~2,650-token rows (TRL) against length-bucketed ~2,048-token micro-batches.
+- rollout 1.7-2.9x (7.7-11.2 vs 3.9-4.5 sampled tokens/s): `generate` prefills the G identical first-turn
+  prompts G times, keeps finished rows decoding as padding until the batch's last row stops, and runs its
+  logits processors and stop-string check every token; our `HFPolicy` prefills each distinct prompt once and
+  drops finished rows from the batch and its KV cache.
+- memory 2x: activations of ~2,650-token packed rows (TRL) against length-bucketed micro-batches of at most
+  2,048 tokens (ours).
 Every run prints its own result and causes in this form (and writes them to the JSON).
 
 What runs. Both sides play the `cpu-small` recipe's ALFWorld work with GRPO: the 16-game `easy` pool, B = 2
