@@ -173,7 +173,7 @@ class CountingEncoder:
 
 def test_search_concurrent_requests_share_encoder_calls(tiny_index: tuple[Any, Path]) -> None:
     data, folder = tiny_index
-    encoder = CountingEncoder(delay_s=0.3)
+    encoder = CountingEncoder(delay_s=1.0)  # long enough for all 16 to queue on a loaded machine
     reference = DenseRetriever(folder, encoder=HashingEncoder().encode)
     queries = [[p.contents, "capital of " + p.title] for p in data.passages[:16]]
     replies: dict[int, tuple[int, Any]] = {}
