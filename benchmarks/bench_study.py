@@ -18,7 +18,8 @@ recipe's 2e-5 for GRPO and AgentOPSD; WebShop and Search-QA
 Report per arm: pool and held-out success after (mean over seeds; 95% interval from the pooled episodes and a
 t-interval over seeds), the paired difference to GRPO per seed, invalid actions, RL minutes, and
 the share of lost-rollout rows with a positive advantage (must be 0). Writes `benchmarks/results/study.json`
-and `study_curves.png` (success per step, entropy, λ sensitivity).
+and `study_curves.png` (success per step, entropy, λ sensitivity, and horizon: held-out gain per task type against
+the type's mean expert plan length).
 """
 
 from __future__ import annotations
@@ -32,10 +33,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from agentgym_opsd.core import TASK_TYPE
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
-from agentgym_opsd.trainer.experiments import BeforeSpec, ExperimentRunner, RunSpec, load_results
+from agentgym_opsd.registry import make
+from agentgym_opsd.trainer.experiments import (
+    BeforeSpec,
+    ExperimentRunner,
+    RunSpec,
+    load_results,
+    read_metrics,
+    task_type_success,
+)
 
 RESULTS = Path(__file__).parent / "results"
 STUDY = RESULTS / "study"
@@ -58,6 +68,7 @@ ARMS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 CONFIGS = {"alfworld": "cpu-small", "webshop": "cpu-small-webshop", "searchqa": "cpu-small-searchqa"}
 SEEDS = {"alfworld": (0, 1, 2), "webshop": (0,), "searchqa": (0,)}
+ALFWORLD_HELD_OUT = "ALFWorld-v0:easy_valid"
 
 
 def study_specs(envs: list[str], seeds: dict[str, tuple[int, ...]], steps: int) -> list[RunSpec]:
@@ -107,6 +118,7 @@ def summarize(results: list[dict]) -> dict:
             "lost_rows_positive": sum(r["failed_rows_positive"] for r in rows),
             "lost_rows": sum(r["failed_rows"] for r in rows),
             "credit_auc": _mean_auc(rows),
+            "valid_by_task_type": {"before": _by_task_type(rows, "before"), "after": _by_task_type(rows, "after")},
         }
     return table
 
@@ -121,18 +133,50 @@ def _mean_auc(rows: list[dict]) -> dict[str, float | None]:
     return out
 
 
-def backfill_credit_auc(runs_dir: Path) -> None:
-    """Result files written before `credit_auc` existed get it from their run's records, when still there."""
+def backfill(runs_dir: Path) -> None:
+    """Result files written before a field existed get it from their run's records, when still there: the
+    credit-quality AUC, and held-out success per task type before and after."""
     for path in STUDY.rglob("*.json"):
         result = json.loads(path.read_text(encoding="utf-8"))
-        if "credit_auc" in result or not (runs_dir / result["name"] / "credit").is_dir():
-            continue
-        result["credit_auc"] = run_credit_auc(runs_dir / result["name"])
-        atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+        run_dir = runs_dir / result["name"]
+        changed = False
+        if "credit_auc" not in result and (run_dir / "credit").is_dir():
+            result["credit_auc"] = run_credit_auc(run_dir)
+            changed = True
+        before_lines = read_metrics(runs_dir / "before" / result["before_run"])
+        after = next((m for m in reversed(read_metrics(run_dir)) if "val/success_rate" in m and m.get("step", 0) > 0),
+                     None)
+        for when, line in (("before", before_lines[0] if before_lines else None), ("after", after)):
+            if line is not None and "by_task_type" not in result[when]["valid"] and task_type_success(line, "val"):
+                result[when]["valid"]["by_task_type"] = task_type_success(line, "val")
+                changed = True
+        if changed:
+            atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+
+
+def task_horizons(env_id: str) -> dict[str, float]:
+    """Mean length of the expert's shortest plan per task type over the games of `env_id`: the horizon axis of
+    the horizon-sensitivity figure (held-out ALFWorld: 8 games per type, 3.6 to 8 steps)."""
+    env = make(env_id)
+    lengths: dict[str, list[int]] = {}
+    try:
+        for index in range(env.get_wrapper_attr("num_tasks")):
+            _, info = env.reset(options={"task_index": index})
+            lengths.setdefault(info[TASK_TYPE], []).append(info["optimal_plan_length"])
+    finally:
+        env.close()
+    return {task_type: sum(v) / len(v) for task_type, v in sorted(lengths.items())}
+
+
+def _by_task_type(rows: list[dict], when: str) -> dict[str, float]:
+    """Held-out success per task type, mean over the seeds that recorded it."""
+    per_seed = [r[when]["valid"]["by_task_type"] for r in rows if r[when]["valid"].get("by_task_type")]
+    types = sorted({t for d in per_seed for t in d})
+    return {t: sum(d[t] for d in per_seed if t in d) / sum(t in d for d in per_seed) for t in types}
 
 
 def report(table: dict, results: list[dict]) -> None:
-    t = Table(title="The study: success after RL (mean over seeds; [pooled-episode 95% CI])")
+    t = Table(title="The study: success after RL (mean over seeds; \\[pooled-episode 95% CI])")
     for col in ("env / arm", "seeds", "pool before -> after", "held-out before -> after", "paired vs GRPO (held-out)",
                 "invalid after", "credit AUC won / lost", "RL min"):
         t.add_column(col, justify="right")
@@ -164,7 +208,7 @@ def plot(table: dict, results: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
     arms = sorted({(r["labels"]["env"], r["labels"]["arm"]) for r in results})
     for i, (env, arm) in enumerate(arms):
         runs = [r for r in results if (r["labels"]["env"], r["labels"]["arm"]) == (env, arm)]
@@ -184,8 +228,29 @@ def plot(table: dict, results: list[dict]) -> None:
             axes[2].legend()
     axes[2].set_title("λ sensitivity: ALFWorld pool success after (%)")
     axes[2].set_xlabel("λ")
+    _plot_horizon(axes[3], table)
     fig.tight_layout()
     fig.savefig(RESULTS / "study_curves.png", dpi=110)
+
+
+HORIZON_ARMS = ("grpo", "agentopsd", "agentopsd-hint", "gigpo")
+
+
+def _plot_horizon(ax, table: dict) -> None:
+    """Held-out gain per ALFWorld task type against the type's mean expert plan length (mean over seeds)."""
+    arms = [a for a in HORIZON_ARMS if table.get(f"alfworld/{a}", {}).get("valid_by_task_type", {}).get("after")]
+    if not arms:
+        return
+    horizons = task_horizons(ALFWORLD_HELD_OUT)
+    for i, arm in enumerate(arms):
+        by_type = table[f"alfworld/{arm}"]["valid_by_task_type"]
+        types = sorted((t for t in by_type["after"] if t in by_type["before"] and t in horizons), key=lambda t: horizons[t])
+        ax.plot([horizons[t] for t in types], [100 * (by_type["after"][t] - by_type["before"][t]) for t in types],
+                marker="o", color=f"C{i}", label=arm)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_title("horizon: held-out gain per task type (points)", fontsize=9)
+    ax.set_xlabel("expert plan length of the task type (steps)")
+    ax.legend(fontsize=7)
 
 
 def main() -> None:
@@ -213,7 +278,7 @@ def main() -> None:
         failed = runner.run(specs)
         if failed:
             print(f"failed: {failed}; re-run to retry them")
-    backfill_credit_auc(Path(args.out))
+    backfill(Path(args.out))
     results = load_results(STUDY)
     report(summarize(results), results)
 

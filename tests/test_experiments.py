@@ -13,6 +13,8 @@ from agentgym_opsd.trainer.experiments import (
     RunSpec,
     credit_check,
     load_results,
+    run_result,
+    task_type_success,
 )
 
 TINY = ("env.max_turns=2", "env.num_train_tasks=2", "trainer.eval_episodes=2", "trainer.eval_pool_rollouts=1",
@@ -59,3 +61,20 @@ def test_credit_check_counts_positive_rows_of_lost_rollouts(tmp_path) -> None:
     (tmp_path / "credit").mkdir()
     (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 1}
+
+
+def test_run_result_keeps_held_out_success_per_task_type(tmp_path) -> None:
+    metrics = {"val/success_rate": 0.5, "val/episodes": 4.0, "val/invalid_action_rate": 0.1,
+               "val/ALFWorld-v0:easy_valid/pick_two_obj_and_place/success_rate": 0.0,
+               "val/ALFWorld-v0:easy_valid/look_at_obj_in_light/success_rate": 1.0,
+               "val/ALFWorld-v0:easy_valid/success_rate": 0.5,  # the environment's total, not a task type
+               "pool/ALFWorld-v0:easy/x/success_rate": 0.25}  # another prefix
+    assert task_type_success(metrics, "val") == {"look_at_obj_in_light": 1.0, "pick_two_obj_and_place": 0.0}
+    run = tmp_path / "run"
+    run.mkdir()
+    step = {"step": 1, "success_rate": 0.5, "seconds_update": 1.0, **metrics}
+    (run / "metrics.jsonl").write_text(json.dumps(step) + "\n")
+    result = run_result(run, before=metrics)
+    assert result is not None
+    assert result["after"]["valid"]["by_task_type"]["look_at_obj_in_light"] == 1.0
+    assert result["before"]["valid"]["by_task_type"]["pick_two_obj_and_place"] == 0.0

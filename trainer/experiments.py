@@ -28,7 +28,7 @@ from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
 
 __all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "load_results", "read_metrics",
-           "run_result", "start_training_run"]
+           "run_result", "start_training_run", "task_type_success"]
 
 PER_STEP_KEYS = ("step", "success_rate", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
                  "sampling/rounds", "sampling/dropped_groups", "sampling/mixed_group_share",
@@ -90,7 +90,20 @@ def _rate(metrics: dict[str, Any], prefix: str) -> dict[str, Any] | None:
     if episodes:
         out["episodes"] = int(episodes)
         out["ci"] = list(wilson_interval(round(value * episodes), int(episodes)))
+    by_type = task_type_success(metrics, prefix)
+    if by_type:
+        out["by_task_type"] = by_type
     return out
+
+
+def task_type_success(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
+    """Success per task type from the `<prefix>/<env>/<task type>/success_rate` keys validation logs."""
+    out = {}
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == prefix and parts[3] == "success_rate" and value is not None:
+            out[parts[2]] = float(value)
+    return dict(sorted(out.items()))
 
 
 def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
