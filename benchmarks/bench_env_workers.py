@@ -1,10 +1,11 @@
-"""Environment workers: ALFWorld stepped in threads (the trainer's process), worker processes or Ray actors
-(`rollout.env_workers`), at 16, 64 and 128 environments; prints a rich table, writes JSON.
+"""Environment workers: ALFWorld (or WebShop) stepped in threads (the trainer's process), worker processes or Ray
+actors (`rollout.env_workers`), at 16, 64 and 128 environments; prints a rich table, writes JSON.
 
     python benchmarks/bench_env_workers.py                                   # 16 64 128 envs, every backend
     python benchmarks/bench_env_workers.py --envs 16 64 --turns 8 --note "shared with a training run"
+    python benchmarks/bench_env_workers.py --env WebShop-v0:train --json benchmarks/results/env_workers_webshop.json
 
-Each configuration plays `--rollouts` rollouts of ALFWorld `easy` through `RolloutRunner` (num_envs / G
+Each configuration plays `--rollouts` rollouts of `--env` (ALFWorld `easy` by default) through `RolloutRunner` (num_envs / G
 tasks x G copies, G = `--group-size`, at most `--turns` turns) with a seeded random policy over the
 admissible actions (no LLM: what is measured is the environments and the transport). Every rollout plays
 new games, as every training step does (so each one compiles its games); the first is "cold" (each process
@@ -37,8 +38,6 @@ from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.policies import RandomPolicy
 from agentgym_opsd.rollout import RolloutRunner
 
-ENV = "ALFWorld-v0:easy"
-EASY_GAMES = 120
 PREDICT_CORES = (16, 64)
 
 
@@ -80,16 +79,17 @@ def measure(backend: str, num_envs: int, args: argparse.Namespace) -> Result:
     group = min(args.group_size, num_envs)
     tasks = num_envs // group
     t0 = time.perf_counter()
-    runner = RolloutRunner(ENV, num_envs=num_envs, env_kwargs={"max_turns": args.turns}, use_skills=False,
+    runner = RolloutRunner(args.env, num_envs=num_envs, env_kwargs={"max_turns": args.turns}, use_skills=False,
                            env_workers=backend, num_env_workers=args.workers)
     seconds_start = time.perf_counter() - t0
     pool = runner.pool
+    num_tasks = pool.num_tasks or 1
     pids = pool.worker_pids() if hasattr(pool, "worker_pids") else []
     try:
         seconds, steps, failed, cpu_parent, cpu_workers = [], [], 0, 0.0, 0.0
         for r in range(args.rollouts):
             # New games every rollout, as every training step has: warm rollouts pay for compiling them too.
-            specs = [TaskSpec(1000 * r + t, {"task_index": (tasks * r + t) % EASY_GAMES}) for t in range(tasks)]
+            specs = [TaskSpec(1000 * r + t, {"task_index": (tasks * r + t) % num_tasks}) for t in range(tasks)]
             c_parent, c_workers = time.process_time(), sum(cpu_s(p) for p in pids)
             t0 = time.perf_counter()
             trajs = runner.run(RandomPolicy(seed=r), specs, group_size=group)
@@ -121,7 +121,7 @@ def measure(backend: str, num_envs: int, args: argparse.Namespace) -> Result:
 
 
 def table(results: list[Result], args: argparse.Namespace) -> Table:
-    t = Table(title=f"environment workers: {ENV}, random policy, <= {args.turns} turns, G = {args.group_size}, "
+    t = Table(title=f"environment workers: {args.env}, random policy, <= {args.turns} turns, G = {args.group_size}, "
                     f"{args.rollouts - 1} warm rollout(s) after a cold one; {os.cpu_count()} CPUs here")
     cols = ("backend", "envs", "workers", "start s", "cold rollout s", "warm rollout s", "steps/s",
             "warm CPU s parent", "warm CPU s workers", "RSS MiB / worker", "RSS MiB parent", "failed",
@@ -162,6 +162,7 @@ def available_backends() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="ALFWorld-v0:easy", help="environment spec (default ALFWorld-v0:easy)")
     p.add_argument("--envs", type=int, nargs="+", default=[16, 64, 128], help="pool sizes (default 16 64 128)")
     p.add_argument("--backends", nargs="+", choices=tuple(ENV_WORKERS), default=None,
                    help="default: threads, processes and ray when Ray is installed")
