@@ -191,7 +191,7 @@ def report(table: dict, results: list[dict]) -> None:
                   " ".join(f"{100 * d:+.0f}" for d in diffs) if a["arm"] != "grpo" else "-",
                   f"{100 * a['invalid_after']:.1f}%", " / ".join(_f2(a["credit_auc"][k]) for k in ("success", "failure")),
                   f"{a['rl_minutes']:.0f}")
-    Console().print(t)
+    Console(width=200).print(t)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "study.json").write_text(json.dumps(table, indent=2) + "\n")
     if results:
