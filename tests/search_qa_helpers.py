@@ -3,7 +3,10 @@ encoder for the encoder batcher; no tests here."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,3 +54,19 @@ def held_first_call_encoder(calls: list[list[str]], release: threading.Event) ->
         return np.array([[float(t)] for t in texts], dtype=np.float32)
 
     return encode
+
+
+STACKS_ON_SIGUSR1 = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+"""Prepended to a server child's `-c` code, so a hung child can be asked for its threads' stacks."""
+
+
+def wait_or_show_stacks(proc: subprocess.Popen, stderr_path: Path, timeout: float) -> int:
+    """`proc`'s exit code; when it has not exited within `timeout`, an AssertionError holding its threads'
+    stacks (SIGUSR1 to a child started with `STACKS_ON_SIGUSR1`, its stderr going to `stderr_path`)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        stacks = stderr_path.read_text(encoding="utf-8", errors="replace")[-8000:]
+        raise AssertionError(f"still running {timeout:.0f} s after SIGINT; its stderr and stacks:\n{stacks}") from None
