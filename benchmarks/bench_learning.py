@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym_opsd.evaluation.metrics import wilson_interval
-from agentgym_opsd.trainer.experiments import read_metrics, start_training_run
+from agentgym_opsd.trainer.experiments import final_validation, read_metrics, start_training_run
 
 ESTIMATORS = ("grpo", "agentopsd")
 RESULTS = Path(__file__).parent / "results"
@@ -104,7 +104,7 @@ def summarize(out: Path) -> dict:
     for est in ESTIMATORS:
         lines = metrics(out / est)
         steps = [m for m in lines if "seconds_update" in m]
-        after = next((m for m in reversed(lines) if "val/success_rate" in m), None)
+        after = final_validation(lines)
         if not steps or after is None:
             continue
         seconds = sum(m["seconds_rollout"] + m["seconds_teacher"] + m["seconds_update"] for m in steps)

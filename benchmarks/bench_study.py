@@ -42,6 +42,7 @@ from agentgym_opsd.trainer.experiments import (
     BeforeSpec,
     ExperimentRunner,
     RunSpec,
+    final_validation,
     load_results,
     read_metrics,
     task_type_success,
@@ -143,12 +144,17 @@ def backfill(runs_dir: Path) -> None:
         if "credit_auc" not in result and (run_dir / "credit").is_dir():
             result["credit_auc"] = run_credit_auc(run_dir)
             changed = True
-        before_lines = read_metrics(runs_dir / "before" / result["before_run"])
-        after = next((m for m in reversed(read_metrics(run_dir)) if "val/success_rate" in m and m.get("step", 0) > 0),
-                     None)
-        for when, line in (("before", before_lines[0] if before_lines else None), ("after", after)):
-            if line is not None and "by_task_type" not in result[when]["valid"] and task_type_success(line, "val"):
-                result[when]["valid"]["by_task_type"] = task_type_success(line, "val")
+        for when in ("before", "after"):
+            if "by_task_type" in result[when]["valid"]:
+                continue
+            if when == "before":
+                lines = read_metrics(runs_dir / "before" / result["before_run"])
+                line = lines[0] if lines else None
+            else:
+                line = final_validation(read_metrics(run_dir))
+            by_type = task_type_success(line, "val") if line is not None else {}
+            if by_type:
+                result[when]["valid"]["by_task_type"] = by_type
                 changed = True
         if changed:
             atomic_write_text(path, json.dumps(result, indent=2) + "\n")

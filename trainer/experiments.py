@@ -27,7 +27,7 @@ from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
 
-__all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "load_results", "read_metrics",
+__all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "final_validation", "load_results", "read_metrics",
            "run_result", "start_training_run", "task_type_success"]
 
 PER_STEP_KEYS = ("step", "success_rate", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
@@ -106,13 +106,18 @@ def task_type_success(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
+def final_validation(lines: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last metric line of a run that holds a validation after an RL step (the "after" numbers)."""
+    return next((m for m in reversed(lines) if "val/success_rate" in m and m.get("step", 0) > 0), None)
+
+
 def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
     """Before / after (held-out `val` and `pool`, with Wilson intervals), the per-step numbers, the credit
     check and the credit-quality AUC of the run's own rollouts (`run_credit_auc`) of a finished run; None while
     it has no validation after its last step."""
     lines = read_metrics(run_dir)
     steps = [m for m in lines if "seconds_update" in m]
-    after = next((m for m in reversed(lines) if "val/success_rate" in m and m.get("step", 0) > 0), None)
+    after = final_validation(lines)
     if not steps or after is None:
         return None
     return {
