@@ -59,6 +59,12 @@ def pooled(app: Any, pool: WorkerPool) -> Iterator[tuple[PooledWSGIServer, int]]
         thread.join(timeout=10)
 
 
+def started_since(before: set[threading.Thread]) -> set[threading.Thread]:
+    """The threads alive now that were not in `before`; a set, not a count, so that a thread of an earlier
+    test ending in the meantime cannot make the pool look smaller than it is."""
+    return set(threading.enumerate()) - before
+
+
 def request_bytes(queries: list[str]) -> bytes:
     body = json.dumps({"queries": queries, "topk": 1}).encode()
     return (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -84,10 +90,10 @@ def test_a_flood_gets_503_beyond_the_queue_with_no_more_threads_and_the_server_a
     and the process runs no thread beyond the pool's (a thread per connection would have been 40)."""
     pool = WorkerPool(workers=2, max_pending=3)
     retriever = HeldRetriever()
-    threads_before = threading.active_count()
+    threads_before = set(threading.enumerate())
     with pooled(create_app(retriever), pool) as (server, port):
-        pool_threads = threading.active_count() - threads_before
-        assert pool_threads == pool.workers + 2  # the workers, the refused-connection closer, serve_forever
+        pool_threads = started_since(threads_before)
+        assert len(pool_threads) == pool.workers + 2  # the workers, the refused-connection closer, serve_forever
         flood = []
         for i in range(40):
             sock = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -110,7 +116,7 @@ def test_a_flood_gets_503_beyond_the_queue_with_no_more_threads_and_the_server_a
                 held.append(sock)
                 continue
             (busy if b" 503" in peeked else held).append(sock)
-        assert threading.active_count() - threads_before == pool_threads, "the flood started threads"
+        assert started_since(threads_before) == pool_threads, "the flood started threads"
         assert len(busy) == server.refused == len(flood) - pool.workers - server.pending()
         for sock in busy:
             status, headers, body = read_answer(sock)
@@ -127,7 +133,7 @@ def test_a_flood_gets_503_beyond_the_queue_with_no_more_threads_and_the_server_a
         # the flood is over: the server answers as before, with the same threads
         status, _, body = _post(port, ["after"])
         assert status == 200 and json.loads(body)["result"][0][0]["id"] == "p1"
-        assert threading.active_count() - threads_before == pool_threads
+        assert started_since(threads_before) == pool_threads
     assert not [w for w in recwarn if issubclass(w.category, ResourceWarning)]
 
 
