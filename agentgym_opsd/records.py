@@ -15,11 +15,11 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from agentgym_opsd.files import atomic_write_lines
 
-__all__ = ["Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
+__all__ = ["OUTCOMES", "Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
            "groups_of", "invalid_rates"]
 
 INVALID_KINDS = ("no_tag", "not_admissible", "truncated")
@@ -76,6 +76,10 @@ class Turn:
         return classify_invalid(parsed=bool(self.action), accepted=False, finish_reason=self.info.get("finish_reason"))
 
 
+OUTCOMES: Final = ("won", "score")
+"""What a trajectory's outcome reward is made of (`Trajectory.outcome`, `env.outcome`)."""
+
+
 @dataclass
 class Trajectory:
     """One episode.
@@ -110,6 +114,15 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.turns)
+
+    def outcome(self, kind: str = "won") -> float:
+        """The episode's outcome as the trainer rewards it: `won` (1 or 0, the paper) or `score` (the
+        environment's partial credit in [0, 1], e.g. WebShop's R, as WebShop's own RL baseline used)."""
+        if kind == "won":
+            return float(self.won)
+        if kind == "score":
+            return float(self.score)
+        raise ValueError(f"outcome must be one of {OUTCOMES}, got {kind!r}")
 
     @property
     def num_invalid_actions(self) -> int:

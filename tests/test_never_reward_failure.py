@@ -118,3 +118,53 @@ def test_the_released_semantics_reward_valid_turns_of_an_all_failed_group() -> N
     assert sum(a > 0 for a in first) == 3 and first[1] < -1.0  # three rows rewarded, the penalty ~ -1.5
     _, fixed = _advantages(trajs, torch.zeros(4, dtype=torch.float64), 0.1, "grpo")
     assert [float(t[0]) for t in fixed.tokens] == pytest.approx([0.0, -0.1, 0.0, 0.0])
+
+
+@st.composite
+def scored_batches(draw):
+    """Like `step_batches`, with a graded outcome: each rollout's score (WebShop's R) in {0, 0.25, ..., 1}
+    arrives as the reward of its last turn; won iff the score is 1."""
+    trajs, evidence, penalty = draw(step_batches())
+    for t in trajs:
+        t.score = draw(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]))
+        t.won = t.score == 1.0
+        for turn in t.turns:
+            turn.reward = 0.0
+        t.turns[-1].reward = t.score
+    return trajs, evidence, penalty
+
+
+@settings(max_examples=60, deadline=None)
+@given(scored_batches(), st.sampled_from(ESTIMATORS), st.floats(0.0, 1.0))
+def test_with_a_graded_outcome_no_row_below_its_group_mean_is_positive(case, estimator, lam) -> None:
+    trajs, evidence, penalty = case
+    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None,
+                             invalid_penalty=penalty, penalty_mode="outcome", outcome="score")
+    assert batch.traj_rewards.tolist() == [t.score for t in trajs]
+    gaps = [torch.full((2,), float(e) / 2) for e in evidence]
+    out = batch_advantages(batch, evidence, gaps, estimator=estimator, config=CreditConfig(lam=lam))
+    for row, ti in enumerate(batch.traj_index.tolist()):
+        group = [t.score for t in trajs if t.group_id == trajs[ti].group_id]
+        if trajs[ti].score < sum(group) / len(group) - 1e-9:
+            assert float(out.tokens[row].max()) <= 0.0
+
+
+def test_a_graded_outcome_is_scored_and_sampled_on_the_score() -> None:
+    from agentgym_opsd.trainer.dynamic_sampling import is_informative
+    from agentgym_opsd.trainer.turn_batch import group_success_rates
+
+    half, none = _traj(0, 0, False, [None]), _traj(1, 0, False, [None])
+    half.score = 0.5
+    assert not is_informative([half, none]) and is_informative([half, none], outcome="score")
+    assert group_success_rates([half, none]) == {0: 0.0}
+    assert group_success_rates([half, none], outcome="score") == {0: 0.25}
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        half.outcome("reward")
+
+
+def test_the_config_names_a_bad_outcome() -> None:
+    from agentgym_opsd.trainer.config import ConfigError, load_config
+
+    assert load_config("cpu-tiny", ["env.outcome=score"]).env.outcome == "score"
+    with pytest.raises(ConfigError, match="env.outcome"):
+        load_config("cpu-tiny", ["env.outcome=reward"])

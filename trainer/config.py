@@ -22,6 +22,7 @@ import yaml
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
 from agentgym_opsd.env_workers import ENV_WORKERS
 from agentgym_opsd.prompts import TEACHER_CONTEXTS
+from agentgym_opsd.records import OUTCOMES
 from agentgym_opsd.trainer.trackers import parse_report_to
 from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
 
@@ -165,6 +166,8 @@ class EnvConfig:
     use_skills: bool = _f(True, "load the skill library that gives c+ (the teacher context)")
     invalid_action_penalty: float = _f(-1.0, "subtracted from the reward per invalid action (-1 = profile's)")
     reward_scale: float = _f(1.0, "reward of a won episode (1 = paper; 10 = released code, verl-agent)")
+    outcome: str = _f("won", "what the episode reward is made of: 'won' (binary success, the paper) or 'score' "
+                             "(the environment's partial credit in [0, 1], e.g. WebShop's R)")
     num_train_tasks: int = _f(0, "size of the training task cycle (0 = the environment's num_tasks)")
     step_timeout_s: float = _f(60.0, "seconds before an environment step counts as failed")
     kwargs: dict = _f({}, "extra keyword arguments for the environment constructor")
@@ -179,6 +182,7 @@ class EnvConfig:
         _check_nonneg("env.max_turns", self.max_turns)
         _check_nonneg("env.num_train_tasks", self.num_train_tasks)
         _check_positive("env.reward_scale", self.reward_scale)
+        _check_choice("env.outcome", self.outcome, OUTCOMES)
 
     @property
     def mix(self) -> list[tuple[str, float]]:

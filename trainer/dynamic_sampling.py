@@ -3,7 +3,7 @@
 A GRPO group whose rollouts all have the same outcome has A_seq = 0 on every row: it carries no outcome
 signal, only cost. After a supervised warm start the policy is close to deterministic and many groups are
 like that. `collect_informative` plays rounds of tasks, keeps the groups whose rollouts disagree (some won,
-some lost) and stops once it has the groups it wants or after `max_rounds` rounds; the step then trains on
+some lost; with a graded outcome, different scores) and stops once it has the groups it wants or after `max_rounds` rounds; the step then trains on
 the kept groups. `group_diversity` measures the same thing on any set of trajectories (a step, the pool
 evaluation), with the sampled negative log-likelihood per token as the estimate of the sampling entropy.
 """
@@ -18,20 +18,22 @@ from agentgym_opsd.records import Trajectory, groups_of
 __all__ = ["SamplingReport", "collect_informative", "group_diversity", "is_informative"]
 
 
-def is_informative(group: Sequence[Trajectory]) -> bool:
-    """Whether the group's rollouts that ran (no infrastructure error) have both outcomes, won and lost."""
-    outcomes = {bool(t.won) for t in group if t.error is None}
-    return len(outcomes) == 2
+def is_informative(group: Sequence[Trajectory], outcome: str = "won") -> bool:
+    """Whether the group's rollouts that ran (no infrastructure error) differ in outcome: some won and some
+    lost, or (`outcome="score"`) not all with the same score."""
+    outcomes = {t.outcome(outcome) for t in group if t.error is None}
+    return len(outcomes) >= 2
 
 
-def group_diversity(trajectories: Sequence[Trajectory], *, prefix: str = "") -> dict[str, float]:
-    """`mixed_group_share`: fraction of groups with both outcomes; `sampled_nll_per_token`: mean negative
+def group_diversity(trajectories: Sequence[Trajectory], *, prefix: str = "", outcome: str = "won") -> dict[str, float]:
+    """`mixed_group_share`: fraction of groups whose outcomes differ (`is_informative`); `sampled_nll_per_token`: mean negative
     log-probability of the sampled response tokens, an unbiased estimate of the per-token entropy of the
     sampling distribution (at its temperature)."""
     groups = groups_of(trajectories)
     logprobs = [lp for t in trajectories for turn in t.turns for lp in turn.response_logprobs]
     return {
-        f"{prefix}mixed_group_share": sum(map(is_informative, groups.values())) / len(groups) if groups else 0.0,
+        f"{prefix}mixed_group_share": (sum(is_informative(g, outcome) for g in groups.values()) / len(groups)
+                                       if groups else 0.0),
         f"{prefix}sampled_nll_per_token": -sum(logprobs) / len(logprobs) if logprobs else 0.0,
     }
 
@@ -60,6 +62,7 @@ def collect_informative(
     want_groups: int,
     max_rounds: int,
     keep_going: Callable[[int], bool] | None = None,
+    outcome: str = "won",
 ) -> tuple[list[Trajectory], SamplingReport]:
     """Play rounds (`play_round(round_index)` returns that round's trajectories, whole groups) until
     `want_groups` informative groups are kept or `max_rounds` rounds were played; returns the kept groups'
@@ -81,7 +84,7 @@ def collect_informative(
         report.rounds += 1
         for group in last:
             report.groups_seen += 1
-            informative = is_informative(group)
+            informative = is_informative(group, outcome)
             report.informative_groups += informative
             if informative and len(kept) < want_groups:
                 kept.append(group)

@@ -471,10 +471,10 @@ class Trainer:
         whole groups, numbered as in a one-process run. With it: rounds of B tasks until this rank holds
         B / ranks groups with mixed outcomes or `rollout.max_sampling_rounds` rounds were played (every rank
         plays the same number of rounds)."""
-        r = self.cfg.rollout
+        r, outcome = self.cfg.rollout, self.cfg.env.outcome
         if not r.dynamic_sampling:
             trajs = self.collect()
-            return trajs, {f"rollout/{k}": v for k, v in group_diversity(trajs).items()}
+            return trajs, {f"rollout/{k}": v for k, v in group_diversity(trajs, outcome=outcome).items()}
         seen: list[Trajectory] = []
 
         def play(_: int) -> list[Trajectory]:
@@ -485,8 +485,9 @@ class Trainer:
             return any(k < self.tasks_per_rank for k in dist.all_gather_objects(kept))
 
         trajs, report = collect_informative(play, want_groups=self.tasks_per_rank, max_rounds=r.max_sampling_rounds,
-                                            keep_going=keep_going)
-        return trajs, {**report.metrics(), **{f"rollout/{k}": v for k, v in group_diversity(seen).items()}}
+                                            keep_going=keep_going, outcome=outcome)
+        return trajs, {**report.metrics(),
+                       **{f"rollout/{k}": v for k, v in group_diversity(seen, outcome=outcome).items()}}
 
     def collect(self) -> list[Trajectory]:
         """One round: the next B tasks of the training stream (this rank's B / ranks whole groups, numbered
@@ -534,7 +535,8 @@ class Trainer:
         return build_turn_batch(trajs, encode_prompt=self.trained.encode,
                                 teacher_messages=self._teacher_messages if a.needs_teacher else None,
                                 reward_scale=self.cfg.env.reward_scale, invalid_penalty=penalty,
-                                success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize)
+                                success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize,
+                                outcome=self.cfg.env.outcome)
 
     def _teacher_messages(self, traj: Trajectory, turn: Any) -> list[dict[str, str]]:
         """The turn's privileged prompt, rendered by its own environment's runner."""

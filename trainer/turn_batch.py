@@ -6,16 +6,17 @@ message; None when the task has no skill text, so the evidence is exactly zero a
 the row), the sampled response ids and their sampling log-probs. `build_turn_batch` also scores each
 trajectory (reward, group success rate) so that the credit estimator gets everything as flat tensors.
 
-Reward of a trajectory: `reward_scale * won` (binary success, paper; reward_scale 10 reproduces the
-released code's 0/10 scale). The invalid-action penalty goes either into that reward once per penalised turn
+Reward of a trajectory: `reward_scale * outcome`, the outcome being `won` (binary success, paper;
+reward_scale 10 reproduces the released code's 0/10 scale) or `score` (the environment's partial credit in
+[0, 1]: WebShop's R, which WebShop's own RL baseline trained on; `Trajectory.outcome`). The invalid-action penalty goes either into that reward once per penalised turn
 (`penalty_mode="trajectory"`, every turn of the trajectory shares it) or onto the penalised turn's own row
 (`penalty_mode="turn"`, the released code, and `penalty_mode="outcome"`, where the trainer keeps it apart
 from the outcome advantage; `row_penalties`). `penalize="any"` penalises every invalid turn,
 `"format"` only replies without a parsable action (the released code lets a well-formed but inadmissible
 action waste its turn unpunished). The penalty is one number, or one per trajectory (a mixed-environment
-step: each row is penalised by its own environment's value). The group success rate R̄ (the belief's prior) is the fraction of the group's
-trajectories that were won (`success_source="won"`, paper), or the group mean of the raw reward without
-the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
+step: each row is penalised by its own environment's value). The group success rate R̄ (the belief's prior) is the group mean of
+the outcome (`success_source="won"`: the fraction won, paper; with `outcome="score"` the mean score), or the
+group mean of the raw reward without the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
 
 For GiGPO each row also carries its turn's own reward (`reward_scale * turn.reward`), its invalid-action
 penalty in either penalty mode (`turn_penalty`; GiGPO subtracts it from the turn's step return), and an
@@ -192,24 +193,26 @@ def _per_trajectory(invalid_penalty: Penalty, num_trajectories: int) -> list[flo
 
 
 def trajectory_rewards(
-    trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: Penalty, penalize: str = "any"
+    trajectories: Sequence[Trajectory], *, reward_scale: float, invalid_penalty: Penalty, penalize: str = "any",
+    outcome: str = "won",
 ) -> Tensor:
-    """(trajectories,) `reward_scale * won - invalid_penalty * penalised turns` (float64)."""
+    """(trajectories,) `reward_scale * outcome - invalid_penalty * penalised turns` (float64)."""
     penalties = _per_trajectory(invalid_penalty, len(trajectories))
     return torch.tensor(
-        [reward_scale * float(t.won) - p * sum(is_penalised(x, penalize) for x in t.turns)
+        [reward_scale * t.outcome(outcome) - p * sum(is_penalised(x, penalize) for x in t.turns)
          for t, p in zip(trajectories, penalties, strict=True)],
         dtype=torch.float64,
     )
 
 
 def group_success_rates(
-    trajectories: Sequence[Trajectory], *, source: str = "won", reward_scale: float = 1.0
+    trajectories: Sequence[Trajectory], *, source: str = "won", reward_scale: float = 1.0, outcome: str = "won"
 ) -> dict[int, float]:
-    """Group id -> R̄: fraction won (`source="won"`) or mean raw reward `reward_scale * won` ("reward")."""
+    """Group id -> R̄: mean outcome (`source="won"`: the fraction won, or the mean score with
+    `outcome="score"`) or mean raw reward `reward_scale * outcome` ("reward")."""
     totals: dict[int, list[float]] = {}
     for t in trajectories:
-        value = float(t.won) if source == "won" else reward_scale * float(t.won)
+        value = t.outcome(outcome) if source == "won" else reward_scale * t.outcome(outcome)
         totals.setdefault(t.group_id, []).append(value)
     if source not in ("won", "reward"):
         raise ValueError(f"success source must be 'won' or 'reward', got {source!r}")
@@ -226,6 +229,7 @@ def build_turn_batch(
     success_source: str = "won",
     penalty_mode: str = "trajectory",
     penalize: str = "any",
+    outcome: str = "won",
 ) -> TurnBatch:
     """One row per turn that produced tokens; trajectories keep their order, turns their index.
 
@@ -241,8 +245,8 @@ def build_turn_batch(
     per_turn = penalty_mode != "trajectory"
     penalties = _per_trajectory(invalid_penalty, len(trajectories))
     rewards = trajectory_rewards(trajectories, reward_scale=reward_scale,
-                                 invalid_penalty=0.0 if per_turn else penalties, penalize=penalize)
-    rates = group_success_rates(trajectories, source=success_source, reward_scale=reward_scale)
+                                 invalid_penalty=0.0 if per_turn else penalties, penalize=penalize, outcome=outcome)
+    rates = group_success_rates(trajectories, source=success_source, reward_scale=reward_scale, outcome=outcome)
     rows: list[TurnRow] = []
     row_traj: list[int] = []
     for ti, traj in enumerate(trajectories):

@@ -138,5 +138,6 @@ class Validation:
 
 def _pool_rates(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
     turns = max(sum(x.num_turns for x in trajs), 1)
-    return {f"{prefix}success_rate": sum(x.won for x in trajs) / max(len(trajs), 1),
+    n = max(len(trajs), 1)
+    return {f"{prefix}success_rate": sum(x.won for x in trajs) / n, f"{prefix}score": sum(x.score for x in trajs) / n,
             f"{prefix}invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns}

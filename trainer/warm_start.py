@@ -183,7 +183,9 @@ class WarmStart:
     def settings(self) -> dict[str, Any]:
         """Everything that determines the warm-started weights (hashed by `warm_start_key`)."""
         c = self.cfg
-        env = {k: v for k, v in asdict(c.env).items() if k not in ("val_id", "use_skills", "step_timeout_s")}
+        # the RL outcome (won or score) does not shape the demonstrations: left out, so keys stay as they were
+        env = {k: v for k, v in asdict(c.env).items()
+               if k not in ("val_id", "use_skills", "step_timeout_s", "outcome")}
         # A user template shapes every prompt: its text (not its path) is part of the key. Without one the
         # key leaves the field out, so warm starts cached before the field existed are still found.
         template = env.pop("prompt_template")
