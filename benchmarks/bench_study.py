@@ -114,6 +114,7 @@ def summarize(results: list[dict]) -> dict:
             "pool_before": rows[0]["before"]["pool"]["success"], "valid_before": rows[0]["before"]["valid"]["success"],
             "pool_after": _pooled(rows, "after", "pool"), "valid_after": _pooled(rows, "after", "valid"),
             "paired_diff_to_grpo": paired,
+            "valid_score": {when: _mean_score(rows, when) for when in ("before", "after")},
             "invalid_after": sum(r["after"]["valid"]["invalid_action_rate"] for r in rows) / len(rows),
             "rl_minutes": sum(r["rl_minutes"] for r in rows) / len(rows),
             "lost_rows_positive": sum(r["failed_rows_positive"] for r in rows),
@@ -122,6 +123,12 @@ def summarize(results: list[dict]) -> dict:
             "valid_by_task_type": {"before": _by_task_type(rows, "before"), "after": _by_task_type(rows, "after")},
         }
     return table
+
+
+def _mean_score(rows: list[dict], when: str) -> float | None:
+    """Mean held-out score (partial credit, e.g. WebShop's R) over the seeds that recorded it."""
+    values = [r[when]["valid"]["score"] for r in rows if r[when]["valid"].get("score") is not None]
+    return sum(values) / len(values) if values else None
 
 
 def _mean_auc(rows: list[dict]) -> dict[str, float | None]:
@@ -136,25 +143,35 @@ def _mean_auc(rows: list[dict]) -> dict[str, float | None]:
 
 def backfill(runs_dir: Path) -> None:
     """Result files written before a field existed get it from their run's records, when still there: the
-    credit-quality AUC, and held-out success per task type before and after."""
+    credit-quality AUC, held-out success per task type and the held-out score, before and after. Only from the
+    run the result was made from: a run folder whose last validation differs from the result's (the folder
+    was reused by a later run of that name) gives nothing."""
     for path in STUDY.rglob("*.json"):
         result = json.loads(path.read_text(encoding="utf-8"))
         run_dir = runs_dir / result["name"]
+        last = final_validation(read_metrics(run_dir))
+        if last is None or last.get("val/success_rate") != result["after"]["valid"]["success"] \
+                or last.get("pool/success_rate") != result["after"]["pool"]["success"]:
+            continue
         changed = False
         if "credit_auc" not in result and (run_dir / "credit").is_dir():
             result["credit_auc"] = run_credit_auc(run_dir)
             changed = True
         for when in ("before", "after"):
-            if "by_task_type" in result[when]["valid"]:
-                continue
+            valid = result[when]["valid"]
             if when == "before":
                 lines = read_metrics(runs_dir / "before" / result["before_run"])
                 line = lines[0] if lines else None
             else:
-                line = final_validation(read_metrics(run_dir))
-            by_type = task_type_success(line, "val") if line is not None else {}
-            if by_type:
-                result[when]["valid"]["by_task_type"] = by_type
+                line = last
+            if line is None:
+                continue
+            by_type = task_type_success(line, "val")
+            if by_type and "by_task_type" not in valid:
+                valid["by_task_type"] = by_type
+                changed = True
+            if "score" not in valid and line.get("val/score") is not None:
+                valid["score"] = line["val/score"]
                 changed = True
         if changed:
             atomic_write_text(path, json.dumps(result, indent=2) + "\n")
@@ -184,7 +201,7 @@ def _by_task_type(rows: list[dict], when: str) -> dict[str, float]:
 def report(table: dict, results: list[dict]) -> None:
     t = Table(title="The study: success after RL (mean over seeds; \\[pooled-episode 95% CI])")
     for col in ("env / arm", "seeds", "pool before -> after", "held-out before -> after", "paired vs GRPO (held-out)",
-                "invalid after", "credit AUC won / lost", "RL min"):
+                "held-out score", "invalid after", "credit AUC won / lost", "RL min"):
         t.add_column(col, justify="right")
     for name, a in table.items():
         p, v = a["pool_after"], a["valid_after"]
@@ -195,6 +212,7 @@ def report(table: dict, results: list[dict]) -> None:
                   f"{100 * a['valid_before']:.1f} -> {100 * v['mean']:.1f} [{100 * v['episodes_ci'][0]:.0f}, "
                   f"{100 * v['episodes_ci'][1]:.0f}]",
                   " ".join(f"{100 * d:+.0f}" for d in diffs) if a["arm"] != "grpo" else "-",
+                  " -> ".join(_f2(a.get("valid_score", {}).get(w)) for w in ("before", "after")),
                   f"{100 * a['invalid_after']:.1f}%", " / ".join(_f2(a["credit_auc"][k]) for k in ("success", "failure")),
                   f"{a['rl_minutes']:.0f}")
     Console(width=200).print(t)

@@ -56,11 +56,24 @@ def test_runs_once_shares_the_before_and_skips_finished_runs(tmp_path, monkeypat
 
 
 def test_credit_check_counts_positive_rows_of_lost_rollouts(tmp_path) -> None:
-    lines = [{"won": False, "turns": [{"advantage": -0.5}, {"advantage": 0.25}, {"advantage": None}]},
-             {"won": True, "turns": [{"advantage": 1.0}]}]
+    lines = [{"won": False, "group_id": 0, "reward": 0.0,
+              "turns": [{"advantage": -0.5}, {"advantage": 0.25}, {"advantage": None}]},
+             {"won": True, "group_id": 0, "reward": 1.0, "turns": [{"advantage": 1.0}]}]
     (tmp_path / "credit").mkdir()
     (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 1}
+
+
+def test_with_a_graded_outcome_only_rollouts_below_their_group_mean_count_as_lost(tmp_path) -> None:
+    # a group with scores 0.75, 0.25, 0.5 (none won): only the 0.25 rollout (below the mean 0.5) is lost
+    lines = [{"won": False, "group_id": 3, "reward": r, "turns": [{"advantage": a}]}
+             for r, a in ((0.75, 0.9), (0.25, 0.1), (0.5, 0.0))]
+    (tmp_path / "credit").mkdir()
+    (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (tmp_path / "config.yaml").write_text("env:\n  outcome: score\n")
+    assert credit_check(tmp_path) == {"failed_rows": 1, "failed_rows_positive": 1}
+    (tmp_path / "config.yaml").write_text("env:\n  outcome: won\n")  # binary: every rollout not won is lost
+    assert credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 2}
 
 
 def test_run_result_keeps_held_out_success_per_task_type(tmp_path) -> None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
@@ -30,7 +32,7 @@ from agentgym_opsd.files import atomic_write_text
 __all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "final_validation", "load_results", "read_metrics",
            "run_result", "start_training_run", "task_type_success"]
 
-PER_STEP_KEYS = ("step", "success_rate", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
+PER_STEP_KEYS = ("step", "success_rate", "score_mean", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
                  "sampling/rounds", "sampling/dropped_groups", "sampling/mixed_group_share",
                  "rollout/sampled_nll_per_token", "seconds_rollout", "seconds_teacher", "seconds_update")
 
@@ -69,12 +71,19 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def credit_check(run_dir: Path) -> dict[str, int]:
-    """Turn rows of lost trajectories in the run's credit files, and how many got a positive advantage."""
+    """Turn rows of lost trajectories in the run's credit files, and how many got a positive advantage. With a
+    graded outcome (`env.outcome: score` in the run's config) a trajectory counts as lost when it was not won
+    and its reward is below its group's mean that step: one above the mean is rightly pushed up."""
+    graded = run_outcome(run_dir) == "score"
     rows = positive = 0
     for path in sorted((run_dir / "credit").glob("step_*.jsonl")):
-        for text in path.read_text(encoding="utf-8").splitlines():
-            traj = json.loads(text)
-            if traj["won"]:
+        trajs = [json.loads(text) for text in path.read_text(encoding="utf-8").splitlines()]
+        means: dict[int, list[float]] = {}
+        for traj in trajs:
+            means.setdefault(traj["group_id"], []).append(traj["reward"])
+        for traj in trajs:
+            group = means[traj["group_id"]]
+            if traj["won"] or (graded and traj["reward"] >= sum(group) / len(group) - 1e-9):
                 continue
             for turn in traj["turns"]:
                 rows += 1
@@ -82,11 +91,21 @@ def credit_check(run_dir: Path) -> dict[str, int]:
     return {"failed_rows": rows, "failed_rows_positive": positive}
 
 
+def run_outcome(run_dir: Path) -> str:
+    """The run's `env.outcome` from its saved config ("won" when the config predates the field)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return "won"
+    return str((yaml.safe_load(path.read_text(encoding="utf-8")).get("env") or {}).get("outcome", "won"))
+
+
 def _rate(metrics: dict[str, Any], prefix: str) -> dict[str, Any] | None:
     value, episodes = metrics.get(f"{prefix}/success_rate"), metrics.get(f"{prefix}/episodes")
     if value is None:
         return None
     out: dict[str, Any] = {"success": value, "invalid_action_rate": metrics.get(f"{prefix}/invalid_action_rate")}
+    if metrics.get(f"{prefix}/score") is not None:  # the mean partial credit (WebShop's R)
+        out["score"] = metrics[f"{prefix}/score"]
     if episodes:
         out["episodes"] = int(episodes)
         out["ci"] = list(wilson_interval(round(value * episodes), int(episodes)))
