@@ -92,10 +92,12 @@ def test_config_checks_the_cap() -> None:
         load_config("cpu-tiny", ["rollout.max_sampling_rounds=0"])
 
 
-def test_trainer_step_with_dynamic_sampling_logs_its_rounds(tmp_path, toy_env_ids) -> None:
+@pytest.mark.parametrize("outcome", ["won", "score"])
+def test_trainer_step_with_dynamic_sampling_logs_its_rounds(tmp_path, toy_env_ids, outcome) -> None:
     from agentgym_opsd.trainer.loop import Trainer
 
     cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
+                                   f"env.outcome={outcome}",
                                    "trainer.tensorboard=false", "rollout.dynamic_sampling=true",
                                    "rollout.max_sampling_rounds=2", "algorithm.penalty_mode=outcome",
                                    "trainer.total_steps=1", "trainer.eval_at_start=false", "trainer.eval_every=0"])
