@@ -71,6 +71,9 @@ class EnvProfile:
     splits: tuple[str, ...] = ()
     """Task splits the environment offers (`split=` keyword), first one the default."""
     description: str = ""
+    demonstrator: str = ""
+    """A version tag of the expert whose episodes the warm start imitates (`oracle_action`): a new tag makes
+    cached warm starts of this environment stale (it enters their key; empty: not part of the key)."""
 
     def __post_init__(self) -> None:
         if self.history_turns < 0:

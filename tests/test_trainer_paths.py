@@ -118,3 +118,17 @@ def test_the_warm_start_key_sees_a_template_text_and_nothing_without_one(tmp_pat
     finally:
         trainer.close()
     assert len(set(keys)) == 3  # no template, template A, template B: three different warm starts
+
+
+def test_the_warm_start_key_sees_the_demonstrator_version_and_not_the_outcome(tmp_path) -> None:
+    from agentgym_opsd.trainer.config import load_config
+    from agentgym_opsd.trainer.warm_start import WarmStart
+
+    def key(*overrides: str, demonstrator: str = "") -> str | None:
+        cfg = load_config("cpu-tiny", list(overrides))
+        ws = WarmStart(cfg, run_dir=tmp_path, system_prompt="s", env_num_tasks=8, demonstrator=demonstrator)
+        assert ("demonstrator" in ws.settings()) == bool(demonstrator)  # empty: keys from before the field match
+        return str(ws.cache_dir())
+
+    assert key() == key("env.outcome=score")  # the RL outcome does not shape the demonstrations
+    assert key() != key(demonstrator="instruction-search") != key(demonstrator="v2")

@@ -181,7 +181,7 @@ class Trainer:
         self.profile, self.runner, self.invalid_penalty = first.runner.profile, first.runner, first.invalid_penalty
         self.env_num_tasks, self.num_tasks = first.env_num_tasks, first.num_tasks
         self.warm_starter = WarmStart(cfg, run_dir=self.out, system_prompt=self.profile.system_prompt,
-                                      env_num_tasks=self.env_num_tasks)
+                                      env_num_tasks=self.env_num_tasks, demonstrator=self.profile.demonstrator)
         self.reference = ReferencePolicy(self.trained, kl_coef=cfg.algorithm.kl_coef,
                                          base_model=cfg.model.name_or_path, dtype=cfg.model.dtype,
                                          warm_start_dir=self.warm_starter.model_dir)

@@ -166,13 +166,16 @@ def warm_start_key(settings: dict[str, Any]) -> str:
 class WarmStart:
     """The supervised stage of one run: where its weights are cached (`cache_dir`, keyed by everything that
     determines them), where they are after it ran (`model_dir`), and `run`, which trains them or reuses the
-    cache entry. `system_prompt` and `env_num_tasks` come from the environment (they enter the key)."""
+    cache entry. `system_prompt`, `env_num_tasks` and `demonstrator` (the profile's expert version) come from the
+    environment (they enter the key; an empty `demonstrator` is left out, so older keys still match)."""
 
-    def __init__(self, cfg: Config, *, run_dir: Path, system_prompt: str, env_num_tasks: int | None) -> None:
+    def __init__(self, cfg: Config, *, run_dir: Path, system_prompt: str, env_num_tasks: int | None,
+                 demonstrator: str = "") -> None:
         self.cfg = cfg
         self.folder = run_dir / "warm_start"
         self.system_prompt = system_prompt
         self.env_num_tasks = env_num_tasks
+        self.demonstrator = demonstrator
 
     @property
     def seed(self) -> int:
@@ -196,7 +199,8 @@ class WarmStart:
                 # `seed` enters once, as the effective seed, so keys from before the field existed still match
                 "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
                 "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
-                "env_num_tasks": self.env_num_tasks, "seed": self.seed}
+                "env_num_tasks": self.env_num_tasks, "seed": self.seed,
+                **({"demonstrator": self.demonstrator} if self.demonstrator else {})}
 
     def cache_dir(self) -> Path | None:
         """The shared cache entry of these settings (None with `warm_start.cache=off`)."""

@@ -32,6 +32,7 @@ def register() -> None:
             max_turns=15,
             splits=("train", "test"),
             description="WebShop: find and buy the instructed product (text or browser mode).",
+            demonstrator="instruction-search",  # the expert searches what the agent sees (oracle.py)
         ),
         override=True,
     )

@@ -1,6 +1,9 @@
 """The expert: from a goal and a session view, the next action that buys the target with the wanted
-options. It searches the target's title (then title and description if the title search misses), pages through the
-results to the target, opens it, clicks each wanted option value and buys. `oracle_distance` counts the
+options. It searches the instruction — what the agent sees, so that a warm start imitating it learns queries it
+can write (a search for the target's hidden title taught a warm-started model to invent product titles: 4%
+held-out success) — pages through the results to the target, opens it, clicks each wanted option value and
+buys. When the instruction's 50 results miss the target (under 1% of the generated goals) it searches the
+target's title, then title and description. `oracle_distance` counts the
 expert actions still needed from a session's state (the environment's `info["oracle_distance"]`)."""
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ def oracle_next_action(goal: Goal, target: Product, view: SessionView) -> str:
     if view.done:
         raise ValueError("the session is done; there is no next action")
     if view.kind == "search":
-        # Product ids are not indexed (as in the original), so the second try adds the description instead.
-        return f"search[{target.name if view.num_searches == 0 else target.name + ' ' + target.description}]"
+        # Product ids are not indexed (as in the original), so the last try adds the description instead.
+        queries = (goal.instruction, target.name, f"{target.name} {target.description}")
+        return f"search[{queries[min(view.num_searches, len(queries) - 1)]}]"
     if view.kind == "results":
         if target.asin in view.page_asins:
             return f"click[{target.asin.lower()}]"
