@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -52,17 +54,38 @@ non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite n
 def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str], *,
                             pool: WorkerPool | None = None, **server_kwargs: Any) -> None:
     """Bind `host:port` (port 0 picks a free one), print `banner(url)` with the bound address, serve until
-    interrupted, then close the socket: with `pool`, on its fixed pool of workers (a connection beyond its
+    interrupted (SIGINT or SIGTERM), then close the socket: with `pool`, on its fixed pool of workers (a connection beyond its
     queue gets 503, `pool.PooledWSGIServer`), else on a thread per connection. Werkzeug's server never
     runs its debugger, whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
     if pool is not None:
         server = PooledWSGIServer(host, port, app, pool, **server_kwargs)
     else:
         server = make_server(host, port, app, threaded=True, **server_kwargs)
-    print(banner(f"http://{host}:{server.server_port}"), flush=True)
+    previous = _stop_on_sigint_and_sigterm()  # before the banner: a client may signal as soon as it reads it
     try:
+        print(banner(f"http://{host}:{server.server_port}"), flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_on_sigint_and_sigterm() -> dict[int, Any]:
+    """SIGINT and SIGTERM stop the server (the previous handlers are returned). SIGINT is set again on purpose:
+    a process started in the background of a non-interactive shell inherits SIGINT *ignored*, and Python
+    then never installs its KeyboardInterrupt handler, so such a server ran on after Ctrl-C or `kill -INT`
+    (seen in CI runs launched in the background). Only the main thread may set handlers; elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, _raise_keyboard_interrupt)
+    return previous
