@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
+from agentgym_opsd.trainer.config import load_config
 
 __all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "final_validation", "load_results", "read_metrics",
            "run_result", "start_training_run", "task_type_success"]
@@ -78,12 +77,12 @@ def credit_check(run_dir: Path) -> dict[str, int]:
     rows = positive = 0
     for path in sorted((run_dir / "credit").glob("step_*.jsonl")):
         trajs = [json.loads(text) for text in path.read_text(encoding="utf-8").splitlines()]
-        means: dict[int, list[float]] = {}
+        rewards: dict[int, list[float]] = {}
         for traj in trajs:
-            means.setdefault(traj["group_id"], []).append(traj["reward"])
+            rewards.setdefault(traj["group_id"], []).append(traj["reward"])
+        group_mean = {group: sum(values) / len(values) for group, values in rewards.items()}
         for traj in trajs:
-            group = means[traj["group_id"]]
-            if traj["won"] or (graded and traj["reward"] >= sum(group) / len(group) - 1e-9):
+            if traj["won"] or (graded and traj["reward"] >= group_mean[traj["group_id"]] - 1e-9):
                 continue
             for turn in traj["turns"]:
                 rows += 1
@@ -92,11 +91,10 @@ def credit_check(run_dir: Path) -> dict[str, int]:
 
 
 def run_outcome(run_dir: Path) -> str:
-    """The run's `env.outcome` from its saved config ("won" when the config predates the field)."""
+    """The run's `env.outcome` from its saved config (the default, "won", for a config that predates the
+    field; also without a config)."""
     path = run_dir / "config.yaml"
-    if not path.is_file():
-        return "won"
-    return str((yaml.safe_load(path.read_text(encoding="utf-8")).get("env") or {}).get("outcome", "won"))
+    return load_config(str(path)).env.outcome if path.is_file() else "won"
 
 
 def _rate(metrics: dict[str, Any], prefix: str) -> dict[str, Any] | None:
