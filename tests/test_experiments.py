@@ -91,3 +91,69 @@ def test_run_result_keeps_held_out_success_per_task_type(tmp_path) -> None:
     assert result is not None
     assert result["after"]["valid"]["by_task_type"]["look_at_obj_in_light"] == 1.0
     assert result["before"]["valid"]["by_task_type"]["pick_two_obj_and_place"] == 0.0
+
+
+class _Done:
+    """A finished process, for a stubbed `_start`."""
+
+    returncode = 0
+
+    def wait(self) -> int:
+        return 0
+
+    def poll(self) -> int:
+        return 0
+
+
+def _fake_before(run_dir, config: str, overrides) -> None:
+    from agentgym_opsd.trainer.config import load_config
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(load_config(config, list(overrides)).to_yaml(), encoding="utf-8")
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success_rate": 0.5}) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("changed, redone", [("optim.lr=0.5", False), ("rollout.max_new_tokens=7", True),
+                                              ("env.max_turns=3", True), ("env.outcome=score", False)])
+def test_a_before_run_is_redone_only_when_what_decides_its_numbers_changed(tmp_path, monkeypatch, changed,
+                                                                           redone) -> None:
+    spec = BeforeSpec("tiny", "cpu-tiny", TINY)
+    runner = ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
+    old = tmp_path / "runs" / "before" / "tiny"
+    _fake_before(old, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY, changed])
+    started = []
+
+    def fake_start(run_dir, config, overrides, threads, *, resume):
+        started.append(run_dir)
+        _fake_before(run_dir, config, overrides)
+        return _Done()
+
+    monkeypatch.setattr(runner, "_start", fake_start)
+    runner.before(spec)
+    assert started == ([old] if redone else [])
+    aside = old.with_name("tiny.stale-1")
+    assert aside.is_dir() == redone  # the old numbers are kept, not deleted
+    if redone:
+        assert changed.split("=")[0] in ExperimentRunner._changed_settings(
+            aside, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY])
+
+
+def test_a_run_from_another_warm_start_than_its_before_gets_no_result(tmp_path) -> None:
+    from agentgym_opsd.trainer.experiments import same_warm_start
+
+    def folder(name: str, model_dir: str | None):
+        d = tmp_path / name
+        (d / "warm_start").mkdir(parents=True)
+        if model_dir is not None:
+            (d / "warm_start" / "summary.json").write_text(json.dumps({"warm_start/model_dir": model_dir}))
+        return d
+
+    cache = tmp_path / "cache"
+    before = folder("before", str(cache / "aaaa" / "model"))
+    assert same_warm_start(folder("same", str(cache / "aaaa" / "model")), before)
+    assert not same_warm_start(folder("other", str(cache / "bbbb" / "model")), before)
+    assert same_warm_start(folder("none", None), before)  # no warm start (yet): nothing to compare
+    # warm_start.cache=off: the before trained its own copy in its folder, so no run can share it
+    own = folder("own", None)
+    (own / "warm_start" / "summary.json").write_text(json.dumps({"warm_start/model_dir": str(own / "warm_start/model")}))
+    assert same_warm_start(folder("run", str(tmp_path / "run" / "warm_start" / "model")), own)

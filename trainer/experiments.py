@@ -2,7 +2,9 @@
 
 A study (`benchmarks/bench_study.py`, `benchmarks/bench_main_job.py`) is a list of `RunSpec`s. Each names the
 "before" run it shares (the warm start and the before-evaluations of one configuration, done once with
-`trainer.total_steps=0`), and its own training run. `ExperimentRunner.run` starts what has no result file yet,
+`trainer.total_steps=0`), and its own training run. A before run whose saved settings no longer match what it
+would run now (`BEFORE_SETTINGS`: the warm start and how it is evaluated) is moved aside and done again, and a
+run whose warm start is not its before's gets no result. `ExperimentRunner.run` starts what has no result file yet,
 `parallel` at a time with the cores split between them, resumes a killed run from its last checkpoint
 (`--resume auto`), and writes `<results>/<name>.json` when a run ends; a finished run is never redone, so a
 study can be re-run until it is complete, and its tables are built from whatever files exist (`load_results`).
@@ -14,26 +16,72 @@ own), started from a `git worktree` or checkout that does not change under it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text
-from agentgym_opsd.trainer.config import load_config
+from agentgym_opsd.trainer.config import Config, load_config
 
-__all__ = ["BeforeSpec", "ExperimentRunner", "RunSpec", "credit_check", "final_validation", "load_results", "read_metrics",
-           "run_result", "start_training_run", "task_type_success"]
+__all__ = ["BEFORE_SETTINGS", "BeforeSpec", "ExperimentRunner", "RunSpec", "before_settings", "credit_check",
+           "final_validation", "load_results", "read_metrics", "run_result", "same_warm_start", "start_training_run",
+           "task_type_success", "warm_start_dir"]
+
+log = logging.getLogger(__name__)
 
 PER_STEP_KEYS = ("step", "success_rate", "score_mean", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
                  "sampling/rounds", "sampling/dropped_groups", "sampling/mixed_group_share",
                  "rollout/sampled_nll_per_token", "seconds_rollout", "seconds_teacher", "seconds_update")
+
+
+BEFORE_SETTINGS = ("model", "env", "warm_start", "rollout.max_new_tokens", "rollout.temperature", "rollout.top_p",
+                   "trainer.eval_episodes", "trainer.eval_pool_rollouts")
+"""The config sections and keys that decide a before run's numbers: the warm-started weights and how they are
+evaluated. `env.outcome` (which rewards are logged) and `warm_start.cache` (where weights are kept) do not."""
+_NOT_BEFORE = ("env.outcome", "warm_start.cache")
+
+
+def before_settings(cfg: Config) -> dict[str, Any]:
+    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys."""
+    out: dict[str, Any] = {}
+    data = asdict(cfg)
+    for path in BEFORE_SETTINGS:
+        value: Any = data
+        for part in path.split("."):
+            value = value[part]
+        items = {f"{path}.{k}": v for k, v in value.items()} if isinstance(value, dict) else {path: value}
+        out.update({k: v for k, v in items.items() if k not in _NOT_BEFORE})
+    return out
+
+
+def warm_start_dir(run_dir: Path) -> str | None:
+    """Where the run's warm-started weights are (its `warm_start/summary.json`), None before it has one."""
+    path = run_dir / "warm_start" / "summary.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8")).get("warm_start/model_dir")
+
+
+def same_warm_start(run_dir: Path, before_dir: Path) -> bool:
+    """Whether the run started from its before run's cached warm start (logged when not: the before numbers
+    would not be its own). Runs without a warm start, or with `warm_start.cache=off` (each run then trains
+    its own copy in its folder), have nothing shared to compare and pass."""
+    ours, theirs = warm_start_dir(run_dir), warm_start_dir(before_dir)
+    if ours is None or theirs is None or Path(theirs).resolve().is_relative_to(before_dir.resolve()):
+        return True
+    if Path(ours).resolve() == Path(theirs).resolve():
+        return True
+    log.error("%s started from the warm start %s, its before run %s from %s: no result written", run_dir, ours,
+              before_dir, theirs)
+    return False
 
 
 @dataclass(frozen=True)
@@ -149,6 +197,14 @@ def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _free_name(path: Path, tag: str) -> Path:
+    """`<path>.<tag>-<k>` with the first k not taken."""
+    k = 1
+    while (aside := path.with_name(f"{path.name}.{tag}-{k}")).exists():
+        k += 1
+    return aside
+
+
 def load_results(results: Path) -> list[dict[str, Any]]:
     """Every finished run's result under `results` (recursively), sorted by name."""
     return sorted((json.loads(p.read_text(encoding="utf-8")) for p in results.rglob("*.json")),
@@ -183,14 +239,34 @@ class ExperimentRunner:
         return start_training_run(run_dir, config, overrides, threads, resume=resume, append_log=True)
 
     def before(self, spec: BeforeSpec) -> dict[str, Any]:
-        """The shared before-metrics (step 0) of `spec`, running it once with all cores if needed."""
+        """The shared before-metrics (step 0) of `spec`, running it once with all cores if needed; a finished
+        before run whose settings changed since is moved aside (`<name>.stale-<k>`) and done again."""
         run_dir = self.runs_dir / "before" / spec.name
+        overrides = ["trainer.total_steps=0", "trainer.eval_at_start=true", *spec.overrides]
+        if read_metrics(run_dir):
+            changed = self._changed_settings(run_dir, spec.config, overrides)
+            if changed:
+                aside = _free_name(run_dir, "stale")
+                log.warning("the before run %s was made with other %s: moved to %s, running it again", spec.name,
+                            ", ".join(changed), aside.name)
+                run_dir.rename(aside)
+                log_file = run_dir.parent / f"{run_dir.name}.log"
+                if log_file.is_file():
+                    log_file.rename(aside.parent / f"{aside.name}.log")
         if not read_metrics(run_dir):
-            proc = self._start(run_dir, spec.config, ["trainer.total_steps=0", "trainer.eval_at_start=true",
-                                                      *spec.overrides], self.cores, resume=False)
+            proc = self._start(run_dir, spec.config, overrides, self.cores, resume=False)
             if proc.wait() != 0:
                 raise RuntimeError(f"the before run {spec.name} failed, see {run_dir}.log")
         return read_metrics(run_dir)[0]
+
+    @staticmethod
+    def _changed_settings(run_dir: Path, config: str, overrides: Sequence[str]) -> list[str]:
+        """The `before_settings` keys in which the run's saved config differs from `config` + `overrides` now."""
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            return []
+        then, now = before_settings(load_config(str(saved))), before_settings(load_config(config, list(overrides)))
+        return sorted(k for k in then.keys() | now.keys() if then.get(k) != now.get(k))
 
     def result_path(self, spec: RunSpec) -> Path:
         return self.results_dir / f"{spec.name}.json"
@@ -217,6 +293,9 @@ class ExperimentRunner:
                     continue
                 del running[name]
                 result = run_result(self.runs_dir / name, befores[spec.before.name]) if proc.returncode == 0 else None
+                if result is not None and not same_warm_start(self.runs_dir / name,
+                                                              self.runs_dir / "before" / spec.before.name):
+                    result = None
                 if result is None:
                     failed.append(name)
                     continue
