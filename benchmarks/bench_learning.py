@@ -25,11 +25,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.experiments import final_validation, read_metrics, start_training_run
 
 ESTIMATORS = ("grpo", "agentopsd")
@@ -88,8 +88,8 @@ def summarize(out: Path) -> dict:
         raise SystemExit(f"{out / 'warm'} has no metrics: run the experiment first")
     before = warm_lines[0]
     ws = json.loads((out / "warm" / "warm_start" / "summary.json").read_text())
-    config = yaml.safe_load((out / "warm" / "config.yaml").read_text())
-    val_n = float(config["trainer"]["eval_episodes"])
+    # validation logs its episode count; older runs did not, and then their config says it
+    val_n = before.get("val/episodes") or load_config(str(out / "warm" / "config.yaml")).trainer.eval_episodes
     pool_n = before["pool/episodes"]
     result: dict = {"warm_start": {
         "minutes": ws.get("warm_start/seconds", float("nan")) / 60,
