@@ -106,9 +106,12 @@ def summarize(results: list[dict]) -> dict:
     table: dict[str, dict] = {}
     for (env, arm), rows in sorted(by_arm.items()):
         rows.sort(key=lambda r: r["labels"]["seed"])
-        grpo = {r["labels"]["seed"]: r for r in by_arm.get((env, "grpo"), [])}
-        paired = {key: [r["after"][key]["success"] - grpo[r["labels"]["seed"]]["after"][key]["success"]
-                        for r in rows if r["labels"]["seed"] in grpo] for key in ("valid", "pool")}
+        # paired only with the GRPO run of the same seed *and the same before run* (warm start)
+        grpo = {(r["labels"]["seed"], r["before_run"]): r for r in by_arm.get((env, "grpo"), [])}
+        pairs = [(r, grpo[r["labels"]["seed"], r["before_run"]]) for r in rows
+                 if (r["labels"]["seed"], r["before_run"]) in grpo]
+        paired = {key: [r["after"][key]["success"] - g["after"][key]["success"] for r, g in pairs]
+                  for key in ("valid", "pool")}
         table[f"{env}/{arm}"] = {
             "env": env, "arm": arm, "seeds": [r["labels"]["seed"] for r in rows],
             "pool_before": rows[0]["before"]["pool"]["success"], "valid_before": rows[0]["before"]["valid"]["success"],
