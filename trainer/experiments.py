@@ -197,6 +197,11 @@ def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def run_log(run_dir: Path) -> Path:
+    """`<run_dir>.log`, beside the run folder: the output of its training process."""
+    return run_dir.with_name(f"{run_dir.name}.log")
+
+
 def _free_name(path: Path, tag: str) -> Path:
     """`<path>.<tag>-<k>` with the first k not taken."""
     k = 1
@@ -218,7 +223,7 @@ def start_training_run(run_dir: Path, config: str, overrides: Sequence[str], thr
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = (run_dir.parent / f"{run_dir.name}.log").open("a" if append_log else "w")
+    log = run_log(run_dir).open("a" if append_log else "w")
     cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",
            "trainer.progress=false", *overrides, *(["--resume", "auto"] if resume else [])]
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -250,13 +255,12 @@ class ExperimentRunner:
                 log.warning("the before run %s was made with other %s: moved to %s, running it again", spec.name,
                             ", ".join(changed), aside.name)
                 run_dir.rename(aside)
-                log_file = run_dir.parent / f"{run_dir.name}.log"
-                if log_file.is_file():
-                    log_file.rename(aside.parent / f"{aside.name}.log")
+                if run_log(run_dir).is_file():
+                    run_log(run_dir).rename(run_log(aside))
         if not read_metrics(run_dir):
             proc = self._start(run_dir, spec.config, overrides, self.cores, resume=False)
             if proc.wait() != 0:
-                raise RuntimeError(f"the before run {spec.name} failed, see {run_dir}.log")
+                raise RuntimeError(f"the before run {spec.name} failed, see {run_log(run_dir)}")
         return read_metrics(run_dir)[0]
 
     @staticmethod
