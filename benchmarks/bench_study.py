@@ -108,8 +108,7 @@ def summarize(results: list[dict]) -> dict:
         rows.sort(key=lambda r: r["labels"]["seed"])
         # paired only with the GRPO run of the same seed *and the same before run* (warm start)
         grpo = {(r["labels"]["seed"], r["before_run"]): r for r in by_arm.get((env, "grpo"), [])}
-        pairs = [(r, grpo[r["labels"]["seed"], r["before_run"]]) for r in rows
-                 if (r["labels"]["seed"], r["before_run"]) in grpo]
+        pairs = [(r, g) for r in rows if (g := grpo.get((r["labels"]["seed"], r["before_run"])))]
         paired = {key: [r["after"][key]["success"] - g["after"][key]["success"] for r, g in pairs]
                   for key in ("valid", "pool")}
         table[f"{env}/{arm}"] = {
