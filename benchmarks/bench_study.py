@@ -245,18 +245,36 @@ def plot(table: dict, results: list[dict]) -> None:
     axes[0].set_title("training-batch success per step (mean over seeds)")
     axes[1].set_title("entropy (nats/token)")
     axes[0].legend(fontsize=7)
-    lams = [(0.25, "alfworld/agentopsd-lam0.25"), (0.5, "alfworld/agentopsd"), (1.0, "alfworld/agentopsd-lam1.0")]
-    pts = [(lam, table[name]["pool_after"]["mean"]) for lam, name in lams if name in table]
-    if pts:
-        axes[2].plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o")
-        if "alfworld/grpo" in table:
-            axes[2].axhline(100 * table["alfworld/grpo"]["pool_after"]["mean"], ls="--", color="gray", label="GRPO")
-            axes[2].legend()
-    axes[2].set_title("λ sensitivity: ALFWorld pool success after (%)")
-    axes[2].set_xlabel("λ")
+    _plot_lambda(axes[2], results)
     _plot_horizon(axes[3], table)
     fig.tight_layout()
     fig.savefig(RESULTS / "study_curves.png", dpi=110)
+
+
+LAMBDA_ARMS = ((0.25, "agentopsd-lam0.25"), (0.5, "agentopsd"), (1.0, "agentopsd-lam1.0"))
+
+
+def _plot_lambda(ax, results: list[dict]) -> None:
+    """ALFWorld success after training against λ, on the seeds that every λ arm ran: a one-seed λ arm next to
+    the three-seed mean of λ 0.5 would put seed noise into the curve. GRPO on the same seeds is the dashed line."""
+    by_arm: dict[str, dict[int, dict]] = {}
+    for r in results:
+        if r["labels"]["env"] == "alfworld":
+            by_arm.setdefault(r["labels"]["arm"], {})[r["labels"]["seed"]] = r
+    present = [(lam, arm) for lam, arm in LAMBDA_ARMS if arm in by_arm]
+    seeds = sorted(set.intersection(*(set(by_arm[arm]) for _, arm in present))) if len(present) > 1 else []
+    if not seeds:
+        return
+    grpo = by_arm.get("grpo", {})
+    for i, (key, label) in enumerate((("pool", "pool"), ("valid", "held-out"))):
+        ys = [100 * statistics.fmean(by_arm[arm][s]["after"][key]["success"] for s in seeds) for _, arm in present]
+        ax.plot([lam for lam, _ in present], ys, marker="o", color=f"C{i}", label=label)
+        if all(s in grpo for s in seeds):
+            ax.axhline(100 * statistics.fmean(grpo[s]["after"][key]["success"] for s in seeds), ls="--",
+                       color=f"C{i}", lw=0.8, label=f"GRPO {label}")
+    ax.set_title(f"λ sensitivity: ALFWorld success after (%), seed {','.join(map(str, seeds))}", fontsize=9)
+    ax.set_xlabel("λ")
+    ax.legend(fontsize=7)
 
 
 HORIZON_ARMS = ("grpo", "agentopsd", "agentopsd-hint", "gigpo")
