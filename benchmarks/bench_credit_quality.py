@@ -182,7 +182,7 @@ def run_policy(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_si
     t1 = time.perf_counter()
     by_context: dict[str, dict[str, Any]] = {}
     scores: list[TurnScore] = []
-    for context in contexts:
+    for context in tqdm(contexts, desc=f"{name}: teacher contexts", unit="context"):  # a teacher pass each
         trainer.cfg.teacher.context = context
         context_scores = credit_scores(trainer, trajs)
         by_context[context] = summarise(context_scores, ESTIMATORS, horizon_edges=horizon_edges)
