@@ -685,6 +685,13 @@ def summarize(runs: Sequence[SeedRun], before: dict[str, Any] | None) -> dict[st
     ours_after, trl_after = out["ours"]["pool_after"], out["trl"]["pool_after"]
     out["success_equal_or_better"] = None if not (ours_after and trl_after) else \
         ours_after["success"] >= trl_after["success"]
+    if ours_after and trl_after:  # how large a difference these episodes can tell from zero
+        from agentgym_opsd.evaluation.metrics import success_difference_interval
+
+        out["success_difference"] = {
+            "ours_minus_trl": ours_after["success"] - trl_after["success"],
+            "ci": list(success_difference_interval(ours_after["won"], ours_after["episodes"],
+                                                   trl_after["won"], trl_after["episodes"]))}
     out["goal_met"] = bool(out["speedup_step"] >= 2.0 and out["success_equal_or_better"] is not False)
     return out
 
@@ -724,6 +731,11 @@ def verdict(summary: dict[str, Any]) -> str:
     success = "pool success not measured (--pool-rollouts 0)" if ours_after is None else \
         f"pool success after: ours {_pct(ours_after)} vs TRL {_pct(trl_after)} (before {_pct(summary['pool_before'])})"
     met = "MET" if summary["goal_met"] else "NOT MET"
+    if diff := summary.get("success_difference"):
+        low, high = diff["ci"]
+        tells = "a real difference" if low > 0 or high < 0 else "within the noise of these episodes"
+        success += (f"; ours − TRL {100 * diff['ours_minus_trl']:+.1f} points, 95% interval "
+                    f"[{100 * low:+.0f}, {100 * high:+.0f}]: {tells}")
     return (f"Ours is {summary['speedup_step']:.2f}x faster per RL step than TRL's GRPOTrainer (median step "
             f"{summary['ours']['median_seconds_step']:.1f} s vs {summary['trl']['median_seconds_step']:.1f} s; "
             f"{summary['speedup_per_turn']:.2f}x per turn played); {success}. Goal (>= 2x at equal or better "

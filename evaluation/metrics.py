@@ -22,6 +22,7 @@ __all__ = [
     "group_stats",
     "horizon_of",
     "stats_by_task_type",
+    "success_difference_interval",
     "wilson_interval",
 ]
 
@@ -44,6 +45,22 @@ def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float
     centre = (p + z * z / (2 * trials)) / denom
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def success_difference_interval(successes_a: int, trials_a: int, successes_b: int, trials_b: int,
+                                z: float = 1.96) -> tuple[float, float]:
+    """95% interval of the difference of two independent success rates, a − b (Newcombe's hybrid score
+    method, from the two Wilson intervals).
+
+    Two arms evaluated on a few dozen episodes each differ by a few episodes by chance alone; this says how
+    large a difference the evaluation can tell from zero. It stays inside [−1, 1] and behaves at 0% and 100%.
+    """
+    p_a, p_b = successes_a / max(trials_a, 1), successes_b / max(trials_b, 1)
+    low_a, high_a = wilson_interval(successes_a, trials_a, z)
+    low_b, high_b = wilson_interval(successes_b, trials_b, z)
+    diff = p_a - p_b
+    return (diff - math.sqrt((p_a - low_a) ** 2 + (high_b - p_b) ** 2),
+            diff + math.sqrt((high_a - p_a) ** 2 + (p_b - low_b) ** 2))
 
 
 @dataclass

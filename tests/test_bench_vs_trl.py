@@ -61,3 +61,28 @@ def test_cut_completion_tells_a_stop_string_from_the_padding_after_it() -> None:
     assert bvt.cut_completion([1, 3, 2, 2], {2}, decode, stops) == ([1, 3, 2], "eos")
     # the budget ran out
     assert bvt.cut_completion([1, 6, 6], {2}, decode, stops) == ([1, 6, 6], "length")
+
+
+def _step(side: str, seconds: float) -> dict:
+    return {"seed": 1, "step": 1, "side": side, "seconds_step": seconds, "seconds_rollout": seconds / 4,
+            "seconds_update": 3 * seconds / 4, "peak_rss_gb": 3.0, "success": 0.5, "episodes": 8, "rows": 40,
+            "gen_tokens": 500, "train_tokens": 10_000, "padded_tokens": 12_000, "turns": 40}
+
+
+def _eval(won: int, episodes: int = 32) -> dict:
+    return {"success": won / episodes, "won": won, "episodes": episodes, "ci": [0.0, 1.0]}
+
+
+def test_verdict_gives_the_success_difference_with_its_interval() -> None:
+    """3.6x faster, one pool episode behind: the goal is not met on the point estimates, and the report says
+    that one episode of 32 is within the noise rather than leaving a bare NOT MET."""
+    run = bvt.SeedRun(rows=[_step("ours", 100.0), _step("trl", 360.0)], setup={},
+                      after={"ours": _eval(17), "trl": _eval(18)})
+    summary = bvt.summarize([run], _eval(18))
+    low, high = summary["success_difference"]["ci"]
+    assert summary["speedup_step"] == 3.6 and summary["goal_met"] is False
+    assert low < summary["success_difference"]["ours_minus_trl"] < 0 < high
+    text = bvt.verdict(summary)
+    assert "NOT MET" in text and "-3.1 points" in text and "within the noise" in text
+    run.after["ours"] = _eval(30)
+    assert "a real difference" in bvt.verdict(bvt.summarize([run], _eval(18)))

@@ -11,6 +11,7 @@ from agentgym_opsd.evaluation.metrics import (
     group_stats,
     horizon_of,
     stats_by_task_type,
+    success_difference_interval,
     wilson_interval,
 )
 from agentgym_opsd.records import Trajectory, Turn
@@ -39,6 +40,27 @@ def test_wilson_interval_known_value():
     low, high = wilson_interval(8, 10)
     assert math.isclose(low, 0.4902, abs_tol=1e-3) and math.isclose(high, 0.9433, abs_tol=1e-3)
     assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+_counts = st.integers(1, 300).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n)))
+
+
+@given(_counts, _counts)
+def test_success_difference_interval_holds_the_difference_and_flips_with_the_arms(a, b):
+    low, high = success_difference_interval(*a, *b)
+    diff = a[0] / a[1] - b[0] / b[1]
+    assert -1.0 - 1e-12 <= low <= diff + 1e-12 <= high + 2e-12 <= 1.0 + 3e-12
+    flipped = success_difference_interval(*b, *a)
+    assert math.isclose(flipped[0], -high, abs_tol=1e-12) and math.isclose(flipped[1], -low, abs_tol=1e-12)
+
+
+def test_success_difference_interval_known_value():
+    # Newcombe (1998), Table II, example (a): 56/70 vs 48/80, method 10
+    low, high = success_difference_interval(56, 70, 48, 80)
+    assert math.isclose(low, 0.0524, abs_tol=1e-3) and math.isclose(high, 0.3339, abs_tol=1e-3)
+    # one episode apart out of 32 each: nowhere near telling the arms apart
+    low, high = success_difference_interval(17, 32, 18, 32)
+    assert low < -0.2 and high > 0.2
 
 
 def test_group_stats_leave_infrastructure_failures_out_and_count_invalid_per_turn():
