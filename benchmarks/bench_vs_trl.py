@@ -3,6 +3,9 @@
     pip install -e ".[bench]"                      # trl==1.16.0 (adds datasets, pandas, pyarrow; torch unchanged)
     python benchmarks/bench_vs_trl.py              # 2 RL steps each, seed 0, pool success before / after
     python benchmarks/bench_vs_trl.py --steps 1 --pool-rollouts 1 --threads 1     # the smoke run
+    python benchmarks/bench_vs_trl.py --steps 2 --seeds 2 --pool-rollouts 2 --out benchmarks/results/vs_trl_s2
+    python benchmarks/bench_vs_trl.py --merge benchmarks/results/vs_trl_s1.json benchmarks/results/vs_trl_s2.json \
+        --out benchmarks/results/vs_trl_seeds          # seeds run apart (e.g. in two sessions), one summary
 
 RESULT (the issue's goal: >= 2x faster per RL step than TRL at equal or better success). Two runs of
 `--steps 1 --pool-rollouts 1 --threads 1`, seed 0, on the shared 2-core machine (load average 3-8 from other
@@ -796,6 +799,54 @@ def plot(runs: Sequence[SeedRun], summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def write_report(runs: Sequence[SeedRun], before: dict[str, Any] | None, settings: dict[str, Any],
+                 versions: dict[str, str], out: Path, console: Console) -> dict[str, Any]:
+    """Summary, verdict and causes of the seeds' runs: printed, and written to OUT.json and OUT.png."""
+    seeds = settings["seeds"]
+    summary = summarize(runs, before)
+    why, result = causes(runs, summary), verdict(summary)
+    print_table(console, runs)
+    for line in (result, *why):
+        console.print(f"- {line}")
+    console.print("What differs between the two setups:")
+    for line in DIFFERENCES:
+        console.print(f"  * {line}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"benchmark": "bench_vs_trl", "preset": PRESET, "settings": settings,
+              "versions": versions, "setup": runs[0].setup, "differences": list(DIFFERENCES),
+              "steps": [r for run in runs for r in run.rows],
+              "pool": {"before": before, "after": {str(s): run.after for s, run in zip(seeds, runs, strict=True)}},
+              "summary": summary, "result": result, "causes": why}
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot(runs, summary, out.with_suffix(".png"))
+    console.print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return report
+
+
+def load_reports(paths: Sequence[Path]) -> tuple[list[SeedRun], dict[str, Any] | None, dict[str, Any], dict[str, str]]:
+    """Several runs of this script (other seeds, same settings) as one: their seeds side by side, one summary.
+    The before-evaluation is the same in every file (the same warm start, evaluated with the same sampler seed);
+    files whose settings or before-evaluation differ are refused, not averaged."""
+    reports = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    key = ("steps", "threads", "pool_rollouts", "model")
+    first = reports[0]
+    for path, rep in zip(paths, reports, strict=True):
+        differ = [k for k in key if rep["settings"][k] != first["settings"][k]]
+        if rep["pool"]["before"] != first["pool"]["before"]:
+            differ.append("pool.before")
+        if differ:
+            raise SystemExit(f"{path}: not the same benchmark as {paths[0]} ({', '.join(differ)} differ)")
+    runs, seeds = [], []
+    for rep in reports:
+        for seed, after in rep["pool"]["after"].items():
+            if int(seed) in seeds:
+                raise SystemExit(f"seed {seed} is in more than one file")
+            seeds.append(int(seed))
+            runs.append(SeedRun([r for r in rep["steps"] if r["seed"] == int(seed)], rep["setup"], after))
+    settings = {k: first["settings"][k] for k in key} | {"seeds": seeds, "merged_from": [str(p) for p in paths]}
+    return runs, first["pool"]["before"], settings, first["versions"]
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -818,7 +869,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default="", help="model folder (default: the cached cpu-small warm start, else the "
                                                 "embedded SmolLM2)")
     ap.add_argument("--out", default=str(RESULTS / "vs_trl"), help="writes OUT.json and OUT.png")
+    ap.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="no run: pool the seeds of earlier runs' OUT.json files (same settings) into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        write_report(*load_reports(args.merge), Path(args.out), Console(width=max(Console().width, 150)))
+        return 0
     import importlib.util
 
     if importlib.util.find_spec("trl") is None:
@@ -842,25 +898,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs.append(run)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    summary = summarize(runs, before)
-    why, result = causes(runs, summary), verdict(summary)
-    print_table(console, runs)
-    for line in (result, *why):
-        console.print(f"- {line}")
-    console.print("What differs between the two setups:")
-    for line in DIFFERENCES:
-        console.print(f"  * {line}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"benchmark": "bench_vs_trl", "preset": PRESET, "settings": asdict(settings) | {"seeds": seeds},
-              "versions": _versions(), "setup": runs[0].setup, "differences": list(DIFFERENCES),
-              "steps": [r for run in runs for r in run.rows],
-              "pool": {"before": before, "after": {str(s): run.after for s, run in zip(seeds, runs, strict=True)}},
-              "summary": summary, "result": result, "causes": why}
-    del report["settings"]["workdir"]
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    plot(runs, summary, out.with_suffix(".png"))
-    console.print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    settings_out = {k: v for k, v in asdict(settings).items() if k != "workdir"} | {"seeds": seeds}
+    write_report(runs, before, settings_out, _versions(), Path(args.out), console)
     return 0
 
 

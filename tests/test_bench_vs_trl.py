@@ -4,8 +4,12 @@ prompts masked, in order), and the cut of a `generate` row whose padding is the 
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 from agentgym_opsd.records import Trajectory, Turn
 
@@ -86,3 +90,28 @@ def test_verdict_gives_the_success_difference_with_its_interval() -> None:
     assert "NOT MET" in text and "-3.1 points" in text and "within the noise" in text
     run.after["ours"] = _eval(30)
     assert "a real difference" in bvt.verdict(bvt.summarize([run], _eval(18)))
+
+
+def _report(tmp_path: Path, seed: int, *, steps: int = 2, before_won: int = 18) -> Path:
+    rows = [_step("ours", 100.0) | {"seed": seed, "optimizer_steps": 3, "weights_moved": 1e-4},
+            _step("trl", 360.0) | {"seed": seed, "optimizer_steps": 1, "weights_moved": 1e-4}]
+    report = {"settings": {"steps": steps, "threads": 1, "pool_rollouts": 2, "model": "m", "seeds": [seed]},
+              "versions": {"trl": "1.16.0"}, "setup": {"ours": {}, "trl": {}}, "steps": rows,
+              "pool": {"before": _eval(before_won), "after": {str(seed): {"ours": _eval(17), "trl": _eval(18)}}}}
+    path = tmp_path / f"seed{seed}.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_merge_pools_the_seeds_of_separate_runs_and_refuses_other_settings(tmp_path: Path) -> None:
+    runs, before, settings, _ = bvt.load_reports([_report(tmp_path, 1), _report(tmp_path, 2)])
+    assert settings["seeds"] == [1, 2] and before == _eval(18)
+    report = bvt.write_report(runs, before, settings, {}, tmp_path / "merged", bvt.Console(file=io.StringIO()))
+    assert report["summary"]["ours"]["pool_after"]["episodes"] == 64  # 32 per seed, two seeds
+    assert (tmp_path / "merged.json").is_file() and (tmp_path / "merged.png").is_file()
+    with pytest.raises(SystemExit, match="steps"):
+        bvt.load_reports([_report(tmp_path, 1), _report(tmp_path, 3, steps=1)])
+    with pytest.raises(SystemExit, match="pool.before"):
+        bvt.load_reports([_report(tmp_path, 1), _report(tmp_path, 4, before_won=10)])
+    with pytest.raises(SystemExit, match="seed 1"):
+        bvt.load_reports([_report(tmp_path, 1), _report(tmp_path, 1)])
