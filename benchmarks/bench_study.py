@@ -241,7 +241,7 @@ def plot(table: dict, results: list[dict]) -> None:
         steps = min(len(r["per_step"]) for r in runs)
         for ax, key in ((axes[0], "success_rate"), (axes[1], "entropy")):
             ys = [sum((r["per_step"][k].get(key) or 0.0) for r in runs) / len(runs) for k in range(steps)]
-            ax.plot(range(1, steps + 1), ys, color=f"C{i % 10}", label=f"{env}/{arm}")
+            ax.plot(range(1, steps + 1), ys, color=f"C{i % 10}", ls=ENV_LINESTYLE.get(env, "-"), label=f"{env}/{arm}")
     axes[0].set_title("training-batch success per step (mean over seeds)")
     axes[1].set_title("entropy (nats/token)")
     axes[0].legend(fontsize=7)
@@ -251,6 +251,7 @@ def plot(table: dict, results: list[dict]) -> None:
     fig.savefig(RESULTS / "study_curves.png", dpi=110)
 
 
+ENV_LINESTYLE = {"alfworld": "-", "searchqa": "--", "webshop": ":"}  # more arms than colours: the env by line
 LAMBDA_ARMS = ((0.25, "agentopsd-lam0.25"), (0.5, "agentopsd"), (1.0, "agentopsd-lam1.0"))
 
 
