@@ -823,6 +823,11 @@ def write_report(runs: Sequence[SeedRun], before: dict[str, Any] | None, setting
     return report
 
 
+def _outcome(evaluation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An evaluation without its wall time (the same episodes take other seconds on a busy machine)."""
+    return None if evaluation is None else {k: v for k, v in evaluation.items() if k != "seconds"}
+
+
 def load_reports(paths: Sequence[Path]) -> tuple[list[SeedRun], dict[str, Any] | None, dict[str, Any], dict[str, str]]:
     """Several runs of this script (other seeds, same settings) as one: their seeds side by side, one summary.
     The before-evaluation is the same in every file (the same warm start, evaluated with the same sampler seed);
@@ -832,7 +837,7 @@ def load_reports(paths: Sequence[Path]) -> tuple[list[SeedRun], dict[str, Any] |
     first = reports[0]
     for path, rep in zip(paths, reports, strict=True):
         differ = [k for k in key if rep["settings"][k] != first["settings"][k]]
-        if rep["pool"]["before"] != first["pool"]["before"]:
+        if _outcome(rep["pool"]["before"]) != _outcome(first["pool"]["before"]):
             differ.append("pool.before")
         if differ:
             raise SystemExit(f"{path}: not the same benchmark as {paths[0]} ({', '.join(differ)} differ)")
