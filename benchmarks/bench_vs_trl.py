@@ -18,7 +18,7 @@ script's verdict compares point estimates, so it prints NOT MET; what the runs s
 (3.5-4.1x in every run) and the success half a tie within a 34-point-wide interval. Two steps at lr 2e-5,
 whose first step's groups were mostly all won (no GRPO signal on either side), teach too little to show a
 success difference; that would take the study's budget (6-12 steps with dynamic sampling, several seeds),
-about 1.5 CPU-hours per seed on TRL's side alone. The first run (seed 0, one step, 16 pool episodes, before
+about 1.4 CPU-hours per seed on TRL's side alone. The first run (seed 0, one step, 16 pool episodes, before
 the packed update landed) gave 2.1x / 3.0x and 9/16 on both sides (`vs_trl.json`).
 Causes, from the runs' own printouts:
 - update 4.7x (165 vs 35 trained tokens/s, the same ~50k real tokens): TRL trains one packed row per
