@@ -134,19 +134,62 @@ def scored_batches(draw):
     return trajs, evidence, penalty
 
 
-@settings(max_examples=60, deadline=None)
-@given(scored_batches(), st.sampled_from(ESTIMATORS), st.floats(0.0, 1.0))
-def test_with_a_graded_outcome_no_row_below_its_group_mean_is_positive(case, estimator, lam) -> None:
-    trajs, evidence, penalty = case
+SIGN_PRESERVING = tuple(e for e in ESTIMATORS if "gigpo" not in e)  # sign(Ã_k) = sign(A_seq) on every row
+
+
+def _scored_advantages(trajs, evidence, penalty, estimator, lam):
     batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None,
                              invalid_penalty=penalty, penalty_mode="outcome", outcome="score")
     assert batch.traj_rewards.tolist() == [t.score for t in trajs]
     gaps = [torch.full((2,), float(e) / 2) for e in evidence]
-    out = batch_advantages(batch, evidence, gaps, estimator=estimator, config=CreditConfig(lam=lam))
+    return batch, batch_advantages(batch, evidence, gaps, estimator=estimator, config=CreditConfig(lam=lam))
+
+
+def _below_mean_rows(trajs, batch, *, scored_nothing: bool = False):
     for row, ti in enumerate(batch.traj_index.tolist()):
         group = [t.score for t in trajs if t.group_id == trajs[ti].group_id]
-        if trajs[ti].score < sum(group) / len(group) - 1e-9:
-            assert float(out.tokens[row].max()) <= 0.0
+        if trajs[ti].score < sum(group) / len(group) - 1e-9 and (trajs[ti].score == 0.0 or not scored_nothing):
+            yield row
+
+
+@settings(max_examples=60, deadline=None)
+@given(scored_batches(), st.sampled_from(SIGN_PRESERVING), st.floats(0.0, 1.0))
+def test_with_a_graded_outcome_no_row_below_its_group_mean_is_positive(case, estimator, lam) -> None:
+    trajs, evidence, penalty = case
+    batch, out = _scored_advantages(trajs, evidence, penalty, estimator, lam)
+    for row in _below_mean_rows(trajs, batch):
+        assert float(out.tokens[row].max()) <= 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(scored_batches(), st.sampled_from(("gigpo", "agentopsd+gigpo")), st.floats(0.0, 1.0))
+def test_with_a_graded_outcome_gigpo_never_rewards_a_rollout_that_scored_nothing(case, estimator, lam) -> None:
+    """GiGPO's step term compares turns taken from the same state, so with a graded outcome a turn of a
+    below-mean rollout can rightly earn more than the turns of a worse rollout from that state (next test).
+    A rollout that scored nothing has the lowest return in every state it visits: none of its rows is positive."""
+    trajs, evidence, penalty = case
+    batch, out = _scored_advantages(trajs, evidence, penalty, estimator, lam)
+    for row in _below_mean_rows(trajs, batch, scored_nothing=True):
+        assert float(out.tokens[row].max()) <= 0.0
+
+
+def test_gigpo_credits_a_below_mean_turn_that_beat_a_worse_rollout_from_the_same_state() -> None:
+    """The case hypothesis found: one group scoring 0, 1, 1, 1, 1, 0.5, 0.75, 1 (mean 0.78). The 0.75 rollout is
+    just below the mean, but its second turn, from the state the 0.5 rollout's second turn started in, led to
+    more: GiGPO's step term for it outweighs its small negative episode term. GRPO keeps the row negative."""
+    def scored(traj_id: int, turns: int, score: float) -> Trajectory:
+        t = _traj(traj_id, 0, score == 1.0, [None] * turns)
+        t.score, t.turns[-1].reward = score, score
+        return t
+
+    trajs = [scored(i, n, score) for i, (n, score) in
+             enumerate([(1, 0.0), (1, 1.0), (1, 1.0), (1, 1.0), (1, 1.0), (2, 0.5), (2, 0.75), (1, 1.0)])]
+    evidence = torch.zeros(sum(t.num_turns for t in trajs), dtype=torch.float64)
+    batch, gigpo = _scored_advantages(trajs, evidence, 0.1, "gigpo", 0.0)
+    _, grpo = _scored_advantages(trajs, evidence, 0.1, "grpo", 0.0)
+    second_turn = [r for r, ti in enumerate(batch.traj_index.tolist()) if ti == 6][1]
+    assert float(gigpo.tokens[second_turn].max()) > 0.0 > float(grpo.tokens[second_turn].max())
+    assert all(float(gigpo.tokens[r].max()) <= 0.0 for r, ti in enumerate(batch.traj_index.tolist()) if ti == 0)
 
 
 def test_a_graded_outcome_is_scored_and_sampled_on_the_score() -> None:
