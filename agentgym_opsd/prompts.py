@@ -27,6 +27,7 @@ TEMPLATE_FIELDS = {
     "observation": "the current observation (shortened in its middle when max_chars demands it)",
     "history": "the shown past turns, one '[Turn n] Observation: ...\\nAction: ...' block each ('' when none)",
     "history_length": "how many past turns are shown",
+    "earlier_actions": "with action_history, the actions of the past turns not shown, '; '-separated ('' when none)",
     "past_turns": "how many turns came before this one",
     "turn": "this turn's number, from 1",
     "admissible_actions": "the admissible actions, comma-separated ('' when the environment has no list)",
@@ -61,6 +62,9 @@ class PromptRenderer:
     """Renders chat messages for one turn.
 
     `history_turns` is k (last k turns shown); `max_chars` bounds the user message (0 = no bound);
+    `action_history` also lists, on one line, the actions of the past turns whose observations are not shown
+    (beyond k, or dropped for length), so a short prompt still says what the agent did: on a page that looks
+    the same after each click (WebShop's item page) it is the only record of which options are chosen;
     `show_admissible` lists the admissible actions when the environment knows them. `user_template`
     replaces our user message with the user's own text (placeholders in `TEMPLATE_FIELDS`), so a run can use
     exactly the prompt of the paper it is compared with; the system message (and `c+` in it) stays ours.
@@ -69,6 +73,7 @@ class PromptRenderer:
     system_prompt: str
     history_turns: int = 2
     max_chars: int = 0
+    action_history: bool = False
     show_admissible: bool = True
     max_admissible: int = 60
     user_template: str | None = None
@@ -106,19 +111,25 @@ class PromptRenderer:
             listed = list(admissible_actions)[: self.max_admissible]
             more = len(admissible_actions) - len(listed)
             admissible = ", ".join(listed) + (f" (and {more} more)" if more > 0 else "")
+        past = list(history)
         while True:
-            user = self._user_message(task_text, observation, shown, admissible, turn_index, len(history))
+            earlier = self._earlier_actions(past, shown)
+            user = self._user_message(task_text, observation, shown, admissible, turn_index, len(past), earlier)
             if not self.max_chars or len(user) <= self.max_chars or not shown:
                 break
             shown = shown[1:]  # drop the oldest turn first
         if self.max_chars and len(user) > self.max_chars:
             fixed = len(user) - len(observation)
             observation = _shorten_middle(observation, max(self.max_chars - fixed, 40))
-            user = self._user_message(task_text, observation, shown, admissible, turn_index, len(history))
+            user = self._user_message(task_text, observation, shown, admissible, turn_index, len(past), earlier)
         return [
             {"role": "system", "content": self.system_message(skill_context)},
             {"role": "user", "content": user},
         ]
+
+    def _earlier_actions(self, past: Sequence[HistoryItem], shown: Sequence[HistoryItem]) -> list[str]:
+        """The actions of the past turns before the shown ones (none unless `action_history`)."""
+        return [h.action for h in past[: len(past) - len(shown)]] if self.action_history else []
 
     def _user_message(
         self,
@@ -128,15 +139,21 @@ class PromptRenderer:
         admissible: str,
         turn_index: int,
         num_past: int,
+        earlier_actions: Sequence[str] = (),
     ) -> str:
         first = num_past - len(shown) + 1
         history = "\n".join(f"[Turn {first + i}] Observation: {h.observation}\nAction: {h.action}"
                              for i, h in enumerate(shown))
+        earlier = "; ".join(earlier_actions)
         if self.user_template is not None:
             return self.user_template.format_map({
                 "task": task_text, "observation": observation, "history": history, "history_length": len(shown),
-                "past_turns": num_past, "turn": turn_index + 1, "admissible_actions": admissible})
+                "earlier_actions": earlier, "past_turns": num_past, "turn": turn_index + 1,
+                "admissible_actions": admissible})
         parts = [f"Task: {task_text}"] if task_text else []
+        if earlier:
+            turns = "turn 1" if first == 2 else f"turns 1-{first - 1}"
+            parts.append(f"Earlier actions ({turns}): {earlier}")
         if shown:
             parts.append("Recent turns:\n" + history)
         parts.append(f"[Turn {turn_index + 1}] Current observation: {observation}")

@@ -87,3 +87,36 @@ def test_the_trainer_uses_a_template_file_and_refuses_a_bad_one(tmp_path, toy_en
         assert traj.turns[0].prompt[1]["content"].startswith("TEMPLATE make the counter show")
     finally:
         trainer.close()
+
+
+# ---- action history (env.action_history) ---------------------------------------------------------------------
+
+def test_action_history_lists_the_actions_of_the_turns_not_shown() -> None:
+    hist = [HistoryItem(f"a{i}", f"o{i}") for i in range(4)]
+    user = PromptRenderer("SYS", history_turns=1, action_history=True).render(
+        task_text="t", observation="now", history=hist, turn_index=4)[1]["content"]
+    assert "Earlier actions (turns 1-3): a0; a1; a2" in user
+    assert "[Turn 4] Observation: o3\nAction: a3" in user and "o2" not in user
+    first = PromptRenderer("SYS", history_turns=0, action_history=True).render(
+        task_text="t", observation="now", history=hist[:1], turn_index=1)[1]["content"]
+    assert "Earlier actions (turn 1): a0" in first and "o0" not in first
+
+
+def test_action_history_keeps_the_action_of_a_turn_dropped_for_length() -> None:
+    hist = [HistoryItem("click[red]", "page " * 60), HistoryItem("click[large]", "page " * 60)]
+    r = PromptRenderer("SYS", history_turns=2, max_chars=500, action_history=True)
+    user = r.render(task_text="t", observation="item page " * 20, history=hist, turn_index=2)[1]["content"]
+    assert len(user) <= 500 and "Recent turns" not in user
+    assert "Earlier actions (turns 1-2): click[red]; click[large]" in user
+    without = PromptRenderer("SYS", history_turns=2, max_chars=500).render(
+        task_text="t", observation="item page " * 20, history=hist, turn_index=2)[1]["content"]
+    assert "click[red]" not in without and "Earlier actions" not in without  # off: the prompt is as before
+
+
+def test_action_history_is_off_by_default_and_reaches_a_template() -> None:
+    hist = [HistoryItem("a0", "o0"), HistoryItem("a1", "o1")]
+    plain = PromptRenderer("SYS", history_turns=1).render(task_text="t", observation="now", history=hist)
+    assert "Earlier actions" not in plain[1]["content"]
+    r = PromptRenderer("SYS", history_turns=1, action_history=True,
+                       user_template="Done: {earlier_actions} | {history_length} shown | {observation}")
+    assert r.render(task_text="t", observation="now", history=hist)[1]["content"] == "Done: a0 | 1 shown | now"

@@ -132,3 +132,15 @@ def test_the_warm_start_key_sees_the_demonstrator_version_and_not_the_outcome(tm
 
     assert key() == key("env.outcome=score")  # the RL outcome does not shape the demonstrations
     assert key() != key(demonstrator="instruction-search") != key(demonstrator="v2")
+
+
+def test_the_warm_start_key_sees_the_action_history_only_when_it_is_on(tmp_path) -> None:
+    from agentgym_opsd.trainer.config import load_config
+    from agentgym_opsd.trainer.warm_start import WarmStart
+
+    def settings(*overrides: str) -> dict:
+        cfg = load_config("cpu-tiny", list(overrides))
+        return WarmStart(cfg, run_dir=tmp_path, system_prompt="s", env_num_tasks=8).settings()
+
+    assert "action_history" not in settings()["env"]  # off: keys cached before the field existed still match
+    assert settings("env.action_history=true")["env"]["action_history"] is True

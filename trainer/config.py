@@ -160,6 +160,9 @@ class EnvConfig:
     max_turns: int = _f(0, "turn limit per episode (0 = the environment profile's)")
     history_turns: int = _f(-1, "past turns shown in the prompt (-1 = the environment profile's)")
     max_prompt_chars: int = _f(0, "bound on the user message; history is dropped first (0 = none)")
+    action_history: bool = _f(False, "also list the actions of past turns whose observations the prompt leaves "
+                                     "out, so a short prompt still says what the agent did (e.g. which WebShop "
+                                     "options it chose: the item page does not show them)")
     prompt_template: str = _f("", "a text file with your own user-message template ('' = ours); placeholders: "
                                   "{task} {observation} {history} {history_length} {past_turns} {turn} "
                                   "{admissible_actions} (see agentgym_opsd.prompts.TEMPLATE_FIELDS)")

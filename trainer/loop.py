@@ -287,7 +287,7 @@ class Trainer:
         history = cfg.history_turns if cfg.history_turns >= 0 else profile.history_turns
         template = Path(cfg.prompt_template).read_text(encoding="utf-8") if cfg.prompt_template else None
         renderer = PromptRenderer(profile.system_prompt, history_turns=history, max_chars=cfg.max_prompt_chars,
-                                  user_template=template)
+                                  action_history=cfg.action_history, user_template=template)
         kwargs = dict(cfg.kwargs)
         if cfg.max_turns > 0:
             kwargs["max_turns"] = cfg.max_turns

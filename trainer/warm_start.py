@@ -194,6 +194,8 @@ class WarmStart:
         template = env.pop("prompt_template")
         if template:
             env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
+        if not env["action_history"]:  # left out when off, as the template: older keys still match
+            del env["action_history"]
         return {"model": asdict(c.model), "env": env,
                 "system_prompt": self.system_prompt,
                 # `seed` enters once, as the effective seed, so keys from before the field existed still match
