@@ -60,6 +60,30 @@ def test_oracle_buys_the_target_with_score_1(env: WebShopEnv) -> None:
         env.oracle_action()
 
 
+def test_the_expert_opens_the_satisfying_result_the_titles_favour(env: WebShopEnv) -> None:
+    """With the catalogue the expert may open another product than the hidden target, but only one that
+    satisfies the goal, and among those the one whose title shows the most goal attributes; without it the
+    target (the older expert)."""
+    from agentgym_opsd.environments.webshop.oracle import _title_evidence, expert_pick, satisfies
+
+    others = 0
+    for index in range(env.num_tasks):
+        env.reset(options={"task_index": index})
+        env.step(env.oracle_action())  # search the instruction
+        goal, session = env.goals[index], env.unwrapped._backend.session
+        target, view = env.shop.by_asin[goal.asin], session.view()
+        pick = expert_pick(goal, target, view.page_asins, env.shop.by_asin)
+        if pick is None:
+            continue
+        assert env.oracle_action() == f"click[{pick.lower()}]" and satisfies(goal, env.shop.by_asin[pick])
+        on_page = [env.shop.by_asin[a] for a in view.page_asins]
+        best = max(_title_evidence(goal, p) for p in on_page if satisfies(goal, p))
+        assert _title_evidence(goal, env.shop.by_asin[pick]) == best
+        assert expert_pick(goal, target, view.page_asins, None) == (goal.asin if goal.asin in view.page_asins else None)
+        others += pick != goal.asin
+    assert others > 0  # the case the change is for occurs in this shop
+
+
 def test_wrong_purchase_scores_below_one(env: WebShopEnv) -> None:
     obs, info = env.reset(options={"task_index": 1})
     env.step(env.oracle_action())  # search

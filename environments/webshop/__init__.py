@@ -32,7 +32,9 @@ def register() -> None:
             max_turns=15,
             splits=("train", "test"),
             description="WebShop: find and buy the instructed product (text or browser mode).",
-            demonstrator="instruction-search",  # the expert searches what the agent sees (oracle.py)
+            # the expert searches what the agent sees and opens the satisfying result with the best title
+            # (oracle.py); a new name gives its warm starts a new cache key
+            demonstrator="instruction-search+visible-pick",
         ),
         override=True,
     )

@@ -210,7 +210,8 @@ class WebShopEnv(TextEnv):
     def oracle_action(self) -> str:
         if self._goal is None or self.episode_ended:
             raise EpisodeEndedError("the episode is over; call reset()")
-        return oracle_next_action(self._goal, self.shop.by_asin[self._goal.asin], self._backend.view())
+        return oracle_next_action(self._goal, self.shop.by_asin[self._goal.asin], self._backend.view(),
+                                  self.shop.by_asin)
 
     def _oracle_distance(self) -> int | None:
         if not isinstance(self._backend, _TextBackend) or self._backend.session is None or self._goal is None:
