@@ -20,6 +20,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,7 +30,7 @@ from agentgym_opsd.env_workers import ENV_WORKERS
 from agentgym_opsd.envpool import EVAL_SEED
 from agentgym_opsd.evaluation.runner import evaluate_policy
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "training_run_config"]
 
 _SUBCOMMANDS = ("compare", "curves", "report")
 
@@ -80,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-oracle-horizon", action="store_true",
                    help="do not play the oracle to find horizons when an env does not report them")
     p.add_argument("--keep-prompts", action="store_true", help="store prompts and token ids in episodes.jsonl")
+    p.add_argument("--prompts-from", default="auto", metavar="auto|none|RUN",
+                   help="render prompts as a training run did (its history length, prompt bound, action history "
+                        "and template): RUN is the run folder or its config.yaml; 'auto' (default) = the run the "
+                        "policy's weights come from, when they are a training run's; 'none' = each profile's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -96,6 +101,33 @@ def _print_summaries(summaries: Sequence[Any], policy: str) -> None:
     if not console.is_terminal:  # a log file or a pipe: rich would assume 80 columns and cut the env names
         console = Console(width=max(console.width, 130))
     console.print(table)
+
+
+def training_run_config(path: str | Path) -> Path | None:
+    """The config.yaml of the training run that `path` (the run, one of its checkpoints, or a checkpoint's
+    model folder) belongs to; None when it is not inside a training run."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return None
+    for folder in (p, *list(p.parents)[:3]):
+        if (folder / "config.yaml").is_file() and (folder / "checkpoints").is_dir():
+            return folder / "config.yaml"
+    return None
+
+
+def _prompts_config(choice: str, policy: str) -> str:
+    """The config whose prompt settings the evaluation uses ('' = the profiles'), from --prompts-from."""
+    if choice == "none":
+        return ""
+    if choice == "auto":
+        kind, _, argument = policy.partition(":")
+        found = training_run_config(argument) if kind in ("hf", "vllm") and argument else None
+        return str(found) if found else ""
+    path = Path(choice).expanduser()
+    config = path / "config.yaml" if path.is_dir() else path
+    if not config.is_file():
+        raise FileNotFoundError(f"--prompts-from {choice}: no training config ({config} does not exist)")
+    return str(config)
 
 
 EXIT_INFRASTRUCTURE_FAILURE = 3
@@ -127,10 +159,16 @@ def _run(argv: Sequence[str]) -> int:
         policy = make_policy(args.policy, **options)
     except PolicySpecError as exc:
         parser.error(str(exc))
+    try:
+        prompts_from = _prompts_config(args.prompts_from, args.policy)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+    if prompts_from:
+        print(f"prompts rendered as in {prompts_from} (--prompts-from none: each environment's own)")
     suite = SuiteOptions(policy=args.policy, envs=envs, episodes=args.episodes, seed=args.seed,
                          num_envs=args.num_envs, max_turns=args.max_turns, max_retries=args.max_retries,
                          oracle_horizon=not args.no_oracle_horizon, keep_prompts=args.keep_prompts,
-                         policy_options=options, env_workers=args.env_workers)
+                         policy_options=options, env_workers=args.env_workers, prompts_from=prompts_from)
     summaries = run_suite(policy, suite, args.out, progress=not args.no_progress)
     _print_summaries(summaries, args.policy)
     print(f"reports written to {args.out}/ (results.json, report.md, success_by_task_type.png, horizon.png)")

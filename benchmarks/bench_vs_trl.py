@@ -160,14 +160,9 @@ def warm_start_model() -> str:
 
 def make_runner(cfg: Any, num_envs: int) -> Any:
     """A `RolloutRunner` with the trainer's environment and prompt settings (as `Trainer._make_runner`)."""
-    from agentgym_opsd.prompts import PromptRenderer
-    from agentgym_opsd.registry import env_profile, parse_env_spec
     from agentgym_opsd.rollout import RolloutRunner
 
-    profile = env_profile(parse_env_spec(cfg.env.id)[0])
-    history = cfg.env.history_turns if cfg.env.history_turns >= 0 else profile.history_turns
-    renderer = PromptRenderer(profile.system_prompt, history_turns=history, max_chars=cfg.env.max_prompt_chars,
-                              action_history=cfg.env.action_history)
+    renderer = cfg.env.prompt_renderer(cfg.env.id)
     kwargs = {**cfg.env.kwargs, **({"max_turns": cfg.env.max_turns} if cfg.env.max_turns > 0 else {})}
     return RolloutRunner(cfg.env.id, num_envs=num_envs, env_kwargs=kwargs, renderer=renderer,
                          use_skills=False, step_timeout_s=cfg.env.step_timeout_s)

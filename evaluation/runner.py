@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
 from agentgym_opsd.evaluation.metrics import fit_horizon, group_stats, horizon_of, stats_by_task_type
 from agentgym_opsd.policies import OraclePolicy, Policy
+from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, invalid_rates
 from agentgym_opsd.rollout import RolloutRunner
 
@@ -230,6 +231,7 @@ def evaluate_policy(
     runner: RolloutRunner | None = None,
     env_kwargs: dict[str, Any] | None = None,
     env_workers: str = "threads",
+    renderer: PromptRenderer | None = None,
 ) -> EvalSummary:
     """Play `episodes` episodes of `env_spec` (e.g. `ALFWorld-v0:valid_unseen`) with `policy`.
 
@@ -240,7 +242,9 @@ def evaluate_policy(
     `metadata["oracle_turns"]` for the horizon plot. `keep_prompts` stores prompts and token ids in the
     results file too. Pass a `runner` to reuse its environments across calls (periodic validation); it must
     be for the same env spec and is left open. `env_workers` says where a new runner's environments run
-    (threads | processes | ray, `agentgym_opsd.env_workers`; a passed runner keeps its own).
+    (threads | processes | ray, `agentgym_opsd.env_workers`; a passed runner keeps its own). `renderer` sets
+    how a new runner's prompts are rendered (default: the environment profile's; a trained policy plays best
+    with the prompts it was trained on, `EnvConfig.prompt_renderer`).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
@@ -254,7 +258,8 @@ def evaluate_policy(
         kwargs["max_turns"] = int(max_turns)
     own_runner = runner is None
     if runner is None:
-        runner = RolloutRunner(env_spec, num_envs=num_envs, env_kwargs=kwargs, env_workers=env_workers)
+        runner = RolloutRunner(env_spec, num_envs=num_envs, env_kwargs=kwargs, env_workers=env_workers,
+                               renderer=renderer)
     elif runner.env_spec != env_spec:
         raise ValueError(f"runner plays {runner.env_spec!r}, asked to evaluate {env_spec!r}")
     try:

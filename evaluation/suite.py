@@ -128,6 +128,8 @@ class SuiteOptions:
     keep_prompts: bool = False
     policy_options: dict[str, Any] = field(default_factory=dict)
     env_workers: str = "threads"
+    prompts_from: str = ""
+    """A training run's config.yaml whose prompt settings render the prompts ('' = each profile's)."""
 
 
 def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, progress: bool = True) -> list[EvalSummary]:
@@ -137,6 +139,11 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
     out.mkdir(parents=True, exist_ok=True)
     _warn_if_options_changed(out / RUN_FILE, options)
     (out / RUN_FILE).write_text(json.dumps(asdict(options), indent=2, default=str) + "\n", encoding="utf-8")
+    prompts = None
+    if options.prompts_from:
+        from agentgym_opsd.trainer.config import load_config  # the trainer's settings; loaded only when asked
+
+        prompts = load_config(options.prompts_from).env
     summaries = []
     for spec in options.envs:
         summaries.append(evaluate_policy(
@@ -144,13 +151,14 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
             max_turns=options.max_turns, progress=progress, results_path=out / EPISODES_FILE,
             policy_name=options.policy, max_retries=options.max_retries, oracle_horizon=options.oracle_horizon,
             keep_prompts=options.keep_prompts, env_workers=options.env_workers,
+            renderer=prompts.prompt_renderer(spec) if prompts is not None else None,
         ))
     write_reports(summaries, out, policy=options.policy)
     return summaries
 
 
 # Options that change what an episode is: resuming under different values would mix two experiments.
-_EPISODE_OPTIONS = ("seed", "max_turns", "policy_options")
+_EPISODE_OPTIONS = ("seed", "max_turns", "policy_options", "prompts_from")
 
 
 def _warn_if_options_changed(run_file: Path, options: SuiteOptions) -> None:

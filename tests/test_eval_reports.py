@@ -132,3 +132,36 @@ def test_cli_exits_non_zero_when_episodes_could_not_run(toy_env_ids, tmp_path, c
     err = capsys.readouterr().err
     assert "2 episode(s) did not run" in err and "cannot connect" in err
     assert not (tmp_path / "episodes.jsonl").exists() or not (tmp_path / "episodes.jsonl").read_text().strip()
+
+
+def test_a_trained_runs_prompts_are_used_for_its_evaluation(toy_env_ids, tmp_path, capsys):
+    """A run trained with other prompt settings than the profile's (here no past turns, only the earlier
+    actions) is evaluated with its own prompts: named with --prompts-from, found by 'auto' from its weights."""
+    import yaml
+
+    from agentgym_opsd.evaluate import training_run_config
+    from agentgym_opsd.trainer.config import load_config
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002" / "model").mkdir(parents=True)
+    cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", "env.history_turns=0", "env.action_history=true"])
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    for inside in (run, run / "checkpoints" / "step_000002", run / "checkpoints" / "step_000002" / "model"):
+        assert training_run_config(inside) == run / "config.yaml"
+    assert training_run_config(tmp_path) is None and training_run_config("embedded:smollm2-135m-instruct") is None
+
+    def prompts(*extra: str) -> list[str]:
+        out = tmp_path / f"eval{len(extra)}"
+        assert main(["--policy", "oracle", "--env", "ToyCounter-v0:test", "--episodes", "2", "--out", str(out),
+                     "--no-progress", "--keep-prompts", *extra]) == 0
+        return [t.prompt[-1]["content"] for r in load_episode_records(out / "episodes.jsonl")
+                for t in r.trajectory.turns[1:]]
+
+    own = prompts("--prompts-from", str(run))
+    assert own and all("Earlier actions" in p and "Recent turns" not in p for p in own)
+    assert "prompts rendered as in" in capsys.readouterr().out
+    profile = prompts()  # the oracle is not a training run's: each profile's prompts
+    assert all("Earlier actions" not in p and "Recent turns" in p for p in profile)
+    with pytest.raises(SystemExit):
+        main(["--policy", "oracle", "--env", "ToyCounter-v0", "--out", str(tmp_path / "x"),
+              "--prompts-from", str(tmp_path / "nowhere")])

@@ -64,9 +64,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd.models.backends import RolloutBackend
-from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, save_jsonl
-from agentgym_opsd.registry import env_profile, parse_env_spec
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
@@ -283,11 +281,7 @@ class Trainer:
         """A runner for `env_spec` with its own profile's system prompt and history length (unless the config
         overrides them)."""
         cfg = self.cfg.env
-        profile = env_profile(parse_env_spec(env_spec)[0])
-        history = cfg.history_turns if cfg.history_turns >= 0 else profile.history_turns
-        template = Path(cfg.prompt_template).read_text(encoding="utf-8") if cfg.prompt_template else None
-        renderer = PromptRenderer(profile.system_prompt, history_turns=history, max_chars=cfg.max_prompt_chars,
-                                  action_history=cfg.action_history, user_template=template)
+        renderer = cfg.prompt_renderer(env_spec)
         kwargs = dict(cfg.kwargs)
         if cfg.max_turns > 0:
             kwargs["max_turns"] = cfg.max_turns
