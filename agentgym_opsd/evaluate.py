@@ -169,7 +169,12 @@ def _run(argv: Sequence[str]) -> int:
                          num_envs=args.num_envs, max_turns=args.max_turns, max_retries=args.max_retries,
                          oracle_horizon=not args.no_oracle_horizon, keep_prompts=args.keep_prompts,
                          policy_options=options, env_workers=args.env_workers, prompts_from=prompts_from)
-    summaries = run_suite(policy, suite, args.out, progress=not args.no_progress)
+    renderer_for = None
+    if prompts_from:
+        from agentgym_opsd.trainer.config import load_config
+
+        renderer_for = load_config(prompts_from).env.prompt_renderer
+    summaries = run_suite(policy, suite, args.out, progress=not args.no_progress, renderer_for=renderer_for)
     _print_summaries(summaries, args.policy)
     print(f"reports written to {args.out}/ (results.json, report.md, success_by_task_type.png, horizon.png)")
     failed = sum(s.failed_episodes for s in summaries)

@@ -32,6 +32,7 @@ from agentgym_opsd.evaluation.runner import (
     summarize,
 )
 from agentgym_opsd.policies import Policy
+from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.registry import NAMESPACE, RegistryError, env_profile, parse_env_spec, registered_envs
 
 __all__ = [
@@ -129,21 +130,18 @@ class SuiteOptions:
     policy_options: dict[str, Any] = field(default_factory=dict)
     env_workers: str = "threads"
     prompts_from: str = ""
-    """A training run's config.yaml whose prompt settings render the prompts ('' = each profile's)."""
+    """The training run's config.yaml whose prompt settings rendered the prompts ('' = each profile's)."""
 
 
-def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, progress: bool = True) -> list[EvalSummary]:
+def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, progress: bool = True,
+              renderer_for: Callable[[str], PromptRenderer] | None = None) -> list[EvalSummary]:
     """Evaluate `policy` on every env spec of `options` (resuming from DIR/episodes.jsonl), then write the
-    reports and plots. Returns one summary per env spec."""
+    reports and plots. Returns one summary per env spec. `renderer_for(spec)` renders an environment's
+    prompts (default: its profile's; the CLI builds it from `options.prompts_from`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _warn_if_options_changed(out / RUN_FILE, options)
     (out / RUN_FILE).write_text(json.dumps(asdict(options), indent=2, default=str) + "\n", encoding="utf-8")
-    prompts = None
-    if options.prompts_from:
-        from agentgym_opsd.trainer.config import load_config  # the trainer's settings; loaded only when asked
-
-        prompts = load_config(options.prompts_from).env
     summaries = []
     for spec in options.envs:
         summaries.append(evaluate_policy(
@@ -151,7 +149,7 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
             max_turns=options.max_turns, progress=progress, results_path=out / EPISODES_FILE,
             policy_name=options.policy, max_retries=options.max_retries, oracle_horizon=options.oracle_horizon,
             keep_prompts=options.keep_prompts, env_workers=options.env_workers,
-            renderer=prompts.prompt_renderer(spec) if prompts is not None else None,
+            renderer=renderer_for(spec) if renderer_for is not None else None,
         ))
     write_reports(summaries, out, policy=options.policy)
     return summaries
