@@ -155,13 +155,18 @@ def _run(argv: Sequence[str]) -> int:
     if args.model is not None:
         options["model"] = args.model
     options.update(dict(args.policy_option))
+    try:  # before the model loads: a wrong path fails at once
+        prompts_from = _prompts_config(args.prompts_from, args.policy)
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+    renderer_for = None
+    if prompts_from:
+        from agentgym_opsd.trainer.config import load_config
+
+        renderer_for = load_config(prompts_from).env.prompt_renderer
     try:
         policy = make_policy(args.policy, **options)
     except PolicySpecError as exc:
-        parser.error(str(exc))
-    try:
-        prompts_from = _prompts_config(args.prompts_from, args.policy)
-    except FileNotFoundError as exc:
         parser.error(str(exc))
     if prompts_from:
         print(f"prompts rendered as in {prompts_from} (--prompts-from none: each environment's own)")
@@ -169,11 +174,6 @@ def _run(argv: Sequence[str]) -> int:
                          num_envs=args.num_envs, max_turns=args.max_turns, max_retries=args.max_retries,
                          oracle_horizon=not args.no_oracle_horizon, keep_prompts=args.keep_prompts,
                          policy_options=options, env_workers=args.env_workers, prompts_from=prompts_from)
-    renderer_for = None
-    if prompts_from:
-        from agentgym_opsd.trainer.config import load_config
-
-        renderer_for = load_config(prompts_from).env.prompt_renderer
     summaries = run_suite(policy, suite, args.out, progress=not args.no_progress, renderer_for=renderer_for)
     _print_summaries(summaries, args.policy)
     print(f"reports written to {args.out}/ (results.json, report.md, success_by_task_type.png, horizon.png)")

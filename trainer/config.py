@@ -164,8 +164,8 @@ class EnvConfig:
                                      "out, so a short prompt still says what the agent did (e.g. which WebShop "
                                      "options it chose: the item page does not show them)")
     prompt_template: str = _f("", "a text file with your own user-message template ('' = ours); placeholders: "
-                                  "{task} {observation} {history} {history_length} {past_turns} {turn} "
-                                  "{admissible_actions} (see agentgym_opsd.prompts.TEMPLATE_FIELDS)")
+                                  "{task} {observation} {history} {history_length} {earlier_actions} {past_turns} "
+                                  "{turn} {admissible_actions} (see agentgym_opsd.prompts.TEMPLATE_FIELDS)")
     use_skills: bool = _f(True, "load the skill library that gives c+ (the teacher context)")
     invalid_action_penalty: float = _f(-1.0, "subtracted from the reward per invalid action (-1 = profile's)")
     reward_scale: float = _f(1.0, "reward of a won episode (1 = paper; 10 = released code, verl-agent)")
