@@ -1,8 +1,11 @@
-"""Files the whole package writes the same way: atomic writes and the cache folder.
+"""Files the whole package writes the same way: atomic writes, strict JSON and the cache folder.
 
-`atomic_write_text` / `atomic_write_lines` write to a temporary file beside the target, named by the writer's
-pid and a random id (two writers never share a temporary file), then rename it over the target: a reader sees
-the old file or the new one, never half of one, and a crash leaves only a `.NAME.PID.ID.tmp` behind.
+`atomic_write_text` / `atomic_write_lines` / `atomic_write_bytes` write to a temporary file beside the target,
+named by the writer's pid and a random id (two writers never share a temporary file), then rename it over the
+target: a reader sees the old file or the new one, never half of one, and a crash leaves only a
+`.NAME.PID.ID.tmp` behind; a failed write (a full disk, text that is not valid Unicode) leaves no file at all.
+`to_json` is the one JSON writer: strict RFC 8259 JSON, a NaN or an infinity written as null (Python's own
+`json.dumps` writes a bare `NaN`, which other parsers refuse).
 `cache_dir(*parts)` is `$AGENTGYM_OPSD_CACHE/...` (default `~/.cache/agentgym_opsd/...`): generated games,
 indexes, converted models and warm starts all live under it. `is_disk_full(exc)` tells a full disk (or quota)
 from other write errors, also when a library wrapped the OSError (safetensors, torch.save).
@@ -11,14 +14,17 @@ from other write errors, also when a library wrapped the OSError (safetensors, t
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["CACHE_ENV_VAR", "atomic_write_lines", "atomic_write_text", "cache_dir", "is_disk_full", "make_tmp_dir",
-           "remove_dead_tmp_dirs"]
+__all__ = ["CACHE_ENV_VAR", "atomic_write_bytes", "atomic_write_lines", "atomic_write_text", "cache_dir",
+           "is_disk_full", "make_tmp_dir", "remove_dead_tmp_dirs", "to_json"]
 
 CACHE_ENV_VAR = "AGENTGYM_OPSD_CACHE"
 
@@ -55,15 +61,13 @@ def is_disk_full(exc: BaseException, folder: str | os.PathLike[str] | None = Non
     return False
 
 
-def atomic_write_lines(path: str | os.PathLike[str], lines: Iterable[str]) -> Path:
-    """Write `lines` (each with its own newline, if any) to `path` atomically; returns the path."""
+def _write_atomically(path: str | os.PathLike[str], mode: str, write: Callable[[IO[Any]], None]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with tmp.open("w", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line)
+        with tmp.open(mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+            write(fh)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -71,9 +75,40 @@ def atomic_write_lines(path: str | os.PathLike[str], lines: Iterable[str]) -> Pa
     return target
 
 
+def atomic_write_lines(path: str | os.PathLike[str], lines: Iterable[str]) -> Path:
+    """Write `lines` (each with its own newline, if any) to `path` atomically; returns the path."""
+    return _write_atomically(path, "w", lambda fh: fh.writelines(lines))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` atomically; returns the path."""
+    return _write_atomically(path, "wb", lambda fh: fh.write(data))
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write `text` to `path` atomically; returns the path."""
     return atomic_write_lines(path, [text])
+
+
+def to_json(value: Any, **dumps_kwargs: Any) -> str:
+    """`value` as strict JSON text (`json.dumps` options in `dumps_kwargs`: indent, sort_keys, ensure_ascii,
+    default...): every float that is NaN or ±inf becomes null, since JSON has no such numbers and a bare `NaN`
+    makes the file unreadable to strict parsers (JavaScript, jq, Go, Rust). Numbers are written as they are;
+    only a value holding a non-finite float is copied (tuples become lists, as JSON writes them anyway)."""
+    try:  # the common case: all numbers finite, one C-speed pass
+        return json.dumps(value, allow_nan=False, **dumps_kwargs)
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return json.dumps(_finite_or_none(value), allow_nan=False, **dumps_kwargs)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 def make_tmp_dir(target: Path) -> Path:

@@ -5,22 +5,26 @@ action parsed from it, and what the environment replied. A `Trajectory` is one e
 task metadata and the privileged skill context `c+` the self-teacher conditions on.
 
 Records serialise to JSON lines (one trajectory per line) and load back equal (`==`), so rollouts can be
-stored, inspected and replayed.
+stored, inspected and replayed. Reading checks every line (`read_json_lines`, `check_fields`): a bad line is a
+ValueError naming the file, the line and the field, never a traceback from deeper down.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Iterable, Iterator
+import re
+import reprlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-from agentgym_opsd.files import atomic_write_lines
+from agentgym_opsd.files import atomic_write_lines, to_json
 
 __all__ = ["OUTCOMES", "Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
-           "groups_of", "invalid_rates"]
+           "groups_of", "invalid_rates", "check_fields", "read_json_lines", "NUMBER_OR_NULL"]
 
 INVALID_KINDS = ("no_tag", "not_admissible", "truncated")
 """Why a turn was invalid: no parsable action in a reply that ended by itself (`no_tag`), a parsed action
@@ -149,7 +153,7 @@ class Trajectory:
         turns = data.get("turns", [])
         if not isinstance(turns, list):
             raise TypeError(f"trajectory field 'turns': expected a list, got {type(turns).__name__}")
-        _check_fields("trajectory", data, _TRAJECTORY_TYPES)
+        check_fields("trajectory", data, _TRAJECTORY_TYPES)
         checked = []
         for i, turn in enumerate(turns):
             if not isinstance(turn, dict):
@@ -157,36 +161,65 @@ class Trajectory:
             unknown = set(turn) - set(_TURN_TYPES)
             if unknown:
                 raise ValueError(f"turn {i}: unknown fields {sorted(unknown)}")
-            _check_fields(f"turn {i}", turn, _TURN_TYPES)
+            check_fields(f"turn {i}", turn, _TURN_TYPES, _TURN_ITEMS)
+            turn = _nan_for_null(turn, ("reward",))
+            if None in turn.get("response_logprobs", ()):
+                turn["response_logprobs"] = [math.nan if x is None else x for x in turn["response_logprobs"]]
             checked.append(Turn(**turn))
         data["turns"] = checked
-        return cls(**data)
+        return cls(**_nan_for_null(data, ("score", "total_reward")))
 
 
 # The JSON types each recorded field may hold (bool is not a number here, and a number is not a string).
-_NUMBER = (int, float)
+# A number field may also hold null: the writers put null where a number was NaN or infinite
+# (`files.to_json`: JSON has no such numbers); it reads back as NaN.
+NUMBER_OR_NULL: Final = (int, float, type(None))
 _TRAJECTORY_TYPES: dict[str, tuple[type, ...]] = {
     "env_id": (str,), "task_id": (str,), "task_type": (str,), "group_id": (int,), "traj_id": (int,), "seed": (int,),
-    "task_text": (str,), "skill_context": (str,), "privileged_hint": (str,), "won": (bool,), "score": _NUMBER,
-    "total_reward": _NUMBER, "terminated": (bool,), "truncated": (bool,), "error": (str, type(None)),
+    "task_text": (str,), "skill_context": (str,), "privileged_hint": (str,), "won": (bool,), "score": NUMBER_OR_NULL,
+    "total_reward": NUMBER_OR_NULL, "terminated": (bool,), "truncated": (bool,), "error": (str, type(None)),
     "metadata": (dict,),
 }
 _TURN_TYPES: dict[str, tuple[type, ...]] = {
     "index": (int,), "prompt": (list,), "response_text": (str,), "action": (str,), "action_valid": (bool,),
-    "observation": (str,), "reward": _NUMBER, "response_token_ids": (list,), "response_logprobs": (list,),
+    "observation": (str,), "reward": NUMBER_OR_NULL, "response_token_ids": (list,), "response_logprobs": (list,),
     "invalid_reason": (str, type(None)), "info": (dict,),
 }
+_TURN_ITEMS: dict[str, tuple[type, ...]] = {  # what each element of a list field holds
+    "prompt": (dict,), "response_token_ids": (int,), "response_logprobs": NUMBER_OR_NULL,
+}
+
+_preview = reprlib.Repr()  # a bounded repr: a value in an error message is a short excerpt, whatever its depth
+_preview.maxstring, _preview.maxother, _preview.maxlevel = 60, 60, 2
 
 
-def _check_fields(where: str, record: dict[str, Any], types: dict[str, tuple[type, ...]]) -> None:
+def check_fields(where: str, record: Mapping[str, Any], types: Mapping[str, tuple[type, ...]],
+                 items: Mapping[str, tuple[type, ...]] | None = None) -> None:
+    """Each field of `record` named in `types` holds one of its types, and each element of a list field named in
+    `items` one of those; otherwise a TypeError naming `where`, the field (and the element) and what arrived.
+    A bool counts as a bool only, never as a number. Fields not named are not checked."""
     for name, value in record.items():
         allowed = types.get(name)
-        if allowed is None:
-            continue
-        is_bool = isinstance(value, bool)
-        if not isinstance(value, allowed) or (is_bool and bool not in allowed):
-            raise TypeError(f"{where} field {name!r}: expected {' or '.join(t.__name__ for t in allowed)}, "
-                            f"got {type(value).__name__} {str(value)[:60]!r}")
+        if allowed is not None and not _is_one_of(value, allowed):
+            raise TypeError(f"{where} field {name!r}: expected {_names(allowed)}, got {type(value).__name__} "
+                            f"{_preview.repr(value)}")
+        if items and name in items and isinstance(value, list):
+            for i, item in enumerate(value):
+                if not _is_one_of(item, items[name]):
+                    raise TypeError(f"{where} field {name!r}[{i}]: expected {_names(items[name])}, got "
+                                    f"{type(item).__name__} {_preview.repr(item)}")
+
+
+def _is_one_of(value: Any, allowed: tuple[type, ...]) -> bool:
+    return isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool))
+
+
+def _names(allowed: tuple[type, ...]) -> str:
+    return " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+
+
+def _nan_for_null(record: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {k: math.nan if k in names and v is None else v for k, v in record.items()}
 
 
 def groups_of(trajectories: Iterable[Trajectory]) -> dict[int, list[Trajectory]]:
@@ -213,7 +246,7 @@ def invalid_rates(trajectories: Iterable[Trajectory]) -> dict[str, float]:
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> Path:
     """Write trajectories, one JSON object per line, atomically (a crash never leaves half a file)."""
-    return atomic_write_lines(path, (json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in trajectories))
+    return atomic_write_lines(path, (to_json(t.to_dict(), ensure_ascii=False) + "\n" for t in trajectories))
 
 
 def append_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> None:
@@ -222,7 +255,7 @@ def append_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
         for traj in trajectories:
-            fh.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+            fh.write(to_json(traj.to_dict(), ensure_ascii=False) + "\n")
             fh.flush()
 
 
@@ -231,11 +264,37 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Trajectory]:
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
-    with Path(path).open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
+    for line_no, value in read_json_lines(path, "trajectory record"):
+        try:
+            yield Trajectory.from_dict(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}:{line_no}: not a trajectory record ({exc})") from exc
+
+
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff): only such an escape can put a lone surrogate into a
+# parsed string (the UTF-8 decoder refuses raw ones), so only lines with one are checked for it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def read_json_lines(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSON-lines file. A line that is not UTF-8, not
+    JSON, nested deeper than the parser's recursion allows, or holding a lone surrogate (text no file or page
+    can be written with) is a ValueError `PATH:LINE: not a <what> (why)`."""
+    with Path(path).open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
             try:
-                yield Trajectory.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{line_no}: not a trajectory record ({exc})") from exc
+                text = raw.decode("utf-8")
+                value = json.loads(text)
+                if _SURROGATE_ESCAPE.search(text):
+                    json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError on a lone one
+            except RecursionError:
+                raise ValueError(f"{path}:{line_no}: not a {what} (nested deeper than the JSON reader "
+                                 "follows)") from None
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"{path}:{line_no}: not a {what} (a lone surrogate "
+                                 f"{exc.object[exc.start:exc.end]!r} in a string: not valid Unicode text)") from None
+            except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+                raise ValueError(f"{path}:{line_no}: not a {what} ({exc})") from exc
+            yield line_no, value

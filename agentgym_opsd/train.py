@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
               f"-> {cfg.trainer.output_dir}")
     for line in learning_summary(trainer.out / "metrics.jsonl"):
         print(line)
+    print(trainer.time_report())
     return 0
 
 

@@ -49,8 +49,11 @@ def _build_hf(argument: str, options: dict[str, Any]) -> Policy:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this project never downloads weights
     from agentgym_opsd.models.hf_policy import HFPolicy
     from agentgym_opsd.models.loading import load_policy_model
+    from agentgym_opsd.models.precision import resolve_dtype
 
-    model, tokenizer = load_policy_model(argument, dtype=str(options.get("dtype") or "float32"), trainable=False)
+    # dtype=auto: bf16 where the hardware computes in it natively (`models/precision.py`)
+    model, tokenizer = load_policy_model(argument, dtype=resolve_dtype(str(options.get("dtype") or "float32")),
+                                         trainable=False)
     adapter = options.get("adapter")
     if adapter:
         from peft import PeftModel

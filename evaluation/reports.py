@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.evaluation.runner import EvalSummary
-from agentgym_opsd.files import atomic_write_text
+from agentgym_opsd.files import atomic_write_text, to_json
 from agentgym_opsd.records import INVALID_KINDS
 
 __all__ = [
@@ -36,7 +36,7 @@ _atomic_write = atomic_write_text  # one atomic writer for the package (agentgym
 
 def write_results_json(summaries: Sequence[EvalSummary], path: str | Path) -> Path:
     data = {s.env_spec: s.to_dict() for s in summaries}
-    return _atomic_write(Path(path), json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return _atomic_write(Path(path), to_json(data, indent=2, sort_keys=False) + "\n")
 
 
 def load_results(run_dir: str | Path) -> dict[str, dict[str, Any]]:

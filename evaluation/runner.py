@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import EVAL_SEED, TaskSpec
 from agentgym_opsd.evaluation.metrics import fit_horizon, group_stats, horizon_of, stats_by_task_type
+from agentgym_opsd.files import to_json
 from agentgym_opsd.policies import OraclePolicy, Policy
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import Trajectory, invalid_rates
@@ -63,9 +64,9 @@ class EpisodeRecord:
     trajectory: Trajectory
 
     def to_json(self) -> str:
-        return json.dumps({"env_spec": self.env_spec, "policy": self.policy, "seed": self.seed,
-                           "task_index": self.task_index, "attempts": self.attempts,
-                           "trajectory": self.trajectory.to_dict()}, ensure_ascii=False)
+        return to_json({"env_spec": self.env_spec, "policy": self.policy, "seed": self.seed,
+                        "task_index": self.task_index, "attempts": self.attempts,
+                        "trajectory": self.trajectory.to_dict()}, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeRecord:

@@ -31,6 +31,7 @@ from agentgym_opsd.evaluation.runner import (
     load_episode_records,
     summarize,
 )
+from agentgym_opsd.files import to_json
 from agentgym_opsd.policies import Policy
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.registry import NAMESPACE, RegistryError, env_profile, parse_env_spec, registered_envs
@@ -141,7 +142,7 @@ def run_suite(policy: Policy, options: SuiteOptions, out_dir: str | Path, *, pro
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _warn_if_options_changed(out / RUN_FILE, options)
-    (out / RUN_FILE).write_text(json.dumps(asdict(options), indent=2, default=str) + "\n", encoding="utf-8")
+    (out / RUN_FILE).write_text(to_json(asdict(options), indent=2, default=str) + "\n", encoding="utf-8")
     summaries = []
     for spec in options.envs:
         summaries.append(evaluate_policy(
@@ -166,7 +167,7 @@ def _warn_if_options_changed(run_file: Path, options: SuiteOptions) -> None:
         before = json.loads(run_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return
-    now = json.loads(json.dumps(asdict(options), default=str))
+    now = json.loads(to_json(asdict(options), default=str))  # as written
     changed = [k for k in _EPISODE_OPTIONS if k in before and before[k] != now[k]]
     if changed and before.get("policy") == options.policy:
         log.warning("%s: resuming with different %s than the episodes already there (%s); use a new --out "

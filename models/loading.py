@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentgym_opsd.files import cache_dir, make_tmp_dir
+from agentgym_opsd.files import cache_dir, make_tmp_dir, to_json
 
 if TYPE_CHECKING:  # keep `import agentgym_opsd.models.loading` light: transformers loads on first use
     import torch
@@ -144,7 +144,7 @@ def _atomic_build(target: Path, stamp: dict[str, Any], build: Any) -> Path:
     tmp.chmod(0o755)  # the cache may be shared between users of a machine
     try:
         build(tmp)
-        (tmp / _MARKER).write_text(json.dumps(stamp), encoding="utf-8")
+        (tmp / _MARKER).write_text(to_json(stamp), encoding="utf-8")
         if target.exists() and not _is_complete(target, stamp):
             stale = target.with_name(f".{target.name}.stale-{uuid.uuid4().hex[:8]}")
             try:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "VLLMPolicy",
     "hf_weight_items",
+    "kv_cache_bytes",
     "require_vllm",
     "sampling_params_kwargs",
     "vllm_available",
@@ -104,6 +105,23 @@ def sampling_params_kwargs(
     if seed is not None:
         kwargs["seed"] = int(seed)
     return kwargs
+
+
+CPU_KV_CACHE_GIB = 1.0
+"""The KV cache of vLLM's CPU build when none is asked for: ample for rollouts of a small model."""
+
+
+def kv_cache_bytes(gib: float, *, cuda: bool) -> int | None:
+    """`kv_cache_memory_bytes` for `vllm.LLM`, or None to size the cache from `gpu_memory_utilization`.
+
+    On the CPU build the utilisation is a fraction of the machine's memory *including what the calling process
+    already holds*, so a colocated trainer (gigabytes of weights, optimiser state and activations) leaves it
+    nothing or a negative size and the engine refuses to start; there the cache gets an explicit size instead."""
+    if gib < 0:
+        raise ValueError(f"kv_cache_gib must be >= 0, got {gib}")
+    if gib == 0 and cuda:
+        return None
+    return int((gib or CPU_KV_CACHE_GIB) * 2**30)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -187,7 +205,8 @@ class VLLMPolicy:
     `tokenizer`: the trainer's tokenizer (loaded from `model_path` when None), used to render prompts and
     decode answers. Sampling options mirror `HFPolicy`. Engine options: `dtype` (must equal the trainer's
     dtype for the synced weights to mean the same), `gpu_memory_utilization` (fraction of the whole GPU;
-    ~0.3 when colocated with training), `max_model_len` (prompt + answer tokens), `tensor_parallel_size`,
+    ~0.3 when colocated with training), `kv_cache_gib` (the KV cache's size, overriding the utilisation; see
+    `kv_cache_bytes`), `max_model_len` (prompt + answer tokens), `tensor_parallel_size`,
     `colocate` (one engine per trainer process via `external_launcher`), `enable_sleep_mode`,
     `llm_kwargs` (anything else for `vllm.LLM`).
     """
@@ -206,6 +225,7 @@ class VLLMPolicy:
         gpu_memory_utilization: float = 0.3,
         max_model_len: int = 8192,
         max_num_seqs: int = 256,
+        kv_cache_gib: float = 0.0,
         tensor_parallel_size: int = 1,
         colocate: bool = True,
         enable_sleep_mode: bool = False,
@@ -237,6 +257,9 @@ class VLLMPolicy:
             "logprobs_mode": "processed_logprobs",
             "enable_prefix_caching": True,
         }
+        kv_bytes = kv_cache_bytes(kv_cache_gib, cuda=torch.cuda.is_available())
+        if kv_bytes is not None:
+            options["kv_cache_memory_bytes"] = kv_bytes
         if colocate:
             options["distributed_executor_backend"] = "external_launcher"
         options.update(llm_kwargs or {})
@@ -305,29 +328,65 @@ class VLLMPolicy:
         return outputs
 
     def sync_weights(self, model: torch.nn.Module) -> int:
-        """Push the trainer's current weights into the engine; returns how many tensors were pushed."""
-        self.wake_up()
-        load = self._loader()
-        count = 0
-        for name, tensor in hf_weight_items(model):
-            load([(name, tensor)])  # one tensor at a time: no second full copy of a 7B model in memory
-            count += 1
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        return count
+        """Push the trainer's current weights into the engine; returns how many tensors were pushed.
 
-    def _loader(self) -> Any:
-        """`load_weights` of the engine's model: direct when the engine runs in this process
-        (external_launcher / no multiprocessing), otherwise through `collective_rpc` on every worker
-        (needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship tensors)."""
+        In-process (the colocated engine), through the model runner's `reload_weights` where vLLM has it: it
+        redoes the post-load processing, which matters on backends that repack weights into kernel formats
+        after loading (the CPU build does; a plain `load_weights` then finds parameters without a loader).
+        Older in-process engines get `load_weights` one tensor at a time; an engine in worker processes gets
+        the tensors through `collective_rpc`."""
+        self.wake_up()
+        items = _Counted(hf_weight_items(model))
+        runner = self._local_model_runner()
+        if runner is not None and callable(getattr(runner, "reload_weights", None)):
+            runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
+            _refresh_tied_output_head(runner.model)
+        elif runner is not None:
+            for item in items:  # one tensor at a time: no second full copy of a 7B model in memory
+                runner.model.load_weights([item])
+        else:  # needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 to ship tensors to the workers
+            for item in items:
+                self.llm.collective_rpc(_load_weights_on_worker, args=([item],))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        return items.count
+
+    def _local_model_runner(self) -> Any:
+        """The engine's model runner when the engine runs in this process (external_launcher, or
+        VLLM_ENABLE_V1_MULTIPROCESSING=0), else None."""
         executor = getattr(self.llm.llm_engine, "model_executor", None)
         worker = getattr(executor, "driver_worker", None)
-        if worker is not None:
-            return worker.model_runner.model.load_weights
+        worker = getattr(worker, "worker", worker)  # V1 wraps the worker (WorkerWrapperBase.worker)
+        return getattr(worker, "model_runner", None)
 
-        def via_rpc(weights: list[tuple[str, torch.Tensor]]) -> None:
-            self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
 
-        return via_rpc
+def _refresh_tied_output_head(model: torch.nn.Module) -> None:
+    """Redo the output head's post-load processing when it shares the embedding's weight.
+
+    vLLM's CPU build prepacks each GEMM's weight once loaded, the output head's too. With tied embeddings
+    the head has no weight of its own in the checkpoint, so a reload refreshes the embedding and leaves the
+    head's packed copy stale: the engine would sample from the old output layer (measured: log-probs off by
+    0.6 nats after one update of the embedding). A no-op on GPUs (the unquantised head has nothing to redo)."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    method = getattr(head, "quant_method", None)
+    if not tied or head is None or embed is None or method is None:
+        return
+    if head.weight is not embed.weight:
+        head.weight = embed.weight
+    method.process_weights_after_loading(head)
+
+
+class _Counted:
+    """An iterator that counts what it hands out (the pushed tensors)."""
+
+    def __init__(self, items: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.items, self.count = items, 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for item in self.items:
+            self.count += 1
+            yield item
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:

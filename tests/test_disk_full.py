@@ -104,7 +104,7 @@ def test_metrics_line_cut_by_a_full_disk_is_removed(tmp_path) -> None:
     from agentgym_opsd.trainer.metrics import MetricsLog
 
     with small_tmpfs(tmp_path / "disk", "8k") as disk:
-        log = MetricsLog(disk, lambda step: [])
+        log = MetricsLog(disk, lambda step, logged_through: [])
         written = 0
         with pytest.raises(OSError) as info:
             for step in range(1, 100):

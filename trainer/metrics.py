@@ -1,7 +1,8 @@
 """A step's metrics: assembled from the step batch, reduced across ranks, and written (metrics.jsonl, the trackers).
 
 `MetricsLog` owns the run's `metrics.jsonl`: a fresh run sets an old file aside instead of appending to it; a
-resumed run drops the lines of steps after its checkpoint (they will be replayed exactly).
+resumed run drops the lines of steps after its checkpoint (they will be replayed exactly), and its trackers show
+each step once too (`trainer/trackers.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agentgym_opsd.files import atomic_write_lines
+from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.trackers import Tracker
@@ -115,14 +116,16 @@ def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], batch:
 class MetricsLog:
     """`metrics.jsonl` and the trackers (`trainer/trackers.py`) of one run folder; only rank 0 makes one."""
 
-    def __init__(self, run_dir: Path, trackers: Callable[[int], list[Tracker]]) -> None:
+    def __init__(self, run_dir: Path, trackers: Callable[..., list[Tracker]]) -> None:
         self.path = run_dir / "metrics.jsonl"
-        self._make_trackers = trackers  # called with the first step written (TensorBoard purges events after it)
+        # called with the first step written (TensorBoard drops its events from there on) and `logged_through=`
+        self._make_trackers = trackers
         self._trackers: list[Tracker] | None = None
+        self.logged_through = -1  # the last step an attempt before this one (killed) logged; -1: none
 
     def trackers(self, step: int) -> list[Tracker]:
         if self._trackers is None:
-            self._trackers = self._make_trackers(step)
+            self._trackers = self._make_trackers(step, logged_through=self.logged_through)
         return self._trackers
 
     def set_aside_old(self) -> None:
@@ -138,10 +141,12 @@ class MetricsLog:
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
-                if int(json.loads(line).get("step", 0)) <= step:
-                    kept.append(line)
-            except (json.JSONDecodeError, ValueError):
+                logged = int(json.loads(line).get("step", 0))
+            except (json.JSONDecodeError, TypeError, ValueError):
                 continue  # a line cut by the kill
+            self.logged_through = max(self.logged_through, logged)  # the trackers were sent it too
+            if logged <= step:
+                kept.append(line)
         atomic_write_lines(self.path, (x + "\n" for x in kept))  # a full disk leaves the old file whole
 
     def write(self, metrics: dict[str, Any], *, step: int) -> None:
@@ -150,7 +155,7 @@ class MetricsLog:
         start = self.path.stat().st_size if self.path.is_file() else 0
         try:
             with self.path.open("ab") as fh:
-                fh.write((json.dumps(line) + "\n").encode("utf-8"))
+                fh.write((to_json(line) + "\n").encode("utf-8"))
         except OSError:  # a full disk: cut a half-written line off, so every line stays whole JSON
             with contextlib.suppress(OSError):
                 os.truncate(self.path, start)

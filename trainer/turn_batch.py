@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.credit import CreditResult
-from agentgym_opsd.files import atomic_write_lines
+from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates
 
 __all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
@@ -359,4 +358,4 @@ def credit_lines(trajectories: Sequence[Trajectory], record: CreditRecord, *, es
 
 def write_jsonl_atomic(lines: Sequence[dict[str, Any]], path: Path) -> Path:
     """Write JSON lines atomically (`agentgym_opsd.files`), as `records.save_jsonl` does."""
-    return atomic_write_lines(path, (json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n" for line in lines))
+    return atomic_write_lines(path, (to_json(line, ensure_ascii=False) + "\n" for line in lines))

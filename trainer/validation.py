@@ -14,8 +14,10 @@ over all episodes. The pool check plays every training environment's pool and ad
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.envpool import TaskSpec
@@ -26,7 +28,7 @@ from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import group_diversity
 from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT
 
-__all__ = ["Validation"]
+__all__ = ["Validation", "StartEvaluationCache", "start_evaluation_key"]
 
 Generating = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -141,3 +143,61 @@ def _pool_rates(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
     n = max(len(trajs), 1)
     return {f"{prefix}success_rate": sum(x.won for x in trajs) / n, f"{prefix}score": sum(x.score for x in trajs) / n,
             f"{prefix}invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns}
+
+
+# Config fields that cannot change what the validation before the first RL step sees: the RL update, the teacher,
+# the run's bookkeeping and the training stream (held-out and pool seeds and the samplers' streams are fixed).
+_NOT_IN_START_KEY = {
+    "trainer": ("seed", "total_steps", "output_dir", "overwrite", "backend", "save_every", "keep_checkpoints",
+                "eval_every", "save_trajectories", "report_to", "tensorboard", "progress"),
+    "rollout": ("tasks_per_step", "group_size", "dynamic_sampling", "max_sampling_rounds"),
+    "algorithm": "*", "optim": "*", "teacher": "*", "deepspeed": "*",
+}
+
+
+def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
+    """A hash of everything that determines the step-0 validation of a warm start: the config less the fields
+    above, and the threads and ranks (float reductions, and so sampled tokens, may differ with them)."""
+    import hashlib
+    import json
+
+    data = cfg.to_dict()
+    for section, fields in _NOT_IN_START_KEY.items():
+        if fields == "*":
+            data.pop(section, None)
+        else:
+            for name in fields:
+                data.get(section, {}).pop(name, None)
+    blob = json.dumps({"config": data, "threads": threads, "world_size": world_size}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+class StartEvaluationCache:
+    """The validation before the first RL step, kept beside the cached warm start it evaluated
+    (`<warm-start cache entry>/start_evaluations/<key>.json`): every run from that warm start with the same
+    evaluation settings plays the same episodes with the same weights and seeds, so the numbers are computed
+    once. A reused result carries `val/from_cache: 1`."""
+
+    def __init__(self, warm_start_entry: Path | None, key: str) -> None:
+        self.path = warm_start_entry / "start_evaluations" / f"{key}.json" if warm_start_entry else None
+
+    def load(self) -> dict[str, float] | None:
+        if self.path is None or not self.path.is_file():
+            return None
+        import json
+
+        try:
+            metrics = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # a damaged entry is recomputed
+        return {**metrics, "val/from_cache": 1.0} if isinstance(metrics, dict) else None
+
+    def store(self, metrics: dict[str, float]) -> None:
+        if self.path is None or not self.path.parent.parent.is_dir():
+            return
+        from agentgym_opsd.files import atomic_write_text, to_json
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = {k: float(v) for k, v in metrics.items()  # a nan metric stays out: the JSON is strict
+                if k != "val/from_cache" and isinstance(v, (int, float)) and math.isfinite(v)}
+        atomic_write_text(self.path, to_json(kept, indent=2))

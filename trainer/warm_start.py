@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import TaskSpec
-from agentgym_opsd.files import cache_dir, remove_dead_tmp_dirs
+from agentgym_opsd.files import cache_dir, remove_dead_tmp_dirs, to_json
 from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
@@ -239,7 +239,7 @@ class WarmStart:
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
         policy.engine.reset_optimizer_state()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
         if policy.is_main:
-            (self.folder / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            (self.folder / "summary.json").write_text(to_json(summary, indent=2), encoding="utf-8")
         dist.barrier()
         log.info("warm start: %s", summary)
         return summary
@@ -321,7 +321,7 @@ class WarmStart:
         dist.barrier()
 
     def _publish(self, tmp: Path, target: Path, summary: dict[str, Any]) -> None:
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        (tmp / "summary.json").write_text(to_json(summary, indent=2), encoding="utf-8")
         if target != self.folder:  # a shared cache entry: published in one rename
             if (target / "summary.json").is_file():
                 shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good

@@ -10,13 +10,18 @@ distance when the rollout recorded one, and its credit numbers (e_k, B_k, ΔB_k,
 numbers). Each trajectory has a sparkline of its belief B_0 … B_K. Filters (outcome, estimator, task type)
 and sorting run in the page. Every piece of text from the run is HTML-escaped. Default output:
 `RUN_DIR/credit/step_N.html`.
+
+Both files are checked line by line as they are read, the way trajectory records are (`records.check_fields`):
+a line of the wrong shape is one error line naming the file, the line and the field (exit 2), and the page is
+written atomically, so a failure leaves no file behind. Keys a credit line has beyond those below are ignored
+(a newer trainer's extra numbers do not break an older inspector).
 """
 
 from __future__ import annotations
 
 import argparse
 import html
-import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -24,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.records import Trajectory, Turn, groups_of, load_jsonl
+from agentgym_opsd.files import atomic_write_text
+from agentgym_opsd.records import NUMBER_OR_NULL, Trajectory, Turn, check_fields, groups_of, read_json_lines
 from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
@@ -40,6 +46,22 @@ CREDIT_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("anchor_size", "|anchor|", "GiGPO: turns of the group that acted on the same state"),
     ("advantage", "Ã_k", "final advantage of the turn (mean over its tokens)"),
 )
+
+
+# The JSON types of a credit line (`trainer.turn_batch.credit_lines` writes them) and of each of its turns; a
+# number is null where the estimator gives none or it was not finite.
+_LINE_TYPES: dict[str, tuple[type, ...]] = {
+    "step": (int,), "estimator": (str,), "traj_id": (int,), "group_id": (int,), "env_id": (str,), "task_id": (str,),
+    "task_type": (str,), "won": (bool,), "reward": NUMBER_OR_NULL, "seq_advantage": NUMBER_OR_NULL,
+    "success_rate": NUMBER_OR_NULL, "turns": (list,),
+}
+_TURN_TYPES: dict[str, tuple[type, ...]] = {
+    "turn": (int,), "prior": NUMBER_OR_NULL, "token_gaps": (list,), "tokens": (list,),
+    **{key: NUMBER_OR_NULL for key, _, _ in CREDIT_COLUMNS},
+}
+_TURN_ITEMS: dict[str, tuple[type, ...]] = {"token_gaps": NUMBER_OR_NULL, "tokens": (str,)}
+# The oracle's distances a turn's `info` may carry (the page compares them): numbers, or absent.
+_ORACLE_TYPES: dict[str, tuple[type, ...]] = {ORACLE_BEFORE: NUMBER_OR_NULL, ORACLE_AFTER: NUMBER_OR_NULL}
 
 
 class InspectError(ValueError):
@@ -74,19 +96,51 @@ def load_step(run_dir: Path, step: int | None = None) -> StepData:
         step = steps[-1]
     elif step not in steps:
         raise InspectError(f"{run_dir}: no trajectories for step {step}; steps: {', '.join(map(str, steps))}")
-    trajs = load_jsonl(run_dir / "trajectories" / f"step_{step:06d}.jsonl")
-    credit: dict[int, dict[str, Any]] = {}
+    trajs = _read_trajectories(run_dir / "trajectories" / f"step_{step:06d}.jsonl")
     path = run_dir / "credit" / f"step_{step:06d}.jsonl"
-    if path.is_file():
-        for line_no, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-                credit[int(line["traj_id"])] = line
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise InspectError(f"{path}:{line_no}: not a credit line ({exc})") from exc
+    credit = _read_credit(path) if path.is_file() else {}
     return StepData(run_dir, step, trajs, credit)
+
+
+def _read_trajectories(path: Path) -> list[Trajectory]:
+    """The step's trajectory records, checked as `records.iter_jsonl` checks them, and the oracle distances the
+    page compares."""
+    trajs = []
+    for line_no, value in read_json_lines(path, "trajectory record"):
+        try:
+            traj = Trajectory.from_dict(value)
+            for turn in traj.turns:
+                check_fields(f"turn {turn.index} info", turn.info, _ORACLE_TYPES)
+        except (TypeError, ValueError) as exc:
+            raise InspectError(f"{path}:{line_no}: not a trajectory record ({exc})") from exc
+        trajs.append(traj)
+    return trajs
+
+
+def _read_credit(path: Path) -> dict[int, dict[str, Any]]:
+    """Trajectory id -> its credit line, each line and each of its turns checked (`_LINE_TYPES`)."""
+    credit: dict[int, dict[str, Any]] = {}
+    for line_no, line in read_json_lines(path, "credit line"):
+        try:
+            _check_credit_line(line)
+        except (TypeError, ValueError) as exc:
+            raise InspectError(f"{path}:{line_no}: not a credit line ({exc})") from exc
+        credit[line["traj_id"]] = line
+    return credit
+
+
+def _check_credit_line(line: Any) -> None:
+    if not isinstance(line, dict):
+        raise TypeError(f"expected a JSON object, got {type(line).__name__}")
+    if "traj_id" not in line:
+        raise ValueError("no 'traj_id' (the trajectory it belongs to)")
+    check_fields("credit line", line, _LINE_TYPES)
+    for i, turn in enumerate(line.get("turns", [])):
+        if not isinstance(turn, dict):
+            raise TypeError(f"turns[{i}]: expected a JSON object, got {type(turn).__name__}")
+        if "turn" not in turn:
+            raise ValueError(f"turns[{i}]: no 'turn' (the turn index it belongs to)")
+        check_fields(f"turns[{i}]", turn, _TURN_TYPES, _TURN_ITEMS)
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------
@@ -94,6 +148,15 @@ def load_step(run_dir: Path, step: int | None = None) -> StepData:
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a finite float; None when missing, not finite, or an integer beyond a float's range."""
+    try:
+        number = float(value)
+    except (TypeError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _fmt(value: Any) -> str:
@@ -123,17 +186,19 @@ def _response_html(turn: Turn, credit: dict[str, Any]) -> str:
     tokens, gaps = credit.get("tokens"), credit.get("token_gaps")
     if not tokens or not gaps or len(tokens) != len(gaps):
         return f'<pre class="response">{_e(turn.response_text)}</pre>'
-    scale = max((abs(g) for g in gaps if g is not None), default=0.0)
+    shades = [_finite(g) or 0.0 for g in gaps]
+    scale = max((abs(g) for g in shades), default=0.0)
     spans = "".join(
-        f'<span class="tok" style="{_gap_style(g or 0.0, scale)}" title="gap {_fmt(g)}">{_e(t)}</span>'
-        for t, g in zip(tokens, gaps, strict=True)
+        f'<span class="tok" style="{_gap_style(s, scale)}" title="gap {_fmt(g)}">{_e(t)}</span>'
+        for t, g, s in zip(tokens, gaps, shades, strict=True)
     )
     return f'<pre class="response shaded">{spans}</pre>'
 
 
 def _sparkline(prior: float | None, beliefs: Sequence[float | None]) -> str:
-    """Inline SVG of B_0, B_1 … B_K on a fixed [0, 1] axis (a dashed line at the prior)."""
-    values = [v for v in ([prior] if prior is not None else []) + list(beliefs) if v is not None]
+    """Inline SVG of B_0, B_1 … B_K on a fixed [0, 1] axis (a dashed line at the prior); missing or non-finite
+    values are left out."""
+    values = [f for f in map(_finite, [prior, *beliefs]) if f is not None]
     if len(values) < 2:
         return ""
     width, height, pad = 160.0, 36.0, 3.0
@@ -322,11 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         data = load_step(args.run_dir, args.step)
-    except (InspectError, ValueError, OSError) as exc:
+        out = args.out or args.run_dir / "credit" / f"step_{data.step:06d}.html"
+        atomic_write_text(out, render_html(data))  # all or nothing: a failed write leaves no (empty) page
+    except (InspectError, ValueError, OSError) as exc:  # ValueError: also a text that cannot be encoded
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or args.run_dir / "credit" / f"step_{data.step:06d}.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(data), encoding="utf-8")
     print(f"wrote {out} ({len(data.trajectories)} trajectories, step {data.step})")
     return 0

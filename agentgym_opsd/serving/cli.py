@@ -52,11 +52,15 @@ non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite n
 
 
 def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str], *,
-                            pool: WorkerPool | None = None, **server_kwargs: Any) -> None:
+                            pool: WorkerPool | None = None, cancel_in_flight: Callable[[], None] | None = None,
+                            **server_kwargs: Any) -> None:
     """Bind `host:port` (port 0 picks a free one), print `banner(url)` with the bound address, serve until
-    interrupted (SIGINT or SIGTERM), then close the socket: with `pool`, on its fixed pool of workers (a connection beyond its
-    queue gets 503, `pool.PooledWSGIServer`), else on a thread per connection. Werkzeug's server never
-    runs its debugger, whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
+    interrupted (SIGINT or SIGTERM), then close the socket: with `pool`, on its fixed pool of workers (a
+    connection beyond its caps gets 503, slow clients 408, `pool.PooledWSGIServer`), else on a thread per
+    connection. With `pool` a stop also lets the requests in progress end (`PooledWSGIServer.stop`: after
+    `pool.shutdown_grace_s` it calls `cancel_in_flight`) before returning, so no worker is inside the app
+    when the process exits; a second signal during that wait stops at once. Werkzeug's server never runs
+    its debugger, whatever FLASK_DEBUG says (the debugger console on a 500 page would run anyone's code)."""
     if pool is not None:
         server = PooledWSGIServer(host, port, app, pool, **server_kwargs)
     else:
@@ -68,9 +72,14 @@ def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[st
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        try:
+            if isinstance(server, PooledWSGIServer):
+                server.stop(cancel_in_flight)
+            else:
+                server.server_close()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:

@@ -29,6 +29,19 @@ A scheduling round:
 
 A generation that has started runs to its end (at most `max_tokens_cap` tokens per row, which is what
 bounds the time a batch can hold the model) even if its clients leave; their answers are discarded.
+
+Lanes: a generation cannot be interrupted, so with one scheduler a short request that arrives while long
+prompts are generated waits for them all (three prompts of 3,900 tokens made a 33-token request wait 108 s
+on SmolLM2-135M, batched with two of them; at another temperature it timed out in the queue). So requests
+whose prompt plus budget is at most `short_lane_tokens` tokens go to a lane of their own: a second scheduler
+thread, with its own queue and rounds as above, that generates beside the main lane on the same weights
+(its own view of the policy: its own sampling stream, `BatchPolicy.with_sampling`, and its own copy of the
+tokenizer, so the two threads share nothing that generation changes). A short request then waits for at
+most a batch of short ones, while longer requests keep the main lane; both lanes share the CPU or GPU, so
+a long generation slows down while short ones run beside it, by about their share of the work. Prompt
+token budgets per batch were measured as the alternative and rejected: they bound what a batch costs, not
+how long a request waits for the batch in progress (`benchmarks/results/policy_lanes.json`).
+`short_lane_tokens=0` keeps one lane.
 """
 
 from __future__ import annotations
@@ -48,8 +61,8 @@ from typing import Any, Protocol
 from agentgym_opsd.policies import PolicyOutput
 from agentgym_opsd.records import ChatMessage
 
-__all__ = ["MESSAGE_FRAMING_TOKENS", "PROMPT_CHARS_PER_TOKEN", "BatchPolicy", "Completion", "Job", "JobError",
-           "PolicyBatcher", "QueueFull", "prompt_chars", "socket_alive"]
+__all__ = ["MESSAGE_FRAMING_TOKENS", "PROMPT_CHARS_PER_TOKEN", "SHORT_LANE_TOKENS", "BatchPolicy", "Completion", "Job",
+           "JobError", "PolicyBatcher", "QueueFull", "prompt_chars", "socket_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +81,10 @@ _UNKNOWN_CLIENT_STATUS = 499  # nginx's "client closed request": written into a 
 PROMPT_CHARS_PER_TOKEN = 16.0
 MESSAGE_FRAMING_TOKENS = 4
 
+SHORT_LANE_TOKENS = 1024
+"""Requests whose prompt plus budget is at most this many tokens are generated in the short lane (module
+docstring): an agent turn's prompt of a few hundred tokens and its answer fit, a long document does not."""
+
 
 class BatchPolicy(Protocol):
     """What the scheduler needs from a policy (`HFPolicy` has all of it). `prompt_ids` may use the policy's
@@ -75,10 +92,15 @@ class BatchPolicy(Protocol):
     that holds a deep copy of the tokenizer."""
 
     tokenizer: Any  # `.decode(ids, skip_special_tokens=False)` cuts an answer to a shorter budget
+    temperature: float
     top_p: float
     max_new_tokens: int
 
     def set_temperature(self, temperature: float) -> None: ...
+
+    def with_sampling(self, *, temperature: float, seed: int) -> Any:
+        """A policy over the same weights with a sampling stream of its own (the short lane's)."""
+        ...
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]: ...
 
@@ -158,6 +180,27 @@ def _request_side_policy(policy: BatchPolicy) -> BatchPolicy:
     return view
 
 
+def _lane_policy(policy: BatchPolicy, seed: int) -> BatchPolicy:
+    """A second lane's view of `policy`: the same weights, its own sampling stream and its own copy of the
+    tokenizer (each lane sets the temperature, top_p and budget of its batches and decodes on its own)."""
+    view = policy.with_sampling(temperature=policy.temperature, seed=seed)
+    view.tokenizer = copy.deepcopy(policy.tokenizer)
+    return view  # type: ignore[no-any-return]
+
+
+@dataclass(eq=False)
+class _Lane:
+    """A scheduler thread with its queue and its view of the policy; it takes the jobs whose prompt plus
+    budget is at most `max_work_tokens` tokens (None: any job no other lane takes)."""
+
+    name: str
+    policy: BatchPolicy
+    max_work_tokens: int | None
+    queue: deque[Job] = field(default_factory=deque)
+    expected: int = 1  # jobs the next round waits for: those in flight when the last generation ended
+    thread: threading.Thread | None = None
+
+
 def socket_alive(sock: socket.socket) -> bool:
     """Whether the peer of `sock` is still connected: a non-blocking peek that reads end-of-stream (b'') or
     fails means it closed or reset the connection; no data yet (BlockingIOError) or data means it is there.
@@ -192,6 +235,8 @@ class PolicyBatcher:
         batch_window_s: float = 0.02,
         poll_s: float = 0.1,
         prompt_chars_per_token: float = PROMPT_CHARS_PER_TOKEN,
+        short_lane_tokens: int = SHORT_LANE_TOKENS,
+        short_lane_seed: int = 1,
     ) -> None:
         if not 1 <= default_max_tokens <= max_tokens_cap:
             raise ValueError(f"the default max_tokens ({default_max_tokens}) must be in 1..max_tokens_cap "
@@ -200,6 +245,8 @@ class PolicyBatcher:
             raise ValueError("max_prompt_tokens, max_batch, max_queue and queue_timeout_s must be positive")
         if not 0 < prompt_chars_per_token < math.inf:
             raise ValueError(f"prompt_chars_per_token must be a finite number > 0, got {prompt_chars_per_token}")
+        if short_lane_tokens < 0:
+            raise ValueError(f"short_lane_tokens must be >= 0 (0 = one lane), got {short_lane_tokens}")
         self.policy = policy
         self.default_max_tokens = default_max_tokens
         self.max_tokens_cap = max_tokens_cap
@@ -216,13 +263,21 @@ class PolicyBatcher:
         self._tokenizing = _request_side_policy(policy)  # used by request threads only, under _tokenizing_lock
         self._tokenizing_lock = threading.Lock()
         self.batch_sizes: list[int] = []  # jobs per generation, for /health and the tests
-        self._expected = 1  # jobs the next round waits for: those in flight when the last generation ended
         self.dropped_disconnected = 0
-        self._queue: deque[Job] = deque()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # guards every lane's queue and `expected`
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="policy-batcher", daemon=True)
-        self._thread.start()
+        self._lanes = [_Lane("policy-batcher", policy, None)]
+        if short_lane_tokens:
+            self._lanes.insert(0, _Lane("policy-batcher-short", _lane_policy(policy, short_lane_seed),
+                                        short_lane_tokens))
+        for lane in self._lanes:
+            lane.thread = threading.Thread(target=self._loop, args=(lane,), name=lane.name, daemon=True)
+            lane.thread.start()
+
+    @property
+    def thread_names(self) -> list[str]:
+        """The scheduler threads' names, one a lane (the short lane's first when there is one)."""
+        return [lane.name for lane in self._lanes]
 
     # -- request threads ----------------------------------------------------------------------------------
 
@@ -234,10 +289,12 @@ class PolicyBatcher:
             self._refuse_if_full()
         job.prompt_ids = self._tokenise(job.messages)
         job.budget = self._budget(job, len(job.prompt_ids))
+        work_tokens = len(job.prompt_ids) + job.budget
+        lane = next(lane for lane in self._lanes if lane.max_work_tokens is None or work_tokens <= lane.max_work_tokens)
         with self._cond:
             self._refuse_if_full()
             job.enqueued_at = time.monotonic()
-            self._queue.append(job)
+            lane.queue.append(job)
             self._cond.notify_all()
 
     def wait(self, job: Job) -> Completion:
@@ -260,25 +317,31 @@ class PolicyBatcher:
         return job.result
 
     def queued(self) -> int:
+        """Jobs waiting in all lanes."""
         with self._cond:
-            return len(self._queue)
+            return self._queued()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            pending = list(self._queue)
-            self._queue.clear()
+            pending = [job for lane in self._lanes for job in lane.queue]
+            for lane in self._lanes:
+                lane.queue.clear()
             self._cond.notify_all()
         for job in pending:
             job.finish(error=JobError(503, "the server is shutting down", "server_error"))
-        self._thread.join(timeout=30)
+        for lane in self._lanes:
+            assert lane.thread is not None
+            lane.thread.join(timeout=30)
+
+    def _queued(self) -> int:
+        return sum(len(lane.queue) for lane in self._lanes)
 
     def _refuse_if_full(self) -> None:
         if self._closed:
             raise QueueFull("the server is shutting down")
-        if len(self._queue) >= self.max_queue:
-            raise QueueFull(f"{len(self._queue)} requests are queued already (the limit is {self.max_queue}); "
-                            f"retry later")
+        if (queued := self._queued()) >= self.max_queue:
+            raise QueueFull(f"{queued} requests are queued already (the limit is {self.max_queue}); retry later")
 
     def _tokenise(self, messages: list[ChatMessage]) -> list[int]:
         """The prompt's token ids, tokenised on the request side's own tokenizer; a prompt with more than
@@ -318,28 +381,31 @@ class PolicyBatcher:
     def _withdraw(self, job: Job) -> bool:
         """Take `job` out of the queue unless the scheduler has taken it already."""
         with self._cond:
-            if job.started or job not in self._queue:
+            if job.started:
                 return False
-            self._queue.remove(job)
-            return True
+            for lane in self._lanes:
+                if job in lane.queue:
+                    lane.queue.remove(job)
+                    return True
+            return False
 
     # -- scheduler thread ---------------------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, lane: _Lane) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not lane.queue and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
                 deadline = time.monotonic() + self.batch_window_s
-                target = min(self.max_batch, self._expected)
-                while len(self._queue) < target and (left := deadline - time.monotonic()) > 0:
+                target = min(self.max_batch, lane.expected)
+                while len(lane.queue) < target and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
-                group = self._take_group()
+                group = self._take_group(lane)
             if group:
                 try:
-                    self._run(group)
+                    self._run(lane, group)
                 except Exception as exc:  # the scheduler must outlive any one batch
                     log.exception("generation failed")
                     for job in group:
@@ -347,11 +413,11 @@ class PolicyBatcher:
                             job.finish(error=JobError(500, f"generation failed: {type(exc).__name__}",
                                                       "server_error"))
 
-    def _take_group(self) -> list[Job]:
-        """Under the lock: drop gone and expired jobs, then take the oldest job's sampling group."""
+    def _take_group(self, lane: _Lane) -> list[Job]:
+        """Under the lock: drop the lane's gone and expired jobs, then take the oldest job's sampling group."""
         now = time.monotonic()
         waiting: deque[Job] = deque()
-        for job in self._queue:
+        for job in lane.queue:
             if not job.client_alive():
                 self.dropped_disconnected += 1
                 job.finish(error=JobError(_UNKNOWN_CLIENT_STATUS, "the client closed the connection"))
@@ -367,42 +433,47 @@ class PolicyBatcher:
                 group.append(job)
             else:
                 rest.append(job)
-        self._queue = rest
+        lane.queue = rest
         return group
 
-    def _run(self, group: list[Job]) -> None:
-        """Generate for `group`: jobs `submit` tokenised and checked, all with the same sampling settings."""
+    def _run(self, lane: _Lane, group: list[Job]) -> None:
+        """Generate for `group` on the lane's policy: jobs `submit` tokenised and checked, all with the same
+        sampling settings."""
         self.batch_sizes.append(len(group))
+        policy = lane.policy
         temperature, top_p = group[0].sampling_key
-        self.policy.set_temperature(temperature)
-        self.policy.top_p = top_p
-        self.policy.max_new_tokens = max(job.budget for job in group)
-        outputs = self.policy.generate_ids([job.prompt_ids for job in group])
+        policy.set_temperature(temperature)
+        policy.top_p = top_p
+        policy.max_new_tokens = max(job.budget for job in group)
+        outputs = policy.generate_ids([job.prompt_ids for job in group])
         with self._cond:  # counted before any answer goes out, so no client is counted twice
-            self._expected = len(group) + len(self._queue)
+            lane.expected = len(group) + len(lane.queue)
         for job, out in zip(group, outputs, strict=True):
-            job.finish(self._completion(out, job.budget, job.stop, len(job.prompt_ids)))
+            job.finish(self._completion(policy, out, job.budget, job.stop, len(job.prompt_ids)))
 
-    def _completion(self, out: PolicyOutput, budget: int, stops: Sequence[str], prompt_tokens: int) -> Completion:
+    def _completion(self, policy: BatchPolicy, out: PolicyOutput, budget: int, stops: Sequence[str],
+                    prompt_tokens: int) -> Completion:
         ids, text, reason = out.token_ids, out.text, out.finish_reason
         if len(ids) > budget:  # generated for a longer budget in the same batch: the prefix is this answer
             ids, reason = ids[:budget], "length"
-            text = self._decode(ids)
+            text = _decode(policy, ids)
         cut = _first_stop(text, stops)
         if cut is not None:
-            return Completion(text[:cut], "stop", prompt_tokens, self._tokens_through_stop(ids, stops))
+            return Completion(text[:cut], "stop", prompt_tokens, _tokens_through_stop(policy, ids, stops))
         return Completion(text, "length" if reason == "length" else "stop", prompt_tokens, len(ids))
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        return str(self.policy.tokenizer.decode(list(ids), skip_special_tokens=False))
 
-    def _tokens_through_stop(self, ids: list[int], stops: Sequence[str]) -> int:
-        """The fewest leading tokens whose text holds a client stop string: what OpenAI counts as generated
-        when it stops there (found by bisection, as holding a stop only grows with the prefix)."""
-        def holds_stop(k: int) -> bool:
-            return _first_stop(self._decode(ids[:k]), stops) is not None
+def _decode(policy: BatchPolicy, ids: Sequence[int]) -> str:
+    return str(policy.tokenizer.decode(list(ids), skip_special_tokens=False))
 
-        return min(bisect.bisect_left(range(len(ids) + 1), True, key=holds_stop), len(ids))
+
+def _tokens_through_stop(policy: BatchPolicy, ids: list[int], stops: Sequence[str]) -> int:
+    """The fewest leading tokens whose text holds a client stop string: what OpenAI counts as generated when it
+    stops there (found by bisection, as holding a stop only grows with the prefix)."""
+    def holds_stop(k: int) -> bool:
+        return _first_stop(_decode(policy, ids[:k]), stops) is not None
+
+    return min(bisect.bisect_left(range(len(ids) + 1), True, key=holds_stop), len(ids))
 
 
 class _Refused(JobError):

@@ -8,14 +8,17 @@ MODEL is anything `load_policy_model` accepts (`embedded:smollm2-135m-instruct`,
 folder, a LoRA adapter, a trainer checkpoint); an `hf:` prefix is allowed. Endpoints:
 
 - `GET /v1/models` — the one model served (its id is `--model-name`, default MODEL)
-- `POST /v1/chat/completions` — `messages`, optional `temperature`, `max_tokens`, `top_p`, `stop`; `n` must
-  be 1 and streaming is not offered. Generation stops at the agent closing tags (`</action>`, ...), which stay
+- `POST /v1/chat/completions` — `messages`, optional `model` (the served id; another is answered 404 naming
+  it, as OpenAI answers an unknown model; absent is fine), `temperature`, `max_tokens`, `top_p`, `stop`; `n`
+  must be 1 and streaming is not offered. Generation stops at the agent closing tags (`</action>`, ...), which stay
   in the text; a client `stop` string cuts the text before it, as OpenAI does.
 - `GET /health` — also says how many requests are queued
 
-Concurrent requests are batched: one scheduler thread owns the model and generates for up to `--max-batch`
-queued requests with the same temperature/top_p at once (`agentgym_opsd.serving.policy_batcher` explains
-how, and why each answer is exactly what it would be alone). Prompts are checked and tokenised in the
+Concurrent requests are batched: a scheduler thread generates for up to `--max-batch` queued requests with
+the same temperature/top_p at once (`agentgym_opsd.serving.policy_batcher` explains how, and why each answer
+is exactly what it would be alone). Requests whose prompt plus max_tokens is at most `--short-lane-tokens`
+(1024) tokens have a scheduler thread of their own beside it, so a short request never waits for long
+prompts being generated (0 = one lane for all). Prompts are checked and tokenised in the
 request's own thread before they are queued, so the scheduler only ever sees token ids of prompts that fit.
 Limits, each answered with a JSON error:
 
@@ -58,6 +61,7 @@ from werkzeug.exceptions import HTTPException
 from agentgym_opsd.serving.bodies import BodyError, read_json_body
 from agentgym_opsd.serving.cli import (
     non_negative_float,
+    non_negative_int,
     number_type,
     port_number,
     positive_float,
@@ -66,6 +70,7 @@ from agentgym_opsd.serving.cli import (
 )
 from agentgym_opsd.serving.policy_batcher import (
     PROMPT_CHARS_PER_TOKEN,
+    SHORT_LANE_TOKENS,
     Completion,
     Job,
     JobError,
@@ -74,7 +79,8 @@ from agentgym_opsd.serving.policy_batcher import (
     socket_alive,
 )
 
-__all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "create_app", "main", "validate_chat_request"]
+__all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "UnknownModel", "check_model", "create_app", "main",
+           "validate_chat_request"]
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +103,28 @@ class ServerLimits:
     max_body_bytes: int = 1 << 20
     batch_window_s: float = 0.02
     prompt_chars_per_token: float = PROMPT_CHARS_PER_TOKEN  # the size a prompt may have before tokenising
+    short_lane_tokens: int = SHORT_LANE_TOKENS  # prompt + max_tokens up to this: the short lane (0 = one lane)
 
 
 class BadRequest(ValueError):
     """A request body that is not a valid chat-completions request; answered with HTTP 400."""
+
+
+class UnknownModel(BadRequest):
+    """A request for a model this server does not serve; answered 404 with code `model_not_found`, as OpenAI's."""
+
+
+def check_model(body: Any, served: str) -> None:
+    """Refuse a `model` other than the served id (UnknownModel, naming both) or one that is not a string
+    (BadRequest); a body without `model` asks for the served one."""
+    if not isinstance(body, dict) or body.get("model") is None:
+        return
+    model = body["model"]
+    if not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
+    if model != served:
+        raise UnknownModel(f"The model `{model[:200]}` does not exist: this server serves `{served}` "
+                           f"(GET /v1/models lists it)")
 
 
 def _number(body: dict[str, Any], name: str) -> float | None:
@@ -168,8 +192,8 @@ def _context_tokens(policy: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> Any:
-    response = jsonify({"error": {"message": message, "type": kind, "code": status}})
+def _error(status: int, message: str, kind: str = "invalid_request_error", code: int | str | None = None) -> Any:
+    response = jsonify({"error": {"message": message, "type": kind, "code": status if code is None else code}})
     response.status_code = status
     if status == 503:
         response.headers["Retry-After"] = "1"
@@ -204,7 +228,8 @@ def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None,
         policy, default_max_tokens=int(policy.max_new_tokens), max_tokens_cap=limits.max_tokens_cap,
         max_prompt_tokens=limits.max_prompt_tokens, context_tokens=context_tokens or _context_tokens(policy),
         max_batch=limits.max_batch, max_queue=limits.max_queue, queue_timeout_s=limits.queue_timeout_s,
-        batch_window_s=limits.batch_window_s, prompt_chars_per_token=limits.prompt_chars_per_token)
+        batch_window_s=limits.batch_window_s, prompt_chars_per_token=limits.prompt_chars_per_token,
+        short_lane_tokens=limits.short_lane_tokens)
     app.extensions["policy_batcher"] = batcher
 
     @app.errorhandler(HTTPException)
@@ -229,10 +254,13 @@ def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None,
     @app.post("/v1/chat/completions")
     def chat_completions() -> Any:
         try:
-            req = validate_chat_request(read_json_body(request, max_bytes=limits.max_body_bytes),
-                                        max_tokens_cap=limits.max_tokens_cap)
+            body = read_json_body(request, max_bytes=limits.max_body_bytes)
+            check_model(body, model_name)
+            req = validate_chat_request(body, max_tokens_cap=limits.max_tokens_cap)
         except BodyError as exc:
             return _error(exc.status, str(exc))
+        except UnknownModel as exc:
+            return _error(404, str(exc), code="model_not_found")
         except BadRequest as exc:
             return _error(400, str(exc))
         sock = request.environ.get("werkzeug.socket")  # absent under a test client: always connected
@@ -293,6 +321,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds a request may wait to be scheduled before it gets 503")
     p.add_argument("--max-body-bytes", type=positive_int, default=defaults.max_body_bytes,
                    help="largest request body accepted (larger gets 413)")
+    p.add_argument("--short-lane-tokens", type=non_negative_int, default=defaults.short_lane_tokens,
+                   help="requests whose prompt plus max_tokens is at most this many tokens are generated in a lane "
+                        "of their own, beside longer ones (0 = one lane for all)")
     p.add_argument("--batch-window-ms", type=non_negative_float, default=defaults.batch_window_s * 1000,
                    help="how long a batch may wait for as many requests as the previous batch had (0 = never)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
@@ -310,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = ServerLimits(max_tokens_cap=args.max_tokens_cap, max_prompt_tokens=args.max_prompt_tokens,
                           max_batch=args.max_batch, max_queue=args.max_queue, queue_timeout_s=args.queue_timeout,
                           max_body_bytes=args.max_body_bytes, batch_window_s=args.batch_window_ms / 1000,
-                          prompt_chars_per_token=args.prompt_chars_per_token)
+                          prompt_chars_per_token=args.prompt_chars_per_token,
+                          short_lane_tokens=args.short_lane_tokens)
     app = create_app(policy, args.model_name or model, limits)
     try:
         serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}")

@@ -1,112 +1,118 @@
-"""A WSGI server with a fixed pool of worker threads, for a server that must outlast a flood of connections.
+"""A WSGI server with a fixed pool of worker threads, for a server that must outlast a flood of connections,
+idle or slow clients, and a stop signal while it works.
 
 Werkzeug's threaded server starts a thread per connection, so a flood of connections (or of clients that
-never finish sending) starts threads without bound. `PooledWSGIServer` accepts connections on one thread
-and hands each to one of `workers` threads through a queue of at most `max_pending` connections. A
-connection that finds the queue full is refused at once, on the accepting thread, the way the policy
-server refuses a request when its queue is full: a 503 with `Retry-After` and a JSON body
-(`{"error", "limit": "max_pending", "max"}`), and the connection closed. The server never runs more than
-the accepting thread, the workers and one thread that closes refused connections (`_Closer`).
+never finish sending) starts threads without bound. `PooledWSGIServer` accepts connections on one thread,
+reads each request whole on another (`connections.ConnectionReader`: total deadlines on the head and the
+body, a cap of `max_reading` connections being read) and hands it to one of `workers` threads through a
+queue of at most `max_pending` requests. A connection beyond either cap is refused at once, the way the
+policy server refuses a request when its queue is full: a 503 with `Retry-After` and a JSON body
+(`{"error", "limit": "max_pending" | "max_reading", "max"}`). So clients that are slow to send cost a socket
+each, never a worker, and the server never runs more than the accepting thread, the connection thread and
+the workers.
 
 Each connection carries one request (HTTP/1.0, `Connection: close`): with keep-alive an idle client would
-hold a worker between its requests, and a few idle clients would hold them all. A read or write on a
-connection that waits more than `request_timeout_s` ends it, so a silent client holds a worker for that
-long at most.
+hold a worker between its requests. A worker's read or write that waits more than `request_timeout_s` ends
+the connection.
+
+Stopping (`stop`): the listening socket and the connections not yet with a worker are closed, the requests
+in progress get `shutdown_grace_s` to end, then the app is asked to cancel them (`cancel_in_flight`, say
+ending them at their next chunk of work), and the workers are waited for. A process that exits while a worker
+is still inside native code (a torch encoder call, say) can abort ("terminate called without an active
+exception"), so the stop waits for the workers instead of leaving them to the interpreter's exit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import io
+import logging
+import math
 import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler
 
+from agentgym_opsd.serving.connections import LINGER_CAPACITY, ConnectionReader, ReadAhead, json_response
+
 __all__ = ["CLOSER_CAPACITY", "PooledWSGIServer", "WorkerPool"]
 
-CLOSER_CAPACITY = 256
-"""Refused connections that may wait to be closed at once (a well-behaved client is done within a millisecond
-of its 503; this bounds the sockets that slow ones hold open)."""
+log = logging.getLogger(__name__)
+
+CLOSER_CAPACITY = LINGER_CAPACITY
+"""Refused connections that may wait to be closed at once (kept under its old name)."""
 
 
 @dataclass(frozen=True)
 class WorkerPool:
-    """How many requests a pooled server answers at once and how many may wait for a worker."""
+    """How many requests a pooled server answers at once, how many may wait, and how long a client may take."""
 
     workers: int = 32
     """Threads answering requests: the most requests in progress at once."""
     max_pending: int = 128
-    """Accepted connections waiting for a worker; one more is refused with 503."""
+    """Requests read whole and waiting for a worker; one more is refused with 503."""
+    max_reading: int = 512
+    """Connections whose request is still arriving (read by one thread, no worker); one more is refused with
+    503. Each costs a file descriptor and at most `read_ahead_bytes` of memory."""
+    header_timeout_s: float = 10.0
+    """Seconds from the accept to the end of the request head (the request line and headers); then 408."""
+    body_timeout_s: float = 30.0
+    """Seconds from the end of the head to the end of the body; then 408 (or, past `read_ahead_bytes`, the
+    connection is dropped)."""
+    read_ahead_bytes: int = 256 * 1024
+    """Bytes of a request read before a worker takes it; a longer body is read on by the worker, within
+    `body_timeout_s`."""
     request_timeout_s: float = 30.0
-    """Seconds one read or write on a connection may wait for the client before the connection is dropped."""
+    """Seconds one read or write of a worker may wait for the client before the connection is dropped."""
     retry_after_s: int = 1
     """The `Retry-After` of a 503 (seconds), as the policy server sends it."""
     linger_s: float = 1.0
     """Seconds a refused connection is drained of what its client still sends before it is closed."""
+    shutdown_grace_s: float = 5.0
+    """Seconds the requests in progress at a stop may take to end before they are cancelled."""
 
     def __post_init__(self) -> None:
-        for name in ("workers", "max_pending", "retry_after_s"):
+        for name in ("workers", "max_pending", "max_reading", "read_ahead_bytes", "retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"WorkerPool.{name} must be an integer >= 1, got {value!r}")
-        for name in ("request_timeout_s", "linger_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "request_timeout_s", "linger_s", "shutdown_grace_s"):
             value = getattr(self, name)
-            if not 0 < value < float("inf"):
+            if not 0 < value < math.inf:
                 raise ValueError(f"WorkerPool.{name} must be a finite number of seconds > 0, got {value!r}")
 
     def busy_response(self) -> bytes:
-        """The whole HTTP answer to a connection that finds the queue full."""
-        body = json.dumps({"error": f"the server is busy: {self.workers} requests are being answered and "
-                                    f"{self.max_pending} wait; retry after {self.retry_after_s} s",
-                           "limit": "max_pending", "max": self.max_pending}).encode()
-        head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: {self.retry_after_s}\r\nConnection: close\r\n\r\n")
-        return head.encode("ascii") + body
+        """The whole HTTP answer to a request that finds the queue full."""
+        return json_response(503, "Service Unavailable",
+                             {"error": f"the server is busy: {self.workers} requests are being answered and "
+                                       f"{self.max_pending} wait; retry after {self.retry_after_s} s",
+                              "limit": "max_pending", "max": self.max_pending}, self.retry_after_s)
 
 
-class _Closer:
-    """Closes refused connections, on one thread, once their client has stopped sending (or after `linger_s`).
-    Closing a socket with unread bytes resets the connection, and a client still sending its request would
-    see the reset instead of the 503 already sent to it. At most `capacity` connections wait here; beyond
-    that one is closed at once (its client may then see a reset)."""
+class _ReadAheadHandler(WSGIRequestHandler):
+    """Reads the request from what the connection thread read ahead (`ReadAhead`), then from the socket."""
 
-    def __init__(self, linger_s: float, capacity: int) -> None:
-        self.linger_s = linger_s
-        self.capacity = capacity
-        self._queue: queue.SimpleQueue[tuple[socket.socket, float] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="http-refused-closer", daemon=True)
-        self._thread.start()
+    server: PooledWSGIServer
 
-    def hand_over(self, sock: socket.socket) -> None:
-        if self._queue.qsize() >= self.capacity:
-            sock.close()
-        else:
-            self._queue.put((sock, time.monotonic() + self.linger_s))
-
-    def close(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            sock, deadline = item
-            with contextlib.suppress(OSError):  # a reset, a timeout: the connection is done either way
-                while (left := deadline - time.monotonic()) > 0:
-                    sock.settimeout(left)
-                    if not sock.recv(1 << 16):
-                        break
-            sock.close()
+    def setup(self) -> None:
+        super().setup()
+        read_ahead = self.server.read_ahead()
+        if read_ahead is not None:
+            self.rfile.close()  # the socket's own reader, unused: closing it lets the socket close in time
+            self.rfile = io.BufferedReader(read_ahead)
 
 
 class PooledWSGIServer(BaseWSGIServer):
-    """Werkzeug's server with a fixed pool of worker threads (see the module docstring). `request_handler`
-    (default Werkzeug's, as for `make_server`) is subclassed to answer one request per connection with `pool.request_timeout_s` on each
-    read and write; `busy_response` replaces the 503 answer (the whole HTTP message) for a server whose
-    errors have another shape."""
+    """Werkzeug's server with a connection thread and a fixed pool of worker threads (see the module
+    docstring). `request_handler` (default Werkzeug's, as for `make_server`) is subclassed to answer one
+    request per connection, read through the connection thread, with `pool.request_timeout_s` on each read
+    and write; `busy_response` replaces the 503 answer to a full queue (the whole HTTP message) for a server
+    whose errors have another shape."""
 
     multithread = True  # wsgi.multithread: the app is called from several threads
 
@@ -114,63 +120,102 @@ class PooledWSGIServer(BaseWSGIServer):
                  request_handler: type[WSGIRequestHandler] | None = None, busy_response: bytes | None = None,
                  **server_kwargs: Any) -> None:
         base = request_handler or WSGIRequestHandler
-        one_request = type(f"OneRequest{base.__name__}", (base,),
+        one_request = type(f"OneRequest{base.__name__}", (_ReadAheadHandler, base),
                            {"protocol_version": "HTTP/1.0", "timeout": pool.request_timeout_s})
         super().__init__(host, port, app, one_request, **server_kwargs)
         self.pool = pool
-        self._busy = busy_response if busy_response is not None else pool.busy_response()
-        self._pending: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
-        self._closer = _Closer(pool.linger_s, CLOSER_CAPACITY)
+        self._pending: queue.SimpleQueue[tuple[socket.socket, Any, ReadAhead] | None] = queue.SimpleQueue()
+        self._current = threading.local()  # the request a worker thread answers now
+        self._connections = ConnectionReader(pool, self._offer,
+                                             busy_response if busy_response is not None else pool.busy_response())
         self._closed = False
-        self.refused = 0  # connections refused with 503 so far
         self._workers = [threading.Thread(target=self._work, name=f"http-worker-{i}", daemon=True)
                          for i in range(pool.workers)]
         for thread in self._workers:
             thread.start()
 
+    @property
+    def refused(self) -> int:
+        """Connections refused with 503 so far (a full queue or too many being read)."""
+        return self._connections.refused
+
+    @property
+    def timed_out(self) -> int:
+        """Connections answered 408 (head or body too slow) or 431 (head too large) so far."""
+        return self._connections.timed_out
+
     def pending(self) -> int:
-        """Accepted connections waiting for a worker now."""
+        """Requests read whole and waiting for a worker now."""
         return self._pending.qsize()
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """On the accepting thread: queue the connection for a worker, or refuse it when `max_pending` wait.
-        Only this thread adds to the queue, so the size it reads cannot grow before it adds."""
-        if self._pending.qsize() >= self.pool.max_pending:
-            self._refuse(request)
-        else:
-            self._pending.put((request, client_address))
+    def reading(self) -> int:
+        """Connections whose request is still arriving now."""
+        return self._connections.reading()
 
-    def _refuse(self, sock: socket.socket) -> None:
-        self.refused += 1  # only the accepting thread writes it
-        try:
-            sock.setblocking(False)  # the accepting thread never waits for a client
-            sock.send(self._busy)  # a few hundred bytes: they fit in a fresh connection's send buffer
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:  # the client is gone already
-            sock.close()
-            return
-        self._closer.hand_over(sock)
+    def read_ahead(self) -> ReadAhead | None:
+        """In a worker thread: what the connection thread read of the request this worker answers."""
+        return getattr(self._current, "read_ahead", None)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """On the accepting thread: hand the connection to the connection thread, which never makes it wait."""
+        self._connections.add(request, client_address)
+
+    def _offer(self, sock: socket.socket, client_address: Any, read_ahead: ReadAhead) -> bool:
+        """On the connection thread (the queue's only producer, so the size it reads cannot grow before it
+        adds): queue a request read whole for a worker, unless `max_pending` wait already."""
+        if self._closed or self._pending.qsize() >= self.pool.max_pending:
+            return False
+        self._pending.put((sock, client_address, read_ahead))
+        return True
 
     def _work(self) -> None:
         while (item := self._pending.get()) is not None:
-            request, client_address = item
+            request, client_address, self._current.read_ahead = item
             try:
                 self.finish_request(request, client_address)
             except Exception:  # as socketserver's threads do: report it, keep serving
                 self.handle_error(request, client_address)
             finally:
+                self._current.read_ahead = None
                 self.shutdown_request(request)
 
     def server_close(self) -> None:
-        """Close the listening socket and the connections still waiting; the workers stop once their request
-        in progress is answered. Safe to call twice (`serve_forever` calls it too)."""
+        """Close the listening socket and the connections being read, answer the requests still waiting 503,
+        and let the workers stop once their request in progress is answered (`stop` waits for them). Safe to
+        call twice (`serve_forever` calls it too)."""
         super().server_close()
         if self._closed:
             return
         self._closed = True
+        self._connections.close()
+        stopping = json_response(503, "Service Unavailable", {"error": "the server is stopping"},
+                                 self.pool.retry_after_s)
         with contextlib.suppress(queue.Empty):
             while (item := self._pending.get_nowait()) is not None:
+                with contextlib.suppress(OSError):  # a few hundred bytes into an empty send buffer: never waits
+                    item[0].setblocking(False)
+                    item[0].send(stopping)
                 self.shutdown_request(item[0])
         for _ in self._workers:
             self._pending.put(None)
-        self._closer.close()
+
+    def stop(self, cancel_in_flight: Callable[[], None] | None = None) -> bool:
+        """Close the server (`server_close`), give the requests in progress `pool.shutdown_grace_s` to end,
+        then call `cancel_in_flight` (the app's way to end its work early) and wait up to
+        `pool.request_timeout_s` more. True when every worker has ended."""
+        self.server_close()
+        if self._join_workers(self.pool.shutdown_grace_s):
+            return True
+        if cancel_in_flight is not None:
+            cancel_in_flight()
+        if self._join_workers(self.pool.request_timeout_s):
+            return True
+        busy = sum(thread.is_alive() for thread in self._workers)
+        log.warning("%d requests were still in progress when the server stopped", busy)
+        return False
+
+    def _join_workers(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for thread in self._workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._workers)

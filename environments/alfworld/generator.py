@@ -9,7 +9,6 @@ shows a layout of another split.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -38,6 +37,7 @@ from agentgym_opsd.environments.alfworld.vocabulary import (
     TASK_ROOMS,
     TASK_TYPES,
 )
+from agentgym_opsd.files import to_json
 
 __all__ = ["GENERATOR_VERSION", "Horizon", "GeneratedGame", "GameGenerator", "GenerationError", "write_game"]
 
@@ -266,8 +266,8 @@ def write_game(game: GeneratedGame, data_root: str | os.PathLike[str], split: st
         return final / "game.tw-pddl"
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
-    (staging / "traj_data.json").write_text(json.dumps(game.traj_data(), indent=1), encoding="utf-8")
-    (staging / "game.tw-pddl").write_text(json.dumps(game.game_json()), encoding="utf-8")
+    (staging / "traj_data.json").write_text(to_json(game.traj_data(), indent=1), encoding="utf-8")
+    (staging / "game.tw-pddl").write_text(to_json(game.game_json()), encoding="utf-8")
     try:
         os.rename(staging, final)
     except OSError:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.environments.search_qa.data import Passage, Question
-from agentgym_opsd.files import atomic_write_lines
+from agentgym_opsd.files import atomic_write_lines, to_json
 
 __all__ = ["iter_corpus", "read_corpus", "write_corpus", "read_questions", "write_questions", "atomic_write_text"]
 
@@ -43,7 +43,7 @@ def atomic_write_text(path: str | os.PathLike[str], lines: Iterable[str]) -> Non
 
 
 def write_corpus(path: str | os.PathLike[str], passages: Iterable[Passage]) -> None:
-    atomic_write_text(path, (json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
+    atomic_write_text(path, (to_json({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -82,4 +82,4 @@ def read_questions(path: str | os.PathLike[str]) -> list[Question]:
 
 
 def write_questions(path: str | os.PathLike[str], questions: Iterable[Question]) -> None:
-    atomic_write_text(path, (json.dumps(q.to_dict()) + "\n" for q in questions))
+    atomic_write_text(path, (to_json(q.to_dict()) + "\n" for q in questions))

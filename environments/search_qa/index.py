@@ -28,7 +28,7 @@ import numpy as np
 
 from agentgym_opsd.environments.search_qa.data import SPLITS, Passage
 from agentgym_opsd.environments.search_qa.store import CORPUS_FILE, OFFSETS_FILE, PassageStore, write_store
-from agentgym_opsd.files import make_tmp_dir
+from agentgym_opsd.files import make_tmp_dir, to_json
 
 __all__ = ["IndexConfig", "DenseIndex", "build_faiss_index", "write_index_folder", "check_replaceable",
            "NotAnIndexError", "META_FILE", "INDEX_KINDS"]
@@ -198,7 +198,7 @@ def write_index_folder(
         del vectors
         if before_swap is not None:
             before_swap(tmp)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        (tmp / META_FILE).write_text(to_json(meta, indent=2), encoding="utf-8")
         if (target / META_FILE).is_file() and not overwrite:
             shutil.rmtree(tmp)
             return Path(folder)

@@ -24,8 +24,8 @@ import numpy as np
 
 from agentgym_opsd.environments.search_qa.data import Passage
 
-__all__ = ["SearchHit", "Retriever", "DenseRetriever", "HttpRetriever", "RetrievalError", "clean_query",
-           "EncodeBatcher", "MAX_QUERY_CHARS", "MAX_TOPK", "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS",
+__all__ = ["SearchHit", "Retriever", "DenseRetriever", "HttpRetriever", "RetrievalCancelled", "RetrievalError",
+           "clean_query", "EncodeBatcher", "MAX_QUERY_CHARS", "MAX_TOPK", "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS",
            "MAX_RESULTS_PER_REQUEST", "shared_dense_retriever"]
 
 MAX_QUERY_CHARS = 2_000
@@ -49,6 +49,10 @@ first (`EncodeBatcher` priority) go between the chunks of a large request."""
 
 class RetrievalError(RuntimeError):
     """The retriever could not answer (server down, bad reply)."""
+
+
+class RetrievalCancelled(RetrievalError):
+    """The work was cancelled before it was done: its retriever or scheduler was closed (the server is stopping)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class EncodeBatcher:
     lock one by one. If a merged call fails,
     each caller is encoded alone, so only the caller whose texts fail gets the error. The encoder is only
     ever called by one thread at a time, so it need not be thread-safe. No thread of its own is kept.
+    `close` cancels what is queued (RetrievalCancelled); the encoder call in progress runs to its end.
     """
 
     def __init__(self, encode: Callable[[Sequence[str]], np.ndarray], *, max_texts: int = MAX_BATCH_TEXTS) -> None:
@@ -107,6 +112,7 @@ class EncodeBatcher:
         self._queue: list[tuple[int, int, _Job]] = []  # heap of (priority, arrival, job)
         self._arrivals = itertools.count()
         self._busy = False
+        self._closed = False
         self._cond = threading.Condition()
 
     def __call__(self, texts: Sequence[str], priority: int = 0) -> np.ndarray:
@@ -120,6 +126,8 @@ class EncodeBatcher:
         (the retrieval server ranks each request's first chunk 0, before the later chunks of all)."""
         jobs = [_Job(list(texts)) for texts in parts]
         with self._cond:
+            if self._closed:
+                raise RetrievalCancelled("the encoder is closed")
             for job, priority in zip(jobs, priorities, strict=True):
                 heapq.heappush(self._queue, (priority, next(self._arrivals), job))
             while self._busy and not all(job.done for job in jobs):
@@ -129,8 +137,8 @@ class EncodeBatcher:
                 self._busy = True
         if leader:
             try:
-                while not all(job.done for job in jobs):
-                    self._encode_batch(self._take())
+                while not all(job.done for job in jobs) and (batch := self._take()):
+                    self._encode_batch(batch)
             finally:
                 with self._cond:
                     self._busy = False
@@ -142,6 +150,16 @@ class EncodeBatcher:
             assert job.vectors is not None
             rows.append(job.vectors)
         return rows
+
+    def close(self) -> None:
+        """Encode nothing more: queued callers and later ones get RetrievalCancelled."""
+        with self._cond:
+            self._closed = True
+            for _, _, job in self._queue:
+                job.error = RetrievalCancelled("the encoder was closed before these texts were encoded")
+                job.done = True
+            self._queue.clear()
+            self._cond.notify_all()
 
     def _take(self) -> list[_Job]:
         """The first queued callers (by priority, then arrival), whole, up to `max_texts` texts (at least one)."""
@@ -213,6 +231,11 @@ class DenseRetriever:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Unit vectors of `texts`, encoded together with concurrent callers' (`EncodeBatcher`)."""
         return self._batcher(texts)
+
+    def close(self) -> None:
+        """Encode nothing more: retrievals waiting for the encoder, and later ones, raise RetrievalCancelled
+        (the retrieval server calls this when it stops, so large requests in flight end at their next chunk)."""
+        self._batcher.close()
 
     def encode_parts(self, parts: Sequence[Sequence[str]], priorities: Sequence[int]) -> np.ndarray:
         """Unit vectors of the texts of all `parts`, in order; each part is a caller of its own, at its

@@ -7,7 +7,8 @@ requests waiting for a later turn. So a request of one chunk, arriving while lar
 for at most the turn in progress, while large requests run one after another, not interleaved (which would
 make each of them as slow as all of them together). The same order, `Ticket.rank`, is the server's priority
 for its chunks at the encoder (`retriever.EncodeBatcher`). Under a steady flood of new requests the later
-chunks wait until it ebbs: small requests are the ones kept fast.
+chunks wait until it ebbs: small requests are the ones kept fast. `close` (the server is stopping) makes every
+waiting and later turn raise `RetrievalCancelled`, so a large request ends at its next chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from agentgym_opsd.environments.search_qa.retriever import RetrievalCancelled
 
 __all__ = ["FairScheduler", "Ticket"]
 
@@ -44,6 +47,7 @@ class FairScheduler:
         self._busy = False
         self._waiting: list[tuple[int, int]] = []  # heap of (rank, arrival); a ticket waits once at a time
         self._arrivals = itertools.count()
+        self._closed = False
 
     def ticket(self) -> Ticket:
         """A new request's ticket (take it when the request arrives, before its first turn)."""
@@ -54,14 +58,24 @@ class FairScheduler:
         with self._cond:
             return len(self._waiting)
 
+    def close(self) -> None:
+        """Grant no more turns: those waiting and those asked for later raise RetrievalCancelled (the turn in
+        progress runs to its end)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
     @contextmanager
     def turn(self, ticket: Ticket) -> Iterator[None]:
-        """Wait for this ticket's turn, hold it for the `with` body, then hand it on."""
+        """Wait for this ticket's turn, hold it for the `with` body, then hand it on; RetrievalCancelled once
+        the scheduler is closed."""
         key = (ticket.rank(ticket.turns), ticket.arrival)
         with self._cond:
             heapq.heappush(self._waiting, key)
             try:
-                while self._busy or self._waiting[0] != key:
+                while self._closed or self._busy or self._waiting[0] != key:
+                    if self._closed:
+                        raise RetrievalCancelled("the server is stopping")
                     self._cond.wait()
             except BaseException:  # interrupted while waiting: leave the queue, or the next in line waits forever
                 self._waiting.remove(key)

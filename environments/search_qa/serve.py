@@ -20,7 +20,14 @@ Concurrency is bounded too (`agentgym_opsd.serving.pool`): `--workers` (32) thre
 `Retry-After: 1` (`{"error", "limit": "max_pending", "max"}`) at once; `HttpRetriever` waits and retries.
 A flood of connections therefore never starts more threads than that, and requests waiting in the queue
 are answered once it drains (the fairness below holds among the requests being answered). Each connection carries one request (no keep-alive: an idle client would hold a
-worker).
+worker). A request is read whole by one connection thread before a worker takes it, so clients that send
+nothing or trickle their bytes hold no worker: up to `--max-reading` (512) connections are read at once (one
+more: 503 `max_reading`), and a request head that takes over `--header-timeout` (10 s), or a body over
+`--body-timeout` (30 s), gets a JSON 408.
+
+SIGINT or SIGTERM stops the server: it stops accepting, gives the requests in progress `--shutdown-grace`
+(5 s) to end, then cancels the rest at their next chunk (each answered 503 with Retry-After, which
+`HttpRetriever` retries), waits for its workers and exits 0.
 
 Fairness: a request is encoded `chunk_queries` (64) queries at a time through `retriever.EncodeBatcher`,
 which merges concurrent callers' texts (up to 64 a call) and takes the first chunk of any request before
@@ -47,6 +54,7 @@ from agentgym_opsd.environments.search_qa.retriever import (
     MAX_RESULTS_PER_REQUEST,
     MAX_TOPK,
     DenseRetriever,
+    RetrievalCancelled,
     Retriever,
     SearchHit,
     clean_query,
@@ -56,6 +64,7 @@ from agentgym_opsd.serving import (
     BodyError,
     number_type,
     port_number,
+    positive_float,
     positive_int,
     read_json_body,
     serve_until_interrupted,
@@ -178,7 +187,8 @@ def _answer(retriever: Retriever, queries: list[str], topk: int, return_scores: 
 def create_app(retriever: Retriever, limits: RetrieveLimits | None = None, *, num_passages: int | None = None,
                scheduler: FairScheduler | None = None) -> Any:
     """The Flask app serving `retriever` within `limits` (default `RetrieveLimits()`); `scheduler` hands out
-    the turns of its requests (a new one by default)."""
+    the turns of its requests (a new one by default). `app.extensions["cancel_in_flight"]()` makes the
+    requests in progress end at their next chunk, answered 503 (for a server that stops)."""
     from flask import Flask, jsonify, request
     from werkzeug.exceptions import HTTPException
 
@@ -189,6 +199,13 @@ def create_app(retriever: Retriever, limits: RetrieveLimits | None = None, *, nu
 
     def dumps(value: Any) -> str:  # as jsonify writes it (sorted keys, compact) when not debugging
         return app.json.dumps(value, separators=(",", ":"))
+
+    def cancel_in_flight() -> None:
+        scheduler.close()
+        if isinstance(retriever, DenseRetriever):  # its encoder queue; any other retriever answers in one call
+            retriever.close()
+
+    app.extensions["cancel_in_flight"] = cancel_in_flight
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:  # 404, 405, ...: JSON like every other answer
@@ -217,8 +234,11 @@ def create_app(retriever: Retriever, limits: RetrieveLimits | None = None, *, nu
         except ValueError as exc:  # BodyError, or a limit of json itself (an integer of over 4,300 digits)
             named = {"limit": exc.limit, "max": exc.maximum} if isinstance(exc, LimitError) else {}
             return jsonify({"error": str(exc), **named}), getattr(exc, "status", 400)
-        body = _answer(retriever, queries, topk, return_scores, chunk=limits.chunk_queries, scheduler=scheduler,
-                       ticket=ticket, dumps=dumps)
+        try:
+            body = _answer(retriever, queries, topk, return_scores, chunk=limits.chunk_queries, scheduler=scheduler,
+                           ticket=ticket, dumps=dumps)
+        except RetrievalCancelled:
+            return jsonify({"error": "the server is stopping: the request was cancelled"}), 503, {"Retry-After": "1"}
         return app.response_class(body, mimetype=app.json.mimetype)
 
     return app
@@ -251,7 +271,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help=f"threads answering requests, the most answered at once (default "
                                   f"{pool_defaults.workers})")
     concurrency.add_argument("--max-pending", type=positive_int, default=pool_defaults.max_pending,
-                             help=f"connections that may wait for a worker (default {pool_defaults.max_pending})")
+                             help=f"requests that may wait for a worker (default {pool_defaults.max_pending})")
+    concurrency.add_argument("--max-reading", type=positive_int, default=pool_defaults.max_reading,
+                             help=f"connections whose request is still arriving, read without a worker (default "
+                                  f"{pool_defaults.max_reading})")
+    concurrency.add_argument("--header-timeout", type=positive_float, default=pool_defaults.header_timeout_s,
+                             help=f"seconds a client may take to send its request head; then 408 (default "
+                                  f"{pool_defaults.header_timeout_s:g})")
+    concurrency.add_argument("--body-timeout", type=positive_float, default=pool_defaults.body_timeout_s,
+                             help=f"seconds a client may take to send its body after the head; then 408 (default "
+                                  f"{pool_defaults.body_timeout_s:g})")
+    concurrency.add_argument("--shutdown-grace", type=positive_float, default=pool_defaults.shutdown_grace_s,
+                             help=f"seconds the requests in progress at SIGINT/SIGTERM may take before they are "
+                                  f"cancelled (default {pool_defaults.shutdown_grace_s:g})")
     args = p.parse_args(argv)
     if not Path(args.index).is_dir():
         p.error(f"--index {args.index}: no such folder (build one with "
@@ -268,12 +300,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--index {args.index}: {exc}")
     retriever.encode(["warm up"])  # load the encoder before the first request
     app = create_app(retriever, limits, num_passages=len(retriever.index))
-    pool = WorkerPool(workers=args.workers, max_pending=args.max_pending)
+    pool = WorkerPool(workers=args.workers, max_pending=args.max_pending, max_reading=args.max_reading,
+                      header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                      shutdown_grace_s=args.shutdown_grace)
     serve_until_interrupted(app, args.host, args.port,
                             lambda url: f"serving {len(retriever.index)} passages of {args.index} on {url} "
                                         f"(per request: <= {limits.max_queries} queries, topk <= {limits.max_topk}, "
                                         f"<= {limits.max_results} passages; {pool.workers} workers, "
-                                        f"<= {pool.max_pending} waiting)", pool=pool)
+                                        f"<= {pool.max_pending} waiting)", pool=pool,
+                            cancel_in_flight=app.extensions["cancel_in_flight"])
     return 0
 
 

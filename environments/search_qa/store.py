@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from agentgym_opsd.environments.search_qa.data import Passage
+from agentgym_opsd.files import to_json
 
 __all__ = ["PassageStore", "write_store", "CORPUS_FILE", "OFFSETS_FILE"]
 
@@ -29,7 +30,7 @@ def write_store(folder: str | os.PathLike[str], passages: Iterable[Passage]) -> 
     offsets = [0]
     with open(root / CORPUS_FILE, "wb") as f:
         for p in passages:
-            line = (json.dumps({"id": p.id, "contents": p.contents}) + "\n").encode("utf-8")
+            line = (to_json({"id": p.id, "contents": p.contents}) + "\n").encode("utf-8")
             f.write(line)
             offsets.append(offsets[-1] + len(line))
     np.save(root / OFFSETS_FILE, np.asarray(offsets, dtype=np.int64))

@@ -1,0 +1,209 @@
+"""float32 vs bfloat16 on this machine, phase by phase, side by side in one run (prints a table, writes JSON + PNG).
+
+For each dtype a fresh `cpu-small` trainer (SmolLM2-135M-Instruct, no warm start, the same seed) runs:
+- rollout   one round of B x G episodes (the same tasks and sampler seed; the tokens sampled may differ, so
+            tokens/s is reported beside the seconds);
+- logprobs  the teacher-forced log-prob pass of the trainer (π_old recomputed) on one shared set of
+            trajectories (collected once, by the float32 trainer);
+- teacher   the self-teacher pass (c+ prompts) on those trajectories;
+- update    the PPO update on them (the preset's mini-batches, micro-batching and trainable layers);
+- sft_step  one warm-start step on 8 oracle demonstration rows.
+Numerics: the sampler's log-probs vs the log-prob pass on the same tokens (per dtype, on its own rollouts),
+the bf16 pass vs the float32 pass on the shared trajectories, and the PPO ratio's start deviation.
+
+    python benchmarks/bench_precision.py                       # -> benchmarks/results/precision.json / .png
+    python benchmarks/bench_precision.py --config cpu-tiny --out /tmp/p.json   # fast check of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_roofline import make_trainer, measure_peak_flops, sft_rows  # noqa: E402
+
+from agentgym_opsd.models.precision import cpu_bf16_support  # noqa: E402
+from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+PHASES = ("rollout", "logprobs", "teacher", "update", "sft_step")
+
+
+def measure_peak_flops_at(threads: int, dtype: torch.dtype) -> dict[str, float]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return measure_peak_flops((512, 1024, 1536, 2048), 3, dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+def gap_stats(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
+    diffs = torch.cat([(x.float() - y.float()).abs() for x, y in zip(a, b, strict=True) if x.numel()])
+    return {"mean": float(diffs.mean()), "max": float(diffs.max()), "tokens": int(diffs.numel())}
+
+
+def timed(fn: Any, repeats: int) -> tuple[float, Any]:
+    """Median seconds of `repeats` calls (after one warm-up call) and the last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp: str) -> dict[str, Any]:
+    overrides = [f"model.dtype={dtype}", "warm_start.epochs=0", "warm_start.steps=0", *args.overrides]
+    trainer = make_trainer(args.config, overrides, f"{tmp}/{dtype}")
+    try:
+        trainer.reference.setup()
+        seed_cursor = trainer.task_cursor
+        rollout_s, own, tokens = [], None, 0
+        for _ in range(args.repeats):  # the same tasks and sampler seed each time
+            trainer.task_cursor = seed_cursor
+            trainer.policy.set_rng_state(torch.Generator().manual_seed(trainer.cfg.trainer.seed).get_state())
+            t0 = time.perf_counter()
+            own = trainer.collect()
+            rollout_s.append(time.perf_counter() - t0)
+            tokens = sum(len(t.response_token_ids) for traj in own for t in traj.turns)
+        assert own is not None
+        trajs = shared if shared is not None else own
+        # the sampler's numbers against this dtype's own teacher-forced pass, on its own rollouts
+        own_batch = trainer.score(copy.deepcopy(own))
+        sampled = [torch.tensor(r.sample_logprobs) for r in own_batch.rows]
+        recomputed = trainer.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids)
+        sampler_gap = gap_stats(sampled, recomputed)
+
+        batch = trainer.score(copy.deepcopy(trajs))
+        logprobs_s, old = timed(lambda: trainer.trained.logprobs(batch.prompt_ids, batch.response_ids), args.repeats)
+        teacher_s, _ = timed(lambda: trainer.teacher_logprobs(batch, old), args.repeats)
+        batch.old_logprobs, batch.ref_logprobs = old, None
+        batch.set_teacher(trainer.teacher_logprobs(batch, old))
+        trainer.credit(batch)
+        state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        engine_state = copy.deepcopy(trainer.engine.state_dict())
+        update_s, update_metrics = [], {}
+        for _ in range(args.repeats + 1):  # every update from the same weights
+            trainer.model.load_state_dict(state)
+            trainer.engine.load_state_dict(copy.deepcopy(engine_state))
+            t0 = time.perf_counter()
+            update_metrics = trainer.update(batch)
+            update_s.append(time.perf_counter() - t0)
+        rows = sft_rows(trainer, 8)
+        from agentgym_opsd.trainer.warm_start import sft_step
+
+        o = trainer.cfg.optim
+        sft_s, _ = timed(lambda: sft_step(trainer.engine, rows, list(range(8)), pad_id=trainer.trained.pad_id,
+                                          max_tokens=o.micro_batch_tokens, max_rows=o.micro_batch_rows,
+                                          device=trainer.device), args.repeats)
+        return {
+            "phases": {"rollout": statistics.median(rollout_s), "logprobs": logprobs_s, "teacher": teacher_s,
+                       "update": statistics.median(update_s[1:]), "sft_step": sft_s},
+            "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / statistics.median(rollout_s),
+            "rollout_success": sum(t.won for t in own) / len(own),
+            "sampler_vs_pass": sampler_gap,
+            "update_start": {k: update_metrics[k] for k in ("logprob_gap/mean", "logprob_gap/max",
+                                                            "ppo/start_ratio_max_dev")},
+            "old_logprobs": [t.clone() for t in old],
+            "trajs": own,
+            "dtype_resolved": str(next(trainer.model.parameters()).dtype),
+        }
+    finally:
+        trainer.close()
+
+
+def plot(record: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(record["phases"])
+    fp32 = [record["phases"][n]["fp32_s"] for n in names]
+    bf16 = [record["phases"][n]["bf16_s"] for n in names]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar([i - 0.2 for i in x], fp32, width=0.4, label="float32")
+    ax.bar([i + 0.2 for i in x], bf16, width=0.4, label="bfloat16")
+    for i, n in enumerate(names):
+        ax.text(i + 0.2, bf16[i], f"{record['phases'][n]['speedup']:.1f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("seconds (median)")
+    ax.set_title(f"{record['config']}: float32 vs bfloat16 per phase ({record['threads']} threads)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="cpu-small")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=RESULTS / "precision.json")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    supported, why = cpu_bf16_support()
+    print(f"model.dtype=auto here: {'bfloat16' if supported else 'float32'} ({why})", file=sys.stderr)
+    load_before = os.getloadavg()
+    peaks = {dt: {threads: max(measure_peak_flops_at(threads, getattr(torch, dt)).values()) / 1e9
+                  for threads in (1, torch.get_num_threads())} for dt in ("float32", "bfloat16")}
+    with tempfile.TemporaryDirectory(prefix="bench_precision_") as tmp:
+        fp32 = measure("float32", args, None, tmp)
+        bf16 = measure("bfloat16", args, fp32["trajs"], tmp)
+    record: dict[str, Any] = {
+        "config": args.config, "overrides": args.overrides, "repeats": args.repeats,
+        "threads": torch.get_num_threads(), "cpu_bf16": {"supported": supported, "why": why},
+        "matmul_peak_gflops": peaks,  # best torch.mm of 512-2048 squares, per dtype and thread count
+        "load_avg_before_after": [load_before[0], os.getloadavg()[0]],
+        "phases": {p: {"fp32_s": fp32["phases"][p], "bf16_s": bf16["phases"][p],
+                       "speedup": fp32["phases"][p] / bf16["phases"][p]} for p in PHASES},
+        "rollout_tokens_per_s": {"fp32": fp32["rollout_tokens_per_s"], "bf16": bf16["rollout_tokens_per_s"]},
+        "rollout_success": {"fp32": fp32["rollout_success"], "bf16": bf16["rollout_success"]},
+        # bf16 log-prob pass vs the float32 one, same weights, same tokens
+        "logprob_gap": gap_stats(bf16["old_logprobs"], fp32["old_logprobs"]),
+        "sampler_vs_pass": {"fp32": fp32["sampler_vs_pass"], "bf16": bf16["sampler_vs_pass"]},
+        "update_start": {"fp32": fp32["update_start"], "bf16": bf16["update_start"],
+                         "bound": START_RATIO_BOUND},
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    step_fp32 = sum(fp32["phases"][p] for p in PHASES if p != "sft_step")
+    step_bf16 = sum(bf16["phases"][p] for p in PHASES if p != "sft_step")
+    record["rl_step"] = {"fp32_s": step_fp32, "bf16_s": step_bf16, "speedup": step_fp32 / step_bf16}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+    plot(record, args.out.with_suffix(".png"))
+
+    table = Table(title=f"float32 vs bfloat16, {args.config}, {record['threads']} threads (median of {args.repeats})")
+    for col in ("phase", "float32 s", "bfloat16 s", "speed-up"):
+        table.add_column(col, justify="right")
+    for p, v in record["phases"].items():
+        table.add_row(p, f"{v['fp32_s']:.2f}", f"{v['bf16_s']:.2f}", f"{v['speedup']:.2f}x")
+    table.add_row("RL step", f"{step_fp32:.2f}", f"{step_bf16:.2f}", f"{record['rl_step']['speedup']:.2f}x")
+    console = Console()
+    console.print(table)
+    console.print(f"log-prob gap bf16 vs fp32 pass: mean {record['logprob_gap']['mean']:.4f}, "
+                  f"max {record['logprob_gap']['max']:.4f} nats/token; sampler vs pass: "
+                  f"fp32 {record['sampler_vs_pass']['fp32']['mean']:.4f} / {record['sampler_vs_pass']['fp32']['max']:.4f}, "
+                  f"bf16 {record['sampler_vs_pass']['bf16']['mean']:.4f} / {record['sampler_vs_pass']['bf16']['max']:.4f}")
+    console.print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
