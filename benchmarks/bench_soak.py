@@ -22,6 +22,18 @@ in place of the MiniLM default before the CLI runs (no model: what is soaked is 
 * Search-QA: `POST /retrieve` with 1-3 queries (questions, hop queries such as "X worked for", titles), topk
   3, `return_scores`, as the environment sends them.
 
+Two loads measure what slow or long requests cost a short one (issue 35); their result records the short
+request's latency (p50 / p99 / max) under `latency_ms_by_kind`:
+
+* `search_qa_slow`: the retrieval server as above while `--slow-clients` (64, twice its 32 workers)
+  connections hold it without finishing a request: half send nothing, half trickle a request head a byte a
+  second, each opened again once the server closes it (a 408 after its head timeout). The `--clients`
+  agents' one-to-three-query requests are the short ones (kind `retrieve`).
+* `policy_mixed`: the policy server (`python -m agentgym_opsd.serving.policy_server --policy-model`,
+  tiny-random by default) with `--long-clients` (3) clients sending ~3,900-token prompts (max_tokens 64,
+  greedy) back to back and `--short-clients` (2) sending a short greedy request (max_tokens 16) after each
+  answer, with `--think-ms` between (kinds `long` and `short`).
+
 An error is any reply other than HTTP 200, or no reply (refused, reset, timeout); it is counted by kind.
 Latency is per HTTP request. The server's resident memory (VmRSS of /proc/PID/status) is read every
 `--sample-s` seconds: "start" when the load begins, after a warm-up (WebShop: one episode that buys something,
@@ -35,10 +47,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import random
 import re
+import select
+import socket
 import statistics
 import subprocess
 import sys
@@ -114,7 +129,7 @@ def server_process(argv: list[str], name: str) -> Iterator[tuple[subprocess.Pope
                 proc.wait()
 
 
-def http(url: str, payload: Any = None, method: str | None = None, timeout: float = 60.0) -> tuple[int, Any]:
+def http(url: str, payload: Any = None, method: str | None = None, timeout: float = 600.0) -> tuple[int, Any]:
     """(status, parsed JSON reply or None)."""
     data = json.dumps(payload).encode() if payload is not None else None
     request = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
@@ -136,6 +151,7 @@ class Tally:
     """What the clients saw: latencies (seconds) and errors, per request kind; thread-safe."""
 
     latencies: list[float] = field(default_factory=list)
+    by_kind: dict[str, list[float]] = field(default_factory=dict)
     kinds: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     episodes: int = 0
@@ -154,6 +170,7 @@ class Tally:
         took = time.perf_counter() - started
         with self.lock:
             self.latencies.append(took)
+            self.by_kind.setdefault(kind, []).append(took)
             self.kinds[kind] += 1
             if error:
                 self.errors[error] += 1
@@ -227,6 +244,56 @@ def search_qa_client(base: str, tally: Tally, stop: threading.Event, rng: random
         think()
 
 
+def slow_connections(host: str, port: int, count: int, stop: threading.Event, interval_s: float = 1.0) -> None:
+    """Hold `count` connections that never finish a request, until `stop`: the even ones trickle a request
+    head a byte every `interval_s`, the odd ones send nothing; one the server has answered (a 408) or closed
+    is opened again."""
+    head = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Slow: "
+    conns: list[socket.socket | None] = [None] * count
+    sent = [0] * count
+    try:
+        while True:
+            for i, sock in enumerate(conns):
+                try:
+                    if sock is not None and select.select([sock], [], [], 0)[0]:  # answered or closed
+                        sock.close()
+                        sock = conns[i] = None
+                    if sock is None:
+                        sock = conns[i] = socket.create_connection((host, port), timeout=5)
+                        sent[i] = 0
+                    if i % 2 == 0:
+                        sock.send(head[sent[i]:sent[i] + 1] if sent[i] < len(head) else b"a")
+                        sent[i] += 1
+                except OSError:  # refused, reset: try again on the next round
+                    if conns[i] is not None:
+                        conns[i].close()  # type: ignore[union-attr]
+                    conns[i] = None
+            if stop.wait(interval_s):
+                return
+    finally:
+        for sock in conns:
+            if sock is not None:
+                sock.close()
+
+
+_WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly grumpy kings".split()
+
+
+def long_prompt(seed: int) -> str:
+    """About 3,900 tokens of the SmolLM2 tokenizer (the report's long prompts)."""
+    return " ".join(_WORDS[(seed + k * 7) % len(_WORDS)] + str(k % 10) for k in range(1775))
+
+
+def policy_client(url: str, tally: Tally, stop: threading.Event, kind: str, rng: random.Random,
+                  think: Callable[[], None]) -> None:
+    """Chat requests of one kind back to back: `long` (~3,900 tokens, max_tokens 64) or `short` (max_tokens 16)."""
+    while not stop.is_set():
+        content = long_prompt(rng.randrange(1000)) if kind == "long" else f"Say hi to {rng.randrange(1000)}."
+        tally.timed(kind, url, {"messages": [{"role": "user", "content": content}], "temperature": 0,
+                                "max_tokens": 64 if kind == "long" else 16})
+        think()
+
+
 @dataclass
 class Soak:
     server: str
@@ -252,6 +319,7 @@ class Soak:
     rss_end_over_middle: float | None
     memory_bounded: bool | None
     rss_samples: list[tuple[float, float]]  # (seconds into the load, MiB)
+    latency_ms_by_kind: dict[str, dict[str, float]] = field(default_factory=dict)  # kind -> requests, p50, p99, max
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -299,6 +367,7 @@ def soak(name: str, pid: int, ready_rss: float | None, clients: int, seconds: fl
         latencies = sorted(tally.latencies)
         errors = dict(tally.errors)
         kinds = dict(tally.kinds)
+        by_kind = {kind: sorted(values) for kind, values in tally.by_kind.items()}
     start_rss = samples[0][1] if samples else None
     end_rss = samples[-1][1] if samples else None
     middle_rss = min(samples, key=lambda s: abs(s[0] - elapsed / 2))[1] if samples else None
@@ -310,7 +379,10 @@ def soak(name: str, pid: int, ready_rss: float | None, clients: int, seconds: fl
                 errors, kinds, tally.episodes, tally.purchases, 1000 * percentile(latencies, 0.50), 1000 * percentile(latencies, 0.99),
                 1000 * statistics.fmean(latencies) if latencies else float("nan"),
                 1000 * latencies[-1] if latencies else float("nan"), ready_rss, start_rss, middle_rss, end_rss,
-                max((s[1] for s in samples), default=None), over_start, over_middle, bounded, samples)
+                max((s[1] for s in samples), default=None), over_start, over_middle, bounded, samples,
+                {kind: {"requests": len(values), "p50": round(1000 * percentile(values, 0.50), 1),
+                        "p99": round(1000 * percentile(values, 0.99), 1), "max": round(1000 * values[-1], 1)}
+                 for kind, values in sorted(by_kind.items())})
 
 
 def run_webshop(args: argparse.Namespace, console: Console) -> Soak:
@@ -334,7 +406,10 @@ def run_webshop(args: argparse.Namespace, console: Console) -> Soak:
                     lambda tally, stop, rng: webshop_client(base, tally, stop, rng, args.max_steps, think), console)
 
 
-def run_search_qa(args: argparse.Namespace, console: Console) -> Soak:
+@contextlib.contextmanager
+def search_qa_server() -> Iterator[tuple[subprocess.Popen[str], str, float | None, list[str]]]:
+    """The retrieval server CLI on the tiny world, warmed up: yields (process, base URL, RSS when ready, the
+    queries agents send)."""
     from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
     from agentgym_opsd.environments.search_qa.generator import generate_dataset
     from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
@@ -352,9 +427,47 @@ def run_search_qa(args: argparse.Namespace, console: Console) -> Soak:
             status, body = http(base + "/retrieve", {"queries": ["warm up"], "topk": 3})
             if status != 200:
                 raise RuntimeError(f"Search-QA: the first request got HTTP {status}: {body}")
+            yield proc, base, ready, queries
+
+
+def run_search_qa(args: argparse.Namespace, console: Console) -> Soak:
+    with search_qa_server() as (proc, base, ready, queries):
+        think = thinker(args.think_ms)
+        return soak("search_qa", proc.pid, ready, args.clients, 60 * args.minutes, args.sample_s, args.rss_tolerance,
+                    lambda tally, stop, rng: search_qa_client(base, tally, stop, rng, queries, think), console)
+
+
+def run_search_qa_slow(args: argparse.Namespace, console: Console) -> Soak:
+    with search_qa_server() as (proc, base, ready, queries):
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        stop = threading.Event()
+        holder = threading.Thread(target=slow_connections, args=(host, int(port), args.slow_clients, stop), daemon=True)
+        holder.start()
+        try:
             think = thinker(args.think_ms)
-            return soak("search_qa", proc.pid, ready, args.clients, 60 * args.minutes, args.sample_s, args.rss_tolerance,
+            return soak("search_qa_slow", proc.pid, ready, args.clients, 60 * args.minutes, args.sample_s,
+                        args.rss_tolerance,
                         lambda tally, stop, rng: search_qa_client(base, tally, stop, rng, queries, think), console)
+        finally:
+            stop.set()
+            holder.join(timeout=30)
+
+
+def run_policy_mixed(args: argparse.Namespace, console: Console) -> Soak:
+    argv = ["-m", "agentgym_opsd.serving.policy_server", args.policy_model, "--port", "0"]
+    with server_process(argv, "policy") as (proc, base):
+        url = base + "/v1/chat/completions"
+        ready = rss_mb(proc.pid)
+        for content, max_tokens in (("Say hi.", 16), (long_prompt(0), 64)):  # warm-up: one of each kind
+            status, body = http(url, {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
+            if status != 200:
+                raise RuntimeError(f"policy server: the warm-up request got HTTP {status}: {body}")
+        think = thinker(args.think_ms)
+        kinds = ["long"] * args.long_clients + ["short"] * args.short_clients
+        next_client = itertools.count()  # each client thread takes the next kind as it starts
+        return soak("policy_mixed", proc.pid, ready, len(kinds), 60 * args.minutes, args.sample_s, args.rss_tolerance,
+                    lambda tally, stop, rng: policy_client(url, tally, stop, kinds[next(next_client)], rng, think),
+                    console)
 
 
 def thinker(think_ms: float) -> Callable[[], None]:
@@ -363,8 +476,9 @@ def thinker(think_ms: float) -> Callable[[], None]:
 
 def table(results: list[Soak], args: argparse.Namespace) -> Table:
     t = Table(title=f"soak: {args.clients} concurrent clients, {args.minutes:g} min per server")
-    for col in ("server", "requests", "req/s", "errors", "p50 ms", "p99 ms", "max ms", "RSS start MiB",
-                "RSS middle MiB", "RSS end MiB", "RSS peak MiB", "end/start", "end/middle", "bounded"):
+    for col in ("server", "requests", "req/s", "errors", "p50 ms", "p99 ms", "max ms", "p99 ms by kind",
+                "RSS start MiB", "RSS middle MiB", "RSS end MiB", "RSS peak MiB", "end/start", "end/middle",
+                "bounded"):
         t.add_column(col, justify="left" if col == "server" else "right")
 
     def mb(x: float | None) -> str:
@@ -372,7 +486,8 @@ def table(results: list[Soak], args: argparse.Namespace) -> Table:
 
     for r in results:
         t.add_row(r.server, str(r.requests), f"{r.requests_per_s:.1f}", str(r.errors), f"{r.p50_ms:.1f}",
-                  f"{r.p99_ms:.1f}", f"{r.max_ms:.0f}", mb(r.rss_mb_start), mb(r.rss_mb_middle), mb(r.rss_mb_end),
+                  f"{r.p99_ms:.1f}", f"{r.max_ms:.0f}",
+                  " ".join(f"{kind} {v['p99']:.0f}" for kind, v in r.latency_ms_by_kind.items()), mb(r.rss_mb_start), mb(r.rss_mb_middle), mb(r.rss_mb_end),
                   mb(r.rss_mb_peak), "-" if r.rss_end_over_start is None else f"{r.rss_end_over_start:.2f}",
                   "-" if r.rss_end_over_middle is None else f"{r.rss_end_over_middle:.2f}",
                   {True: "yes", False: "NO", None: "-"}[r.memory_bounded])
@@ -383,29 +498,38 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=32, help="concurrent clients per server (default 32)")
     p.add_argument("--minutes", type=float, default=10.0, help="load per server (default 10)")
-    p.add_argument("--servers", nargs="+", choices=("webshop", "search_qa"), default=["webshop", "search_qa"])
+    p.add_argument("--servers", nargs="+", choices=("webshop", "search_qa", "search_qa_slow", "policy_mixed"),
+                   default=["webshop", "search_qa"], help="loads to run, one after the other (default webshop "
+                                                          "search_qa; the docstring says what each is)")
     p.add_argument("--num-products", type=int, default=2000, help="WebShop generated catalogue (default 2000)")
     p.add_argument("--max-steps", type=int, default=10, help="WebShop steps per episode at most (default 10)")
     p.add_argument("--think-ms", type=float, default=0.0, help="client pause after each request (default 0)")
+    p.add_argument("--slow-clients", type=int, default=64,
+                   help="search_qa_slow: connections that never finish a request (default 64)")
+    p.add_argument("--policy-model", default="tiny-random", help="policy_mixed: the model served (default tiny-random)")
+    p.add_argument("--long-clients", type=int, default=3, help="policy_mixed: long-prompt clients (default 3)")
+    p.add_argument("--short-clients", type=int, default=2, help="policy_mixed: short-request clients (default 2)")
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS readings (default 5)")
     p.add_argument("--rss-tolerance", type=float, default=1.5, help="bounded: end <= start x this (default 1.5)")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "soak.json")
     p.add_argument("--note", action="append", default=[], help="a line for the JSON's notes (repeatable)")
     args = p.parse_args(argv)
-    if args.clients < 1 or args.minutes <= 0:
-        p.error("--clients and --minutes must be positive")
+    if min(args.clients, args.short_clients) < 1 or args.minutes <= 0 or min(args.slow_clients, args.long_clients) < 0:
+        p.error("--clients, --short-clients and --minutes must be positive, --slow-clients and --long-clients >= 0")
 
     console = Console(width=200)
     load_before = os.getloadavg()
-    runners = {"webshop": run_webshop, "search_qa": run_search_qa}
+    runners = {"webshop": run_webshop, "search_qa": run_search_qa, "search_qa_slow": run_search_qa_slow,
+               "policy_mixed": run_policy_mixed}
     results = [runners[name](args, console) for name in args.servers]
     console.print(table(results, args))
     notes = [*args.note,
              f"one machine for clients and server: {os.cpu_count()} CPUs; load average (1, 5, 15 min) "
              f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
              "after",
-             "clients are threads of one Python process, servers are Werkzeug's threaded server (a thread per "
-             "connection, HTTP/1.0: a connection per request)",
+             "clients are threads of one Python process; WebShop and the policy server run Werkzeug's threaded "
+             "server (a thread per connection), Search-QA its pooled one (a connection thread, 32 workers); "
+             "a connection per request",
              "Search-QA: the tiny generated world (133 passages), flat index, hashing encoder (no MiniLM)",
              f"memory bounded: end <= start x {args.rss_tolerance} and end <= middle x {SECOND_HALF_TOLERANCE}"]
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ import contextlib
 import copy
 import importlib
 import importlib.util
+import os
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -207,7 +208,8 @@ class VLLMPolicy:
     dtype for the synced weights to mean the same), `gpu_memory_utilization` (fraction of the whole GPU;
     ~0.3 when colocated with training), `kv_cache_gib` (the KV cache's size, overriding the utilisation; see
     `kv_cache_bytes`), `max_model_len` (prompt + answer tokens), `tensor_parallel_size`,
-    `colocate` (one engine per trainer process via `external_launcher`), `enable_sleep_mode`,
+    `colocate` (one engine per trainer process: via `external_launcher` under a multi-process launcher, in
+    this process otherwise), `enable_sleep_mode`,
     `llm_kwargs` (anything else for `vllm.LLM`).
     """
 
@@ -260,9 +262,18 @@ class VLLMPolicy:
         kv_bytes = kv_cache_bytes(kv_cache_gib, cuda=torch.cuda.is_available())
         if kv_bytes is not None:
             options["kv_cache_memory_bytes"] = kv_bytes
-        if colocate:
+        if colocate and _launched_ranks() > 1:
             options["distributed_executor_backend"] = "external_launcher"
+        elif colocate:
+            # One process and no launcher: external_launcher would need RANK/MASTER_* for nothing. The engine
+            # core runs in this process instead (what external_launcher forces too), so `sync_weights` reaches
+            # the model directly and no engine process is spawned.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         options.update(llm_kwargs or {})
+        if options["enable_sleep_mode"] and not _sleep_mode_available():
+            # vLLM refuses the flag where it cannot sleep (its CPU build); there the engine simply stays awake,
+            # and sleep()/wake_up() stay safe no-ops
+            options["enable_sleep_mode"] = False
         self._vllm = vllm
         self.sleep_mode = bool(options["enable_sleep_mode"])
         self.llm = vllm.LLM(**options)
@@ -357,6 +368,20 @@ class VLLMPolicy:
         worker = getattr(executor, "driver_worker", None)
         worker = getattr(worker, "worker", worker)  # V1 wraps the worker (WorkerWrapperBase.worker)
         return getattr(worker, "model_runner", None)
+
+
+def _launched_ranks() -> int:
+    """How many trainer processes the launcher started (torchrun / deepspeed set WORLD_SIZE)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _sleep_mode_available() -> bool:
+    from vllm.platforms import current_platform
+
+    check = getattr(current_platform, "is_sleep_mode_available", None)
+    return bool(check()) if callable(check) else True
 
 
 def _refresh_tied_output_head(model: torch.nn.Module) -> None:

@@ -427,3 +427,89 @@ def test_tiny_random_model_is_batched_with_per_request_budgets():
         assert choice["finish_reason"] in ("stop", "length")
         if choice["finish_reason"] == "length":
             assert usage["completion_tokens"] == 2 + 3 * i
+
+
+# -- issue 35: long prompts do not hold up a short request; an unknown model is a 404 ---------------------
+
+_WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly grumpy kings".split()
+
+
+def _long_prompt(seed: int) -> str:
+    """About 3,900 tokens of the SmolLM2 tokenizer (the report's long prompts)."""
+    return " ".join(_WORDS[(seed + k * 7) % len(_WORDS)] + str(k % 10) for k in range(1775))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_short_request_is_answered_while_long_prompts_are_generated(temperature: float):
+    """Three ~3,900-token prompts (max_tokens 64) hold the main lane (their generation is gated open); a short
+    request sent after them is answered meanwhile, by the short lane, greedy or not (one lane made it wait for
+    all of them: 107.7 s on SmolLM2, or a 503 after the queue timeout). Then the long ones are answered too."""
+    from agentgym_opsd.models.hf_policy import HFPolicy
+    from agentgym_opsd.models.loading import load_policy_model
+
+    model, tokenizer = load_policy_model("tiny-random", trainable=False)
+    policy = HFPolicy(model, tokenizer, max_new_tokens=16, temperature=0.0, seed=0)
+    with served(policy, ServerLimits(batch_window_s=0.0)) as (url, batcher), ThreadPoolExecutor(4) as pool:
+        gate, entered, generate = threading.Event(), threading.Event(), policy.generate_ids
+
+        def held_generate(prompts: Sequence[Sequence[int]]) -> list[PolicyOutput]:
+            entered.set()
+            assert gate.wait(TIMEOUT)
+            return generate(prompts)
+
+        policy.generate_ids = held_generate  # type: ignore[method-assign]  # the main lane's policy only
+        try:
+            longs = [pool.submit(requests.post, url, json=chat(_long_prompt(i), max_tokens=64, temperature=0),
+                                 timeout=TIMEOUT) for i in range(3)]
+            assert entered.wait(TIMEOUT)
+            wait_until(lambda: batcher.queued() == 2, "the other long prompts to queue behind the first")
+            started = time.monotonic()
+            short = requests.post(url, json=chat("Say hi.", max_tokens=16, temperature=temperature), timeout=TIMEOUT)
+            short_s = time.monotonic() - started
+            assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] >= 1
+            assert short_s < 10 and not any(f.done() for f in longs)  # answered while the long ones wait
+        finally:
+            gate.set()
+        assert all(f.result().status_code == 200 for f in longs)
+        assert all(f.result().json()["usage"]["prompt_tokens"] > 3500 for f in longs)
+        if temperature == 0:  # the short lane answers exactly what one lane would (greedy)
+            policy.generate_ids = generate  # type: ignore[method-assign]
+            alone = requests.post(url, json=chat("Say hi.", max_tokens=16, temperature=0), timeout=TIMEOUT)
+            assert alone.json()["choices"][0]["message"] == short.json()["choices"][0]["message"]
+
+
+def test_lanes_split_requests_by_prompt_plus_budget():
+    """`short_lane_tokens` 40: a 5-token prompt with max_tokens 36 goes to the main lane, one with max_tokens
+    30 to the short lane, which answers it while the main lane's generation is held."""
+    policy = RecordingPolicy(max_new_tokens=8)
+    with served(policy, ServerLimits(batch_window_s=0.0, short_lane_tokens=40, max_tokens_cap=64)) as (url, batcher), \
+            ThreadPoolExecutor(1) as pool:
+        assert batcher.thread_names == ["policy-batcher-short", "policy-batcher"]
+        gate, entered, generate = threading.Event(), threading.Event(), policy.generate_ids
+
+        def held_main(prompts: Sequence[Sequence[int]]) -> list[PolicyOutput]:
+            entered.set()
+            assert gate.wait(TIMEOUT)
+            return generate(prompts)
+
+        policy.generate_ids = held_main  # type: ignore[method-assign]  # the short lane's view keeps its own
+        try:
+            main = pool.submit(requests.post, url, json=chat("other", max_tokens=36), timeout=TIMEOUT)
+            assert entered.wait(TIMEOUT)
+            short = requests.post(url, json=chat("short", max_tokens=30), timeout=TIMEOUT)
+            assert short.status_code == 200 and not main.done()
+        finally:
+            gate.set()
+        assert main.result().status_code == 200
+    assert policy.batches == [["short"], ["other"]]
+
+
+@pytest.mark.parametrize("model, status", [("gpt-4", 404), ("stand-in", 200), (None, 200), (7, 400)])
+def test_a_model_other_than_the_served_one_is_a_404_naming_it(client, model, status):
+    body = {"messages": [{"role": "user", "content": "hi"}], **({"model": model} if model is not None else {})}
+    reply = client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == status and reply.is_json
+    if status == 404:  # OpenAI's shape for an unknown model, with the id that is served
+        error = reply.get_json()["error"]
+        assert error["code"] == "model_not_found" and error["type"] == "invalid_request_error"
+        assert "gpt-4" in error["message"] and "`stand-in`" in error["message"]

@@ -113,16 +113,19 @@ def test_sampled_logprobs_equal_the_trainers_recomputation(engine, tiny_folder, 
 
 
 def test_stop_strings_end_the_answer_and_stay_in_it(engine):
-    """A piece of the greedy answer is made a stop string: the answer ends at it, with it."""
+    """A piece of a sampled answer is made a stop string: the same seed's answer then ends at it, with it."""
     _, policy = engine
-    greedy = policy.with_sampling(temperature=0.0, seed=0)
-    first = greedy.act(_requests(PROMPTS[:1]))[0]
-    pieces = [policy.tokenizer.decode(first.token_ids[i:i + 1]) for i in range(1, len(first.token_ids) - 1)]
-    stop = next(p for p in pieces if p.strip() and p not in policy.tokenizer.decode(first.token_ids[:1]))
-    greedy.stop_strings = (stop,)  # the view's own setting; the shared engine is untouched
-    out = greedy.act(_requests(PROMPTS[:1]))[0]
+    first = policy.with_sampling(temperature=1.0, seed=4).act(_requests(PROMPTS[:1]))[0]
+    pieces = [policy.tokenizer.decode(first.token_ids[:i]) for i in range(1, len(first.token_ids))]
+    later = [policy.tokenizer.decode(first.token_ids[i:i + 1]) for i in range(len(first.token_ids) - 1)]
+    # a token whose text ends the prefix for the first time: the stop fires there and not earlier
+    cut = next(i for i, piece in enumerate(later) if len(piece.strip()) > 1 and piece not in pieces[i][:-len(piece)])
+    stop = later[cut]
+    same_seed = policy.with_sampling(temperature=1.0, seed=4)
+    same_seed.stop_strings = (stop,)  # the view's own setting; the shared engine is untouched
+    out = same_seed.act(_requests(PROMPTS[:1]))[0]
     assert out.finish_reason == "stop" and out.text.endswith(stop), (out.text, stop)
-    assert len(out.token_ids) < len(first.token_ids) and first.text.startswith(out.text)
+    assert out.token_ids == first.token_ids[:cut + 1] and len(out.token_ids) < len(first.token_ids)
 
 
 def test_with_sampling_shares_one_engine_and_sleep_wake_are_safe(engine):
@@ -202,7 +205,7 @@ def test_cpu_tiny_trains_on_vllm_resumes_and_logs_the_hf_backends_keys(tmp_path,
         args = ["--config", "cpu-tiny", f"env.id={toy_env_ids[0]}", f"model.name_or_path={tiny_folder}",
                 f"rollout.backend={backend}", f"trainer.output_dir={out}", f"trainer.total_steps={steps}",
                 "trainer.backend=torch", "trainer.report_to=none", "rollout.vllm_kv_cache_gib=0.25",
-                "rollout.vllm_max_model_len=2048", *extra]
+                "rollout.vllm_max_model_len=2048", "rollout.vllm_enforce_eager=true", *extra]
         assert main(args) == 0
         return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -213,3 +216,34 @@ def test_cpu_tiny_trains_on_vllm_resumes_and_logs_the_hf_backends_keys(tmp_path,
     hf = run("hf", tmp_path / "hf", 1)
     assert set(hf[0]) == set(resumed[-1])
     assert resumed[-1]["response_tokens"] > 0 and torch.isfinite(torch.tensor(resumed[-1]["loss"]))
+
+
+def test_two_cpu_ranks_under_torchrun_each_run_a_colocated_engine(tmp_path, tiny_folder):
+    """Data parallel with vLLM: `torchrun --nproc-per-node 2`, one engine per rank via `external_launcher`."""
+    import subprocess
+    import sys
+
+    tests = Path(__file__).parent
+    child = tmp_path / "child.py"
+    child.write_text(
+        f"import sys; from pathlib import Path; sys.path.insert(0, {str(tests)!r})\n"
+        "from toy_envs import register_toy_envs; register_toy_envs()\n"
+        "from agentgym_opsd.registry import register_skill_library\n"
+        f"register_skill_library('toy', Path({str(tests / 'data' / 'skills_small')!r}), override=True)\n"
+        "from agentgym_opsd.train import main; raise SystemExit(main(sys.argv[1:]))\n")
+    out = tmp_path / "dp"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    args = ["--config", "cpu-tiny", "env.id=agentgym_opsd/ToyCounter-v0", f"model.name_or_path={tiny_folder}",
+            "rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.report_to=none",
+            "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_max_model_len=2048", "rollout.max_new_tokens=8",
+            "rollout.vllm_enforce_eager=true"]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(child), *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "external_launcher" in done.stdout + done.stderr
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2] and all(line["ranks"] == 2 for line in lines)
+    # each step's rollouts came from weights synced after the previous update: the sampler's log-probs
+    # equal the trainer's recomputation
+    assert all(line["sample_logprob_gap"] < 1e-3 for line in lines)

