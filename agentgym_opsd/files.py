@@ -61,12 +61,12 @@ def is_disk_full(exc: BaseException, folder: str | os.PathLike[str] | None = Non
     return False
 
 
-def _write_atomically(path: str | os.PathLike[str], mode: str, write: Callable[[IO[Any]], None]) -> Path:
+def _write_atomically(path: str | os.PathLike[str], mode: str, write: Callable[[IO[Any]], object]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with tmp.open(mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as fh:
             write(fh)
         os.replace(tmp, target)
     except BaseException:

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import socket
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -274,7 +275,7 @@ def make_trackers(names: list[str], run_dir: Path, first_step: int, *, name: str
                 out.append(MLflowTracker(run_dir, name=name, resume=resume, logged_through=logged_through))
         except ImportError as exc:
             raise ImportError(f"trainer.report_to={tracker} needs the {tracker} package: "
-                              f"pip install 'agentgym-opsd[trackers]' ({exc})") from exc
+                              f"pip install 'agentgym-opsd[{_EXTRAS[tracker]}]' ({exc})") from exc
         if tracker != "wandb":  # wandb took the config at init
             out[-1].log_config(config)
     return out
@@ -318,14 +319,17 @@ def _check_mlflow() -> None:
         raise ValueError(f"trainer.report_to=mlflow: MLFLOW_TRACKING_URI={uri} cannot be used ({reason}). What "
                          f"works: {_mlflow_alternatives()}") from None
     parts = urlsplit(uri)
-    if parts.scheme in ("http", "https") and parts.hostname:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            socket.create_connection((parts.hostname, port), timeout=5.0).close()
-        except OSError as exc:
-            raise ValueError(f"trainer.report_to=mlflow: no MLflow server answers at MLFLOW_TRACKING_URI={uri} "
-                             f"({exc.strerror or exc}); start it (`mlflow server`), or use {_mlflow_alternatives()}") \
-                from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname):
+        return  # reached through a proxy: only MLflow's own requests can tell
+    address = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    try:  # a server that is down would otherwise show only after the load, and after minutes of MLflow's retries
+        socket.create_connection(address, timeout=5.0).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ValueError(f"trainer.report_to=mlflow: no MLflow server answers at MLFLOW_TRACKING_URI={uri} ({why}); "
+                         f"start it (`mlflow server`), or use {_mlflow_alternatives()}") from None
 
 
 def _mlflow_alternatives() -> str:
