@@ -274,6 +274,10 @@ class VLLMPolicy:
             # vLLM refuses the flag where it cannot sleep (its CPU build); there the engine simply stays awake,
             # and sleep()/wake_up() stay safe no-ops
             options["enable_sleep_mode"] = False
+        if not torch.cuda.is_available():
+            # vLLM's CPU build drops torch to one thread for serving unless OMP_NUM_THREADS is set; colocated, that
+            # would also halve the trainer's own passes (log-probs, teacher, update) on a 2-core machine
+            os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         self._vllm = vllm
         self.sleep_mode = bool(options["enable_sleep_mode"])
         self.llm = vllm.LLM(**options)

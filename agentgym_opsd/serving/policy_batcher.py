@@ -1,7 +1,8 @@
 """The policy server's scheduler: concurrent chat requests become batched generations on one model.
 
-Request threads `submit` a `Job` and `wait` for it; one scheduler thread owns the policy (model, tokenizer,
-sampling RNG) and is the only thread that generates or decodes. The scheduler never tokenises a prompt:
+Request threads `submit` a `Job` and `wait` for it; a scheduler thread per lane (see Lanes below) owns its
+view of the policy (the model's weights shared, its own tokenizer and sampling RNG), and only these threads
+generate or decode. The scheduler never tokenises a prompt:
 `submit`, in the request's own thread, first refuses (400) a prompt with more characters than the token
 limit can hold (`max_prompt_chars`, see PROMPT_CHARS_PER_TOKEN), then tokenises it and checks its budget
 (400 for a prompt over `max_prompt_tokens` or one whose budget does not fit the model's context), and only
@@ -38,10 +39,10 @@ thread, with its own queue and rounds as above, that generates beside the main l
 (its own view of the policy: its own sampling stream, `BatchPolicy.with_sampling`, and its own copy of the
 tokenizer, so the two threads share nothing that generation changes). A short request then waits for at
 most a batch of short ones, while longer requests keep the main lane; both lanes share the CPU or GPU, so
-a long generation slows down while short ones run beside it, by about their share of the work. Prompt
-token budgets per batch were measured as the alternative and rejected: they bound what a batch costs, not
-how long a request waits for the batch in progress (`benchmarks/results/policy_lanes.json`).
-`short_lane_tokens=0` keeps one lane.
+a long generation slows down while short ones run beside it, by about their share of the work. A budget of
+prompt tokens per batch was measured as the alternative and not taken: it bounds what a batch costs, not
+how long a request waits for the generation in progress, so a short request still waited for a whole long
+prompt. `short_lane_tokens=0` keeps one lane.
 """
 
 from __future__ import annotations
