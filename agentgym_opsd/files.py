@@ -4,6 +4,9 @@
 named by the writer's pid and a random id (two writers never share a temporary file), then rename it over the
 target: a reader sees the old file or the new one, never half of one, and a crash leaves only a
 `.NAME.PID.ID.tmp` behind; a failed write (a full disk, text that is not valid Unicode) leaves no file at all.
+A folder is published the same way: built in `make_tmp_dir(target)` (same temporary name), then
+`publish_dir(tmp, target)` renames it into place; leftovers of dead writers, files and folders, are removed by
+`remove_dead_tmp_dirs`, which every `make_tmp_dir` runs first.
 `to_json` is the one JSON writer: strict RFC 8259 JSON, a NaN or an infinity written as null (Python's own
 `json.dumps` writes a bare `NaN`, which other parsers refuse).
 `cache_dir(*parts)` is `$AGENTGYM_OPSD_CACHE/...` (default `~/.cache/agentgym_opsd/...`): generated games,
@@ -17,6 +20,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["CACHE_ENV_VAR", "atomic_write_bytes", "atomic_write_lines", "atomic_write_text", "cache_dir",
-           "is_disk_full", "make_tmp_dir", "remove_dead_tmp_dirs", "to_json"]
+           "is_disk_full", "make_tmp_dir", "publish_dir", "remove_dead_tmp_dirs", "to_json"]
 
 CACHE_ENV_VAR = "AGENTGYM_OPSD_CACHE"
 
@@ -64,7 +68,7 @@ def is_disk_full(exc: BaseException, folder: str | os.PathLike[str] | None = Non
 def _write_atomically(path: str | os.PathLike[str], mode: str, write: Callable[[IO[Any]], object]) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = _tmp_path(target)
     try:
         with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as fh:
             write(fh)
@@ -111,31 +115,79 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
+def _tmp_path(target: Path) -> Path:
+    """A fresh `.NAME.PID.ID.tmp` path beside `target`: the one temporary name of the package (files and folders)."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+_TMP_NAME = re.compile(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp")
+
+
 def make_tmp_dir(target: Path) -> Path:
-    """A new private folder `.NAME.PID.ID.tmp` beside `target`, to build `target` in and rename into place.
-    Leftovers of writers that died (kill -9 mid-build) are removed first: each would be a whole copy."""
+    """A new private folder `.NAME.PID.ID.tmp` beside `target`, to build `target` in and `publish_dir` into
+    place. Leftovers of writers that died (kill -9 mid-build) are removed first: each may be a whole copy."""
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_tmp_dirs(target)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp = _tmp_path(target)
     tmp.mkdir()
     return tmp
 
 
+def publish_dir(tmp: Path, target: Path, *, keep: Callable[[Path], bool] | None = None) -> bool:
+    """Put the finished folder `tmp` (from `make_tmp_dir(target)`) at `target` in one rename, so a reader sees
+    the old folder or the new one, never half of one. Returns whether `tmp` was put there; `tmp` never
+    outlives the call.
+
+    A folder already at `target` is replaced: moved aside (under a temporary name) and deleted only once `tmp`
+    is in place; when the rename fails it is moved back, so an error leaves one whole folder at `target` (a
+    kill between the two renames leaves it aside, a dead writer's leftover that the next `make_tmp_dir`
+    removes). `keep(target)` true: the folder there, found first or put there meanwhile by another writer
+    (whose rename won), is as good as ours and stays; `tmp` is then discarded."""
+    aside = None
+    try:
+        if target.exists() or target.is_symlink():
+            if keep is not None and keep(target):
+                return False
+            aside = _tmp_path(target)
+            try:
+                os.rename(target, aside)
+            except FileNotFoundError:  # another writer moved it meanwhile
+                aside = None
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if keep is not None and target.exists() and keep(target):  # another writer published first
+                return False
+            if aside is not None:
+                os.rename(aside, target)
+                aside = None
+            raise
+        return True
+    finally:
+        for folder in (tmp, aside):
+            if folder is not None and folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def remove_dead_tmp_dirs(target: Path) -> list[Path]:
-    """Remove `.NAME.PID.ID.tmp` folders beside `target` whose writer process is gone; folders of live
-    writers (or of processes not ours to signal) stay. Returns the removed folders."""
+    """Remove the temporary `.NAME.PID.ID.tmp` folders and files in `target`'s folder (of any NAME: a build,
+    a folder moved aside, an atomic write) whose writer process is gone; those of live writers (or of
+    processes not ours to signal) stay. Returns what was removed."""
     removed = []
-    for folder in target.parent.glob(f".{target.name}.*.tmp"):
-        parts = folder.name[len(target.name) + 2: -len(".tmp")].split(".")
-        if len(parts) != 2 or not parts[0].isdigit():
+    for path in target.parent.glob(".*.tmp"):
+        match = _TMP_NAME.fullmatch(path.name)
+        if match is None:
             continue
         try:
-            os.kill(int(parts[0]), 0)
+            os.kill(int(match[1]), 0)
             continue  # alive
         except ProcessLookupError:
             pass
         except (PermissionError, OverflowError):
             continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
     return removed

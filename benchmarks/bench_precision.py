@@ -35,6 +35,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_roofline import make_trainer, measure_peak_flops, sft_rows  # noqa: E402
+from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import cpu_bf16_support  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     record["rl_step"] = {"fp32_s": step_fp32, "bf16_s": step_bf16, "speedup": step_fp32 / step_bf16}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+    render_pages()  # the docs' precision table follows the new JSON
     plot(record, args.out.with_suffix(".png"))
 
     table = Table(title=f"float32 vs bfloat16, {args.config}, {record['threads']} threads (median of {args.repeats})")

@@ -30,6 +30,7 @@ import math
 import statistics
 from pathlib import Path
 
+from render_results import render_pages  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
 
@@ -220,6 +221,7 @@ def report(table: dict, results: list[dict]) -> None:
     Console(width=200).print(t)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "study.json").write_text(json.dumps(table, indent=2) + "\n")
+    render_pages()  # the docs' and README's tables follow the new JSON
     if results:
         plot(table, results)
 

@@ -22,12 +22,11 @@ import json
 import logging
 import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentgym_opsd.files import cache_dir, make_tmp_dir, to_json
+from agentgym_opsd.files import cache_dir, make_tmp_dir, publish_dir, to_json
 
 if TYPE_CHECKING:  # keep `import agentgym_opsd.models.loading` light: transformers loads on first use
     import torch
@@ -145,21 +144,10 @@ def _atomic_build(target: Path, stamp: dict[str, Any], build: Any) -> Path:
     try:
         build(tmp)
         (tmp / _MARKER).write_text(to_json(stamp), encoding="utf-8")
-        if target.exists() and not _is_complete(target, stamp):
-            stale = target.with_name(f".{target.name}.stale-{uuid.uuid4().hex[:8]}")
-            try:
-                os.rename(target, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            except OSError:
-                pass  # another process replaced it meanwhile; the rename below decides
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target, stamp):
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish_dir(tmp, target, keep=lambda folder: _is_complete(folder, stamp))  # a stale folder is replaced
     return target
 
 

@@ -76,7 +76,7 @@ def test_disk_full_is_a_clear_error_and_resume_works(tmp_path, toy_env_ids, caps
         if latest is not None:
             assert "step_000001" in message[0]  # the message says what was kept
             assert load_trainer_state(latest).step == 1
-        assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+        assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".")]  # no temporary folder
         # (3) The metric lines written before the failure are whole JSON lines.
         text = (out / "metrics.jsonl").read_text(encoding="utf-8")
         assert text.endswith("\n")
@@ -85,7 +85,9 @@ def test_disk_full_is_a_clear_error_and_resume_works(tmp_path, toy_env_ids, caps
 
         # What a save killed mid-write would leave: a partial temp folder, and a step folder without its
         # marker. Once there is space again, `--resume auto` ignores both and finishes the run.
-        partial = ckpts / ".tmp-step_000002-leftover"
+        killed = subprocess.Popen(["true"])
+        killed.wait()
+        partial = ckpts / f".step_000002.{killed.pid}.0123abcd.tmp"  # its writer's pid: gone
         (partial / "model").mkdir(parents=True)
         (partial / "model" / "model.safetensors").write_bytes(b"\0" * 1000)
         (ckpts / "step_000003").mkdir()

@@ -351,7 +351,7 @@ def test_build_index_replaces_its_own_index(tmp_path: Path, monkeypatch: pytest.
 
 def test_a_crash_mid_build_leaves_the_old_index(tmp_path: Path, tiny_index: tuple[Any, Path],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentgym_opsd.environments.search_qa import index as index_module
+    from agentgym_opsd import files as files_module
 
     data, _ = tiny_index
     out = write_index_folder(tmp_path / "idx", data.passages[:50], HashingEncoder().encode,
@@ -370,14 +370,16 @@ def test_a_crash_mid_build_leaves_the_old_index(tmp_path: Path, tiny_index: tupl
                            progress=False, overwrite=True)
     assert _snapshot(out) == before and _hidden_leftovers(tmp_path) == []
 
-    real_replace = os.replace
+    real_rename = os.rename
+    failed: list[Any] = []
 
-    def swap_fails(src: Any, dst: Any) -> None:  # the rename that puts the new folder in place fails
-        if Path(src).name.startswith(".idx.") and not Path(src).name.startswith(".idx.old-"):
+    def swap_fails(src: Any, dst: Any) -> None:  # the rename that puts the new folder in place fails once;
+        if Path(dst) == out and not failed:  # moving the old index back works
+            failed.append(src)
             raise OSError("disk trouble")
-        real_replace(src, dst)
+        real_rename(src, dst)
 
-    monkeypatch.setattr(index_module.os, "replace", swap_fails)
+    monkeypatch.setattr(files_module.os, "rename", swap_fails)
     with pytest.raises(OSError, match="disk trouble"):
         write_index_folder(out, data.passages, HashingEncoder().encode, IndexConfig(kind="flat"),
                            progress=False, overwrite=True)

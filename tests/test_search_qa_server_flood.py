@@ -350,3 +350,27 @@ def test_connections_beyond_max_reading_are_refused_at_once(tiny_app: Any) -> No
             assert time.monotonic() < deadline, "closed connections are still being read"
             time.sleep(0.01)
         assert _post(port, ["after"])[0] == 200
+
+
+def test_the_connection_thread_finds_the_end_of_a_request_however_it_is_split() -> None:
+    """Fed a byte at a time, the head and a chunked body (an extension, a trailer) are found to end exactly where
+    the request does, never earlier; the same as when the whole request arrives at once."""
+    from agentgym_opsd.serving.connections import _body_framing, _head_end, _scan_chunks
+
+    head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    request = head + b"5;ext=1\r\nhello\r\n0\r\nX-Trailer: y\r\n\r\n"
+    assert _body_framing(head) == (True, None)
+    assert _body_framing(b"POST / HTTP/1.1\r\nContent-Length: 12\r\n\r\n") == (False, 12)
+    buffer, head_end, pos, end = bytearray(), None, 0, None
+    for i, byte in enumerate(request):
+        searched = max(0, len(buffer) - 2)
+        buffer.append(byte)
+        if head_end is None:
+            head_end = _head_end(buffer, searched)
+            pos = head_end or 0
+            assert head_end is None or head_end == len(head) == i + 1
+        if head_end is not None and end is None:
+            pos, end = _scan_chunks(buffer, pos)
+            assert end is None or end == len(request) == i + 1
+    assert end == len(request)
+    assert _head_end(bytearray(b"GET / HTTP/1.0\n\n"), 0) == 16  # bare line feeds, as http.server accepts

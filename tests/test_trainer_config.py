@@ -137,6 +137,18 @@ def test_a_config_inherits_from_its_base_and_shows_only_what_it_changes(tmp_path
     assert small.trainer.total_steps == 6 and learn.trainer.total_steps == 12
 
 
+def test_output_dir_defaults_to_runs_slash_the_config_name(tmp_path) -> None:
+    assert load_config("cpu-small").trainer.output_dir == "runs/cpu-small"  # not its base's runs/cpu-learn
+    assert load_config("paper-webshop").trainer.output_dir == "runs/paper-webshop"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("base: cpu-tiny\n")
+    assert load_config(str(mine)).trainer.output_dir == "runs/mine"
+    assert load_config(str(mine), ["trainer.output_dir=out/x"]).trainer.output_dir == "out/x"
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text("base: cpu-tiny\ntrainer:\n  output_dir: out/pinned\n")
+    assert load_config(str(pinned)).trainer.output_dir == "out/pinned"
+
+
 def test_a_bad_base_is_named(tmp_path) -> None:
     loop_a, loop_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     loop_a.write_text(f"base: {loop_b}\n")

@@ -52,7 +52,6 @@ import os
 import pickle
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,7 +61,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from agentgym_opsd.files import is_disk_full, to_json
+from agentgym_opsd.files import is_disk_full, make_tmp_dir, publish_dir, to_json
 
 log = logging.getLogger(__name__)
 
@@ -353,9 +352,7 @@ def save_checkpoint(
         write_manifest(tmp, state.step, state.world_size)
         (tmp / COMPLETE).write_text(to_json({"step": state.step}), encoding="utf-8")
         _fsync_tree(tmp)
-        if final.exists():  # a re-save of the same step (resume replayed it): replace
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        publish_dir(tmp, final)  # a re-save of the same step (resume replayed it) replaces the folder
         fd = os.open(root, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -381,10 +378,7 @@ def _begin(ranks: Ranks, root: Path, final: Path) -> str:
     error = None
     if ranks.rank == 0:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            for stale in root.glob(f".tmp-{_PREFIX}*"):
-                shutil.rmtree(stale, ignore_errors=True)  # left by a crash during an earlier save
-            made = (Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root)).name, None)
+            made = (make_tmp_dir(final).name, None)  # first removes what crashed saves left
         except OSError as exc:
             error, made = exc, (None, _describe(exc))
     name, why = ranks.broadcast(made)  # every rank is here: nobody waits in another collective

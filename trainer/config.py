@@ -413,7 +413,8 @@ class WarmStartConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = _f(150, "RL training steps")
-    output_dir: str = _f("runs/agentopsd", "metrics, trajectories, TensorBoard events and checkpoints go here")
+    output_dir: str = _f("runs/agentopsd", "metrics, trajectories, TensorBoard events and checkpoints go here (for a "
+                                           "config file that leaves it unset, base included: runs/<file name>)")
     overwrite: bool = _f(False, "a new run (no --resume) may replace the run already in output_dir, deleting its "
                                 "files; without it such a folder is refused")
     seed: int = _f(0, "seeds python, numpy, torch and the task order")
@@ -531,7 +532,8 @@ def available_presets() -> list[str]:
 
 
 def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """A preset name (see `available_presets()`) or a YAML path, plus `key.sub=value` overrides."""
+    """A preset name (see `available_presets()`) or a YAML path, plus `key.sub=value` overrides. A file that
+    does not set `trainer.output_dir` (nor do its bases) writes to `runs/<preset>`, so no two presets share one."""
     data: dict[str, Any] = {}
     if name_or_path:
         path = Path(name_or_path)
@@ -542,6 +544,9 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
                               f"{', '.join(available_presets())}")
         data = _read_config_file(path)
         data.setdefault("preset", Path(name_or_path).stem)
+        trainer = data.setdefault("trainer", {})
+        if isinstance(trainer, dict):  # not a mapping: refused by name when the config is built
+            trainer.setdefault("output_dir", f"runs/{data['preset']}")
     data = apply_overrides(data, overrides)
     return config_from_dict(data)
 

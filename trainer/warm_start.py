@@ -17,10 +17,7 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import TaskSpec
-from agentgym_opsd.files import cache_dir, remove_dead_tmp_dirs, to_json
+from agentgym_opsd.files import cache_dir, make_tmp_dir, publish_dir, to_json
 from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
@@ -311,10 +308,8 @@ class WarmStart:
     def save_atomically(self, policy: TrainedModel, target: Path, summary: dict[str, Any]) -> None:
         """`target/model` + `target/summary.json`, complete or absent (a shared cache may see two writers).
         Collective: every rank helps gather the weights, rank 0 writes, the others wait for it."""
-        if policy.is_main:
-            remove_dead_tmp_dirs(target)
-        # the writer's pid in the name: a later run can tell a dead writer's leftovers from a live one's
-        tmp = target.parent / dist.broadcast_object(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        # rank 0 names the folder (its pid in the name: a later run can tell a dead writer's leftovers)
+        tmp = target.parent / dist.broadcast_object(make_tmp_dir(target).name if policy.is_main else None)
         policy.save(tmp / "model")
         if policy.is_main:
             self._publish(tmp, target, summary)
@@ -322,20 +317,7 @@ class WarmStart:
 
     def _publish(self, tmp: Path, target: Path, summary: dict[str, Any]) -> None:
         (tmp / "summary.json").write_text(to_json(summary, indent=2), encoding="utf-8")
-        if target != self.folder:  # a shared cache entry: published in one rename
-            if (target / "summary.json").is_file():
-                shutil.rmtree(tmp)  # another run cached the same warm start first: theirs is as good
-                return
-            if target.exists():  # half-published by a run killed between two renames (older versions)
-                shutil.rmtree(target, ignore_errors=True)
-            try:
-                os.rename(tmp, target)  # complete or absent: a reader never sees model/ without summary.json
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)  # another writer published between our look and now
-            return
-        target.mkdir(parents=True, exist_ok=True)
-        for item in ("model", "summary.json"):
-            if (target / item).is_dir():
-                shutil.rmtree(target / item)
-            os.replace(tmp / item, target / item)
-        shutil.rmtree(tmp, ignore_errors=True)
+        # complete or absent: a reader never sees model/ without summary.json. In the shared cache, an entry
+        # another run completed first is as good as ours; one without summary.json (a killed older version) is not
+        shared = target != self.folder
+        publish_dir(tmp, target, keep=(lambda entry: (entry / "summary.json").is_file()) if shared else None)

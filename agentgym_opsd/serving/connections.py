@@ -90,9 +90,11 @@ class ReadAhead(io.RawIOBase):
             self._sock.settimeout(self._read_timeout_s)  # what the worker's writes expect
 
 
-def _head_end(buffer: bytearray) -> int | None:
-    """Where the request head ends (after its empty line; bare LF line ends are accepted, as http.server does)."""
-    ends = [i + skip for mark, skip in ((b"\n\r\n", 3), (b"\n\n", 2)) if (i := buffer.find(mark)) >= 0]
+def _head_end(buffer: bytearray, start: int) -> int | None:
+    """Where the request head ends (after its empty line; bare LF line ends are accepted, as http.server
+    does), searching from `start` (bytes before it were searched already: a head arriving a byte at a time
+    is scanned once, not once a byte)."""
+    ends = [i + skip for mark, skip in ((b"\n\r\n", 3), (b"\n\n", 2)) if (i := buffer.find(mark, start)) >= 0]
     return min(ends) if ends else None
 
 
@@ -272,9 +274,10 @@ class ConnectionReader:
             self._forget(conn)
             conn.sock.close()
             return
+        searched = max(0, len(conn.buffer) - 2)  # an end mark may begin in the last two bytes already read
         conn.buffer += data
         if conn.head_end is None:
-            conn.head_end = _head_end(conn.buffer)
+            conn.head_end = _head_end(conn.buffer, searched)
             if conn.head_end is None:
                 if len(conn.buffer) > MAX_HEAD_BYTES:
                     self._refuse_late(conn, 431, "Request Header Fields Too Large",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
-import tempfile
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,7 @@ from agentgym_opsd.environments.alfworld.vocabulary import (
     TASK_ROOMS,
     TASK_TYPES,
 )
-from agentgym_opsd.files import to_json
+from agentgym_opsd.files import make_tmp_dir, publish_dir, to_json
 
 __all__ = ["GENERATOR_VERSION", "Horizon", "GeneratedGame", "GameGenerator", "GenerationError", "write_game"]
 
@@ -264,16 +264,13 @@ def write_game(game: GeneratedGame, data_root: str | os.PathLike[str], split: st
     final = parent / f"trial_{game.spec.trial_id}"
     if (final / "game.tw-pddl").is_file():
         return final / "game.tw-pddl"
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
-    (staging / "traj_data.json").write_text(to_json(game.traj_data(), indent=1), encoding="utf-8")
-    (staging / "game.tw-pddl").write_text(to_json(game.game_json()), encoding="utf-8")
+    staging = make_tmp_dir(final)  # removes the leftovers of writers that were killed mid-way
     try:
-        os.rename(staging, final)
-    except OSError:
-        if not (final / "game.tw-pddl").is_file():
-            raise
-        for child in staging.iterdir():  # another process won the race with the same game
-            child.unlink()
-        staging.rmdir()
+        (staging / "traj_data.json").write_text(to_json(game.traj_data(), indent=1), encoding="utf-8")
+        (staging / "game.tw-pddl").write_text(to_json(game.game_json()), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # another process may have written the same game meanwhile: theirs is as good
+    publish_dir(staging, final, keep=lambda trial: (trial / "game.tw-pddl").is_file())
     return final / "game.tw-pddl"

@@ -16,7 +16,7 @@ from typing import Any
 from agentgym_opsd.environments.search_qa.data import Passage, Question
 from agentgym_opsd.files import atomic_write_lines, to_json
 
-__all__ = ["iter_corpus", "read_corpus", "write_corpus", "read_questions", "write_questions", "atomic_write_text"]
+__all__ = ["iter_corpus", "read_corpus", "write_corpus", "read_questions", "write_questions"]
 
 
 def iter_corpus(path: str | os.PathLike[str]) -> Iterator[Passage]:
@@ -37,13 +37,8 @@ def read_corpus(path: str | os.PathLike[str]) -> list[Passage]:
     return list(iter_corpus(path))
 
 
-def atomic_write_text(path: str | os.PathLike[str], lines: Iterable[str]) -> None:
-    """Write lines atomically (`agentgym_opsd.files.atomic_write_lines`): readers never see a half-written file."""
-    atomic_write_lines(path, lines)
-
-
 def write_corpus(path: str | os.PathLike[str], passages: Iterable[Passage]) -> None:
-    atomic_write_text(path, (to_json({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
+    atomic_write_lines(path, (to_json({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -82,4 +77,4 @@ def read_questions(path: str | os.PathLike[str]) -> list[Question]:
 
 
 def write_questions(path: str | os.PathLike[str], questions: Iterable[Question]) -> None:
-    atomic_write_text(path, (to_json(q.to_dict()) + "\n" for q in questions))
+    atomic_write_lines(path, (to_json(q.to_dict()) + "\n" for q in questions))

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 
 from agentgym_opsd.environments.search_qa.data import SPLITS, Passage
 from agentgym_opsd.environments.search_qa.store import CORPUS_FILE, OFFSETS_FILE, PassageStore, write_store
-from agentgym_opsd.files import make_tmp_dir, to_json
+from agentgym_opsd.files import make_tmp_dir, publish_dir, to_json
 
 __all__ = ["IndexConfig", "DenseIndex", "build_faiss_index", "write_index_folder", "check_replaceable",
            "NotAnIndexError", "META_FILE", "INDEX_KINDS"]
@@ -71,22 +70,6 @@ def _is_our_meta(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and {"num_passages", "dim", "kind"} <= meta.keys()
-
-
-def _swap_into_place(new: Path, target: Path) -> None:
-    """Put the finished folder `new` at `target`; an index already there is moved aside first and deleted
-    only once the new one is in place, so a failure at any point leaves one complete index at `target`."""
-    if not target.exists():
-        os.replace(new, target)
-        return
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    os.replace(target, old)
-    try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -199,11 +182,9 @@ def write_index_folder(
         if before_swap is not None:
             before_swap(tmp)
         (tmp / META_FILE).write_text(to_json(meta, indent=2), encoding="utf-8")
-        if (target / META_FILE).is_file() and not overwrite:
-            shutil.rmtree(tmp)
-            return Path(folder)
         check_replaceable(target)  # something may have been put there during the build
-        _swap_into_place(tmp, target)
+        # an index already there is deleted only once the new one is in place (`overwrite`), else it stays
+        publish_dir(tmp, target, keep=lambda there: not overwrite and (there / META_FILE).is_file())
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

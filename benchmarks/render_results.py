@@ -1,0 +1,254 @@
+"""Render the results tables of the README and the docs from `benchmarks/results/*.json`: one source.
+
+A page asks for a table with a pair of marker comments; everything between them is this script's output:
+
+    <!-- results:study -->
+    (generated, do not edit)
+    <!-- /results:study -->
+
+    python benchmarks/render_results.py           # rewrite every block in README.md and docs/
+    python benchmarks/render_results.py --check   # exit 1 and name each block that disagrees with its JSON
+
+A benchmark that writes one of these JSON files calls `render_pages()` after writing, and CI runs `--check`
+(`tests/test_docs.py`), so a number on a page cannot drift from the file it was measured into.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["RENDERERS", "render_pages", "render_text", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+MINUS = "\u2212"
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.DOTALL)
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _signed(x: float, digits: int = 0) -> str:
+    """A signed number with a real minus sign; zero has no sign."""
+    text = f"{abs(x):.{digits}f}"
+    if float(text) == 0:
+        return text
+    return ("+" if x > 0 else MINUS) + text
+
+
+def _ci(interval: list[float]) -> str:
+    low, high = interval
+    return f"[{100 * low:.0f}, {100 * high:.0f}]"
+
+
+def _auc(x: float | None) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+# The study's arms in reading order: (key in study.json, label, the arm its paired difference is taken against).
+STUDY_ARMS: list[tuple[str, str, str | None]] = [
+    ("alfworld/grpo", "ALFWorld / GRPO", None),
+    ("alfworld/agentopsd", "ALFWorld / AgentOPSD (`skills`)", "alfworld/grpo"),
+    ("alfworld/agentopsd-hint", "ALFWorld / AgentOPSD (`hint`)", "alfworld/grpo"),
+    ("alfworld/gigpo", "ALFWorld / GiGPO", "alfworld/grpo"),
+    ("alfworld/agentopsd-lam0.25", "ALFWorld / AgentOPSD λ 0.25", "alfworld/grpo"),
+    ("alfworld/agentopsd-lam1.0", "ALFWorld / AgentOPSD λ 1.0", "alfworld/grpo"),
+    ("alfworld/grpo-lr5e-5", "ALFWorld / GRPO, lr 5e-5", "alfworld/grpo"),
+    ("alfworld/agentopsd-lr5e-5", "ALFWorld / AgentOPSD, lr 5e-5", "alfworld/grpo"),
+    ("searchqa/grpo", "Search-QA / GRPO", None),
+    ("searchqa/agentopsd-hint", "Search-QA / AgentOPSD (`hint`)", "searchqa/grpo"),
+    ("webshop/grpo", "WebShop / GRPO (`outcome=score`), action history, title-aware expert (10 steps)", None),
+    ("webshop/grpo-no-action-history", "WebShop / GRPO (`outcome=score`), no action history, target-only expert", None),
+    ("webshop/agentopsd-hint-no-action-history", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same",
+     "webshop/grpo-no-action-history"),
+    ("webshop/grpo-title-expert", "WebShop / GRPO, title-searching warm start (8 steps)", None),
+]
+
+
+def _paired(study: dict, key: str, baseline: str | None) -> str:
+    """Held-out success of the arm minus its baseline's, per shared RL seed, in points."""
+    if baseline is None:
+        return "–"
+    arm, base = study[key], study[baseline]
+    base_by_seed = dict(zip(base["seeds"], base["valid_after"]["per_seed"], strict=True))
+    diffs = [100 * (after - base_by_seed[seed])
+             for seed, after in zip(arm["seeds"], arm["valid_after"]["per_seed"], strict=True) if seed in base_by_seed]
+    return ", ".join(_signed(d) for d in diffs) or "–"
+
+
+def render_study() -> str:
+    study = _load("study.json")
+    known = {key for key, _, _ in STUDY_ARMS}
+    arms = STUDY_ARMS + [(key, key, None) for key in study if key not in known]  # never drop an arm silently
+    lines = ["| env / arm | seeds | held-out before → after | pool before → after | paired held-out Δ vs GRPO "
+             "per seed | invalid (held-out, after) | credit AUC won / lost | RL min |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, label, baseline in arms:
+        if key not in study:
+            continue
+        arm = study[key]
+        valid, pool = arm["valid_after"], arm["pool_after"]
+        held_out = f"{_pct(arm['valid_before'])} → **{_pct(valid['mean'])}** {_ci(valid['episodes_ci'])}"
+        if arm["env"] == "webshop":
+            held_out += f" (score {arm['valid_score']['before']:.2f} → {arm['valid_score']['after']:.2f})"
+        auc = f"{_auc(arm['credit_auc']['success'])} / {_auc(arm['credit_auc']['failure'])}"
+        lines.append(
+            f"| {label} | {len(arm['seeds'])} | {held_out} "
+            f"| {_pct(arm['pool_before'])} → **{_pct(pool['mean'])}** {_ci(pool['episodes_ci'])} "
+            f"| {_paired(study, key, baseline)} | {100 * arm['invalid_after']:.1f}% | {auc} "
+            f"| {arm['rl_minutes']:.0f} |")
+    return "\n".join(lines)
+
+
+def render_main_job() -> str:
+    seeds = _load("cpu_small_seeds.json")
+    lines = ["| arm | seed | held-out before → after | pool before → after |", "|---|---|---|---|"]
+    for arm, label in (("agentopsd", "**AgentOPSD** (`cpu-small`)"), ("grpo", "**GRPO**")):
+        for run in seeds[arm]:
+            lines.append(
+                f"| {label} | {run['seed']} "
+                f"| {_pct(run['valid_before'])} → **{_pct(run['valid_after'])}** "
+                f"({_signed(100 * (run['valid_after'] - run['valid_before']), 1)}) "
+                f"| {_pct(run['pool_before'])} → **{_pct(run['pool_after'])}** "
+                f"({_signed(100 * (run['pool_after'] - run['pool_before']), 1)}) |")
+    lines.append("")
+    summary = seeds["summary"]
+    means = "; ".join(
+        f"{name} **{_signed(100 * summary[arm]['mean_valid_gain'], 1)}** held out and "
+        f"**{_signed(100 * summary[arm]['mean_pool_gain'], 1)}** on the pool"
+        + (" (held-out success rose in every seed)" if summary[arm]["valid_never_worse"] else "")
+        for arm, name in (("agentopsd", "AgentOPSD"), ("grpo", "GRPO")))
+    lines.append(f"Mean gain over the {summary['agentopsd']['seeds']} RL seeds, in points: {means}.")
+    return "\n".join(lines)
+
+
+def render_precision() -> str:
+    data = _load("precision.json")
+    lines = ["| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |", "|---|---:|---:|---:|"]
+    phases = dict(data["phases"], **{"RL step": data["rl_step"]})
+    for phase, row in phases.items():
+        lines.append(f"| {phase} | {row['fp32_s']:.1f} | {row['bf16_s']:.1f} | {row['speedup']:.2f}× |")
+    peak = data["matmul_peak_gflops"]
+    gap = data["sampler_vs_pass"]
+    start = data["update_start"]
+    lines += [
+        "",
+        f"Matmul peak at 1 / 2 threads: float32 {peak['float32']['1']:.0f} / {peak['float32']['2']:.0f} GFLOP/s, "
+        f"bfloat16 {peak['bfloat16']['1']:.0f} / {peak['bfloat16']['2']:.0f}. Sampler vs log-prob pass gap "
+        f"(nats per token, mean / max): float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}, "
+        f"bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}. PPO start ratio's deviation from 1: "
+        f"float32 {start['fp32']['ppo/start_ratio_max_dev']:.0e}, bfloat16 "
+        f"{start['bf16']['ppo/start_ratio_max_dev']:.2f} (bound {start['bound']}). {data['threads']} threads, "
+        f"{data['repeats']} repeats.",
+    ]
+    return "\n".join(lines)
+
+
+def render_credit_quality() -> str:
+    data = _load("credit_quality.json")
+    runs = data["runs"]
+    header = " | ".join(f"{run['policy']}, {kind}" for run in runs for kind in ("won", "lost"))
+    lines = [f"| estimator | {header} |", "|---|" + "---|" * (2 * len(runs))]
+    for name in runs[0]["summary"]["estimators"]:
+        cells = []
+        for run in runs:
+            est = run["summary"]["estimators"][name]
+            won = f"{est['success']['auc']:.3f}"
+            if run["policy"] == runs[0]["policy"] and name != "grpo":
+                won += f" (valid turns only {est['success']['auc_valid_only']:.3f})"
+            cells += [won, f"{est['failure']['auc']:.3f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    counts = "; ".join(
+        f"{run['policy']} won {run['summary']['estimators']['grpo']['success']['progress']} / "
+        f"{run['summary']['estimators']['grpo']['success']['wasted']}, lost "
+        f"{run['summary']['estimators']['grpo']['failure']['progress']} / "
+        f"{run['summary']['estimators']['grpo']['failure']['wasted']} ({run['episodes']} episodes, "
+        f"{_pct(run['success_rate'])}% won)" for run in runs)
+    lines += ["", f"Turns behind the AUCs (progress / wasted): {counts}."]
+    return "\n".join(lines)
+
+
+def render_headline() -> str:
+    study = _load("study.json")
+
+    def move(key: str, split: str) -> str:
+        arm = study[key]
+        return f"{_pct(arm[f'{split}_before'])} → {_pct(arm[f'{split}_after']['mean'])}%"
+
+    alf, alf_grpo = study["alfworld/agentopsd"], study["alfworld/grpo"]
+    return (
+        f"On ALFWorld (`cpu-small`: SmolLM2-135M, {len(alf['seeds'])} RL seeds of 6 steps from one cached warm "
+        f"start) AgentOPSD took held-out success {move('alfworld/agentopsd', 'valid')} and pool success "
+        f"{move('alfworld/agentopsd', 'pool')}; GRPO {move('alfworld/grpo', 'valid')} and "
+        f"{move('alfworld/grpo', 'pool')} (95% intervals "
+        f"{_ci(alf['valid_after']['episodes_ci'])} and {_ci(alf_grpo['valid_after']['episodes_ci'])} held out). "
+        f"GRPO on Search-QA ({len(study['searchqa/grpo']['seeds'])} seeds, 12 steps): pool "
+        f"{move('searchqa/grpo', 'pool')}; on WebShop (one seed, 10 steps): pool {move('webshop/grpo', 'pool')}. "
+        f"No row of a lost rollout got a positive advantage in any run "
+        f"({sum(arm['lost_rows_positive'] for arm in study.values()):,} of "
+        f"{sum(arm['lost_rows'] for arm in study.values()):,} rows).")
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "headline": render_headline,
+    "study": render_study,
+    "main_job": render_main_job,
+    "precision": render_precision,
+    "credit_quality": render_credit_quality,
+}
+
+
+def render_text(text: str, page: str = "<text>") -> str:
+    """`text` with every results block replaced by its freshly rendered table."""
+    def fill(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in RENDERERS:
+            raise KeyError(f"{page}: unknown results block {name!r}; known: {', '.join(sorted(RENDERERS))}")
+        return f"{match.group(1)}{RENDERERS[name]()}\n{match.group(4)}"
+    return BLOCK.sub(fill, text)
+
+
+def pages() -> list[Path]:
+    """The pages that may hold results blocks: the README and every Markdown file under docs/."""
+    docs = ROOT / "docs"
+    return [ROOT / "README.md", *sorted(p for p in docs.rglob("*.md") if "results_data" not in p.parts)]
+
+
+def render_pages(check: bool = False) -> list[Path]:
+    """Rewrite every page whose blocks differ from the JSON (or, with `check`, only list them)."""
+    stale = []
+    for path in pages():
+        text = path.read_text(encoding="utf-8")
+        fresh = render_text(text, page=str(path.relative_to(ROOT)))
+        if fresh != text:
+            stale.append(path)
+            if not check:
+                path.write_text(fresh, encoding="utf-8")
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a page's results block disagrees with its JSON")
+    args = parser.parse_args(argv)
+    stale = render_pages(check=args.check)
+    for path in stale:
+        verb = "disagrees with benchmarks/results (run benchmarks/render_results.py)" if args.check else "rendered"
+        print(f"{path.relative_to(ROOT)}: {verb}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The README and the docs stay true: the README is short with the two commands at the top, every relative
+link in the Markdown the docs site does not build (README, environment and example READMEs) points at a file
+and heading that exist, and every results table agrees with the JSON it is rendered from. The docs site's own
+links are checked by `mkdocs build --strict` in `.ci/run`."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+SETUP_COMMANDS = (
+    './.ci/setup.sh && .venv/bin/python -m agentgym_opsd.train --config cpu-small',
+    './.ci/setup.sh && .venv/bin/python -m pytest -q -m "not gpu" --timeout 900',
+)
+
+
+def _render_results():
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "benchmarks" / "render_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(markdown: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", markdown.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {_github_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.MULTILINE)}
+
+
+def _pages_outside_docs() -> list[Path]:
+    return [README, *sorted((ROOT / "environments").glob("*/README.md")), ROOT / "examples/custom_env/README.md"]
+
+
+def test_readme_is_short_with_the_two_commands_first():
+    text = README.read_text(encoding="utf-8")
+    assert len(text) <= 12_000, f"README.md is {len(text):,} characters; move detail to docs/ (limit 12,000)"
+    first_section = text.split("\n## ")[1]
+    assert first_section.startswith("Two commands on a fresh machine")
+    for command in SETUP_COMMANDS:
+        assert command in first_section, f"the README's first section lost the command {command!r}"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert SETUP_COMMANDS[1].split("&& ")[1] in ci, ".ci/run and the README's test command must stay in sync"
+
+
+@pytest.mark.parametrize("page", _pages_outside_docs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    broken = []
+    for match in LINK.finditer(page.read_text(encoding="utf-8")):
+        target = match.group(1) or match.group(2)
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+            broken.append(f"{target}: no heading with anchor #{anchor}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_results_pages_agree_with_their_json():
+    stale = _render_results().render_pages(check=True)
+    assert not stale, ("these pages disagree with benchmarks/results/*.json; run "
+                       f"`python benchmarks/render_results.py`: {[str(p.relative_to(ROOT)) for p in stale]}")
+
+
+def test_render_replaces_a_stale_block_and_refuses_an_unknown_one():
+    render = _render_results()
+    stale = "before\n<!-- results:main_job -->\n| made up |\n<!-- /results:main_job -->\nafter\n"
+    fresh = render.render_text(stale)
+    assert "| made up |" not in fresh and "AgentOPSD" in fresh
+    assert fresh.startswith("before\n") and fresh.endswith("<!-- /results:main_job -->\nafter\n")
+    assert render.render_text(fresh) == fresh
+    with pytest.raises(KeyError, match="unknown results block"):
+        render.render_text("<!-- results:nope -->\n<!-- /results:nope -->")
