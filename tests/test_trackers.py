@@ -127,12 +127,12 @@ def test_event_files_lose_what_a_resume_replays_and_a_torn_record(tmp_path) -> N
 def test_a_tracker_that_cannot_start_fails_before_the_model_loads(tmp_path, toy_env_ids, monkeypatch, capsys):
     pytest.importorskip("mlflow")
     pytest.importorskip("wandb")
-    from agentgym_opsd.trainer.loop import Trainer
+    from agentgym_opsd.trainer import session
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the tracker's set-up was checked")
 
-    monkeypatch.setattr(Trainer, "_load_model", no_model)
+    monkeypatch.setattr(session, "load_model", no_model)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # MLflowTracker sets it for its own store
     out = tmp_path / "run"
     cases = [  # (environment, what the error says)

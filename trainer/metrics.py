@@ -25,7 +25,7 @@ from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.trackers import Tracker
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
-__all__ = ["METRIC_KEYS", "MetricsLog", "reduce_step_metrics", "step_metrics", "sampling_gap"]
+__all__ = ["METRIC_KEYS", "MetricsLog", "env_metrics", "reduce_step_metrics", "step_metrics", "sampling_gap"]
 
 METRIC_KEYS = (
     "step", "success_rate", "reward_mean", "turns_mean", "invalid_action_rate", "loss", "kl", "entropy",
@@ -110,6 +110,30 @@ def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], batch:
     for k, v in zip(keys, dist.all_reduce([float(metrics[k]) for k in keys], op="max"), strict=True):
         out[k] = v
     out["ranks"] = float(world)
+    return out
+
+
+def env_metrics(trajs: list[Trajectory], specs: list[str], spec_of: Callable[[Trajectory], str],
+                metrics: dict[str, Any], world: int) -> dict[str, float]:
+    """`train/<env spec>/...` (one key style for every phase, as validation writes `val/<spec>/...`): one
+    environment, its success rate (the step's); a mix, per environment the episodes it played this step and,
+    when it played any, success rate, turns and invalid-action rate (summed over the ranks)."""
+    if len(specs) == 1:
+        return {f"train/{specs[0]}/success_rate": metrics["success_rate"]}
+    sums: list[float] = []
+    for spec in specs:
+        mine = [t for t in trajs if spec_of(t) == spec]
+        sums += [float(len(mine)), float(sum(t.won for t in mine)), float(sum(t.num_turns for t in mine)),
+                 float(sum(t.num_invalid_actions for t in mine))]
+    sums = dist.all_reduce(sums) if world > 1 else sums
+    out: dict[str, float] = {}
+    for k, spec in enumerate(specs):
+        episodes, won, turns, invalid = sums[4 * k:4 * k + 4]
+        out[f"train/{spec}/episodes"] = episodes
+        if episodes:
+            out.update({f"train/{spec}/success_rate": won / episodes,
+                        f"train/{spec}/turns_mean": turns / episodes,
+                        f"train/{spec}/invalid_action_rate": invalid / max(turns, 1.0)})
     return out
 
 
