@@ -5,6 +5,7 @@ imported until an environment is made), so `gymnasium.make("agentgym_opsd/ALFWor
 """
 
 from agentgym_opsd.core import TextEnv
+from agentgym_opsd.env_checker import EnvCheckError, check_env
 from agentgym_opsd.envpool import EnvPool, StepResult, TaskSpec
 from agentgym_opsd.parsers import ActionParser, ParsedAction, TagParser, WebShopParser, make_parser
 from agentgym_opsd.policies import OraclePolicy, Policy, PolicyOutput, PolicyRequest, RandomPolicy
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActionParser",
+    "EnvCheckError",
     "EnvPool",
     "EnvProfile",
     "HistoryItem",
@@ -43,6 +45,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "WebShopParser",
+    "check_env",
     "discover_plugins",
     "env_profile",
     "load_jsonl",

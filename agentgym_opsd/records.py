@@ -24,7 +24,8 @@ from typing import Any, Final
 from agentgym_opsd.files import atomic_write_lines, to_json
 
 __all__ = ["OUTCOMES", "Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
-           "groups_of", "invalid_rates", "check_fields", "read_json_lines", "NUMBER_OR_NULL"]
+           "groups_of", "invalid_rates", "check_fields", "read_json_lines", "NUMBER_OR_NULL", "EpisodeSummary",
+           "summarize"]
 
 INVALID_KINDS = ("no_tag", "not_admissible", "truncated")
 """Why a turn was invalid: no parsable action in a reply that ended by itself (`no_tag`), a parsed action
@@ -242,6 +243,51 @@ def invalid_rates(trajectories: Iterable[Trajectory]) -> dict[str, float]:
             if kind is not None:
                 counts[kind] += 1
     return {f"invalid/{k}": v / total if total else 0.0 for k, v in counts.items()}
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """Counts of a set of episodes, and the rates every report derives from them (training steps, validation,
+    the pool check, evaluation): the one rule for an episode that ended with an error (environment crash or
+    hang, policy endpoint down): it counts in `episodes` as a failure (not won, score 0), its turns count like
+    any other's, and `errors` reports how many there were."""
+
+    episodes: int = 0  # every episode, errored ones included
+    successes: int = 0  # episodes won without an error
+    score_sum: float = 0.0  # partial credit in [0, 1], summed (0 for an errored episode)
+    turns: int = 0
+    invalid_actions: int = 0
+    errors: int = 0  # episodes that ended with an error
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / max(self.episodes, 1)
+
+    @property
+    def score_mean(self) -> float:
+        return self.score_sum / max(self.episodes, 1)
+
+    @property
+    def turns_mean(self) -> float:
+        return self.turns / max(self.episodes, 1)
+
+    @property
+    def invalid_action_rate(self) -> float:
+        """Invalid actions / all turns."""
+        return self.invalid_actions / max(self.turns, 1)
+
+
+def summarize(trajectories: Iterable[Trajectory]) -> EpisodeSummary:
+    """The `EpisodeSummary` of these episodes (an errored episode is a failure, and counted in `errors`)."""
+    trajs = list(trajectories)
+    return EpisodeSummary(
+        episodes=len(trajs),
+        successes=sum(bool(t.won) and t.error is None for t in trajs),
+        score_sum=sum(float(t.score) if t.error is None else 0.0 for t in trajs),
+        turns=sum(t.num_turns for t in trajs),
+        invalid_actions=sum(t.num_invalid_actions for t in trajs),
+        errors=sum(t.error is not None for t in trajs),
+    )
 
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | os.PathLike[str]) -> Path:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agentgym_opsd.records import Trajectory
+from agentgym_opsd.records import Trajectory, summarize
 
 __all__ = [
     "HORIZON_KEYS",
@@ -67,11 +67,11 @@ def success_difference_interval(successes_a: int, trials_a: int, successes_b: in
 class GroupStats:
     """Aggregates over a set of episodes.
 
-    `episodes` counts the episodes that ran to an end; `success_rate` is the fraction of them won,
-    `ci_low`/`ci_high` its Wilson 95% interval; `score_mean` mean partial credit in [0, 1]; `turns_mean`
-    mean turns per episode; `invalid_action_rate` invalid actions / all turns. `failed_episodes` ended with
-    an infrastructure error (environment crash or hang, policy endpoint down) even after retries: they are
-    not results, so they are left out of every statistic above and reported on their own.
+    `episodes` counts every episode; `success_rate` is the fraction of them won, `ci_low`/`ci_high` its Wilson
+    95% interval; `score_mean` mean partial credit in [0, 1]; `turns_mean` mean turns per episode;
+    `invalid_action_rate` invalid actions / all turns. `failed_episodes` ended with an infrastructure error
+    (environment crash or hang, policy endpoint down) even after retries: by the rule of `records.summarize`
+    they count as failures (not won, score 0) in every statistic above, and are reported here on their own.
     """
 
     episodes: int = 0
@@ -89,25 +89,13 @@ class GroupStats:
 
 
 def group_stats(trajectories: Sequence[Trajectory]) -> GroupStats:
-    failed = sum(t.error is not None for t in trajectories)
-    trajectories = [t for t in trajectories if t.error is None]
-    n = len(trajectories)
-    if n == 0:
-        return GroupStats(failed_episodes=failed)
-    wins = sum(bool(t.won) for t in trajectories)
-    total_turns = sum(t.num_turns for t in trajectories)
-    low, high = wilson_interval(wins, n)
-    return GroupStats(
-        episodes=n,
-        successes=wins,
-        success_rate=wins / n,
-        ci_low=low,
-        ci_high=high,
-        score_mean=sum(float(t.score) for t in trajectories) / n,
-        turns_mean=total_turns / n,
-        invalid_action_rate=(sum(t.num_invalid_actions for t in trajectories) / total_turns) if total_turns else 0.0,
-        failed_episodes=failed,
-    )
+    s = summarize(trajectories)
+    if s.episodes == 0:
+        return GroupStats()
+    low, high = wilson_interval(s.successes, s.episodes)
+    return GroupStats(episodes=s.episodes, successes=s.successes, success_rate=s.success_rate, ci_low=low,
+                      ci_high=high, score_mean=s.score_mean, turns_mean=s.turns_mean,
+                      invalid_action_rate=s.invalid_action_rate, failed_episodes=s.errors)
 
 
 def stats_by_task_type(trajectories: Sequence[Trajectory]) -> dict[str, GroupStats]:
@@ -145,7 +133,8 @@ def fit_horizon(trajectories: Sequence[Trajectory]) -> HorizonFit:
 
     Fitting on episodes, not on the per-horizon means, weights each horizon by how many episodes it has.
     """
-    pairs = [(h, 100.0 * bool(t.won)) for t in trajectories if t.error is None and (h := horizon_of(t)) is not None]
+    # an errored episode is a failure here too (`records.summarize`)
+    pairs = [(h, 100.0 * (bool(t.won) and t.error is None)) for t in trajectories if (h := horizon_of(t)) is not None]
     fit = HorizonFit(episodes_with_horizon=len(pairs))
     by_h: dict[int, list[float]] = {}
     for h, s in pairs:

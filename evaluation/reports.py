@@ -100,7 +100,7 @@ def render_report(summaries: Sequence[EvalSummary], *, policy: str, plots: Mappi
             parts.append("Horizon sensitivity: not enough distinct horizons to fit a slope.")
         if s.failed_episodes:
             parts.append(f"\n{s.failed_episodes} episode(s) did not run (infrastructure failure after retries; "
-                         "left out of the statistics, played again by the next run):")
+                         "counted as failures in the statistics, played again by the next run):")
             parts += [f"- {reason}" for reason in s.failure_reasons]
         parts.append("")
     if plots:

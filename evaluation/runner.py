@@ -10,9 +10,10 @@ With `results_path`, each finished episode is appended to a JSONL file as soon a
 episodes already in the file (same env spec, seed and policy name) are skipped: rerunning resumes.
 Episodes that end with an error (the environment crashed or hung, or a remote policy timed out / sent
 garbage) are replayed up to `max_retries` times. An episode still failing then is an infrastructure
-failure, not a result: it is reported in `failed_episodes` / `failure_reasons`, left out of every
-statistic, and not written to the results file, so the next run plays it again (a record of a failed
-episode left by an older version is replayed too). The run goes on; the CLI exits non-zero.
+failure: it counts as a failure in every statistic (the one rule of `records.summarize`, as in training and
+validation), is reported in `failed_episodes` / `failure_reasons`, and is not written to the results file,
+so the next run plays it again (a record of a failed episode left by an older version is replayed too). The
+run goes on; the CLI exits non-zero.
 """
 
 from __future__ import annotations

@@ -382,8 +382,11 @@ def _launched_ranks() -> int:
 
 
 def _sleep_mode_available() -> bool:
-    from vllm.platforms import current_platform
-
+    """Whether vLLM's platform can sleep (older releases without the check: assume it can)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return True
     check = getattr(current_platform, "is_sleep_mode_available", None)
     return bool(check()) if callable(check) else True
 

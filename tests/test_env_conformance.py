@@ -1,14 +1,19 @@
-"""Every registered environment honours the turn API (Gymnasium's env checker, seeded determinism, the
-standard info keys, an oracle that wins, answers instead of exceptions for bad actions)."""
+"""Every registered environment honours the turn API: `agentgym_opsd.check_env` (Gymnasium's env checker,
+the standard info keys, seeded determinism, an oracle that wins, answers instead of exceptions for bad actions,
+task indices out of range refused) over the registry (the example plugin included when installed), fuzzed
+bad actions, and two instances that play alike. And `check_env` names what is wrong in a broken environment."""
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
-from gymnasium.utils.env_checker import check_env
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from toy_envs import CounterEnv
 
-from agentgym_opsd.core import INFO_KEYS
+from agentgym_opsd import EnvCheckError, check_env
 from agentgym_opsd.registry import env_profile, make, registered_envs
 
 ENV_IDS = [e for e in registered_envs() if "Toy" not in e]
@@ -24,32 +29,12 @@ def env(request):
     env.close()
 
 
-def test_gymnasium_env_checker(env):
-    check_env(env.unwrapped, skip_render_check=True)
-
-
-def test_info_keys_and_seeded_determinism(env):
-    obs1, info1 = env.reset(seed=123)
-    obs2, info2 = env.reset(seed=123)
-    assert obs1 == obs2 and info1["task_id"] == info2["task_id"]
-    assert set(INFO_KEYS) <= set(info1)
-    _, _, _, _, info = env.step(env.unwrapped.oracle_action())
-    assert set(INFO_KEYS) <= set(info)
-
-
-def test_oracle_wins(env):
-    env.reset(seed=5)
-    profile = env_profile(env.spec.id)
-    for _ in range(profile.max_turns):
-        _, _, terminated, truncated, info = env.step(env.unwrapped.oracle_action())
-        if terminated or truncated:
-            break
-    assert info["won"], f"oracle lost on {env.spec.id}"
+def test_check_env(env):
+    check_env(env)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(action=st.one_of(st.just(""), st.just("   "), st.text(max_size=200), st.just("x" * 10_000),
-                        st.just("ünïcødé ✓ 行動"), st.just("go\x00to\x1b[31m")))
+@given(action=st.text(max_size=200))  # check_env tries the classic bad actions; this fuzzes beyond them
 def test_bad_actions_are_answered(env, action):
     _, start = env.reset(seed=1)
     assume(action.strip() not in (start["admissible_actions"] or ()))
@@ -75,10 +60,65 @@ def test_two_instances_play_the_same_oracle_episode_identically(env):
         other.close()
 
 
-@pytest.mark.parametrize("index", [-1, "end"])
-def test_task_index_out_of_range_is_refused_alike(env, index):
-    # every environment refuses an index outside [0, num_tasks) instead of wrapping it to another task
-    bad = env.unwrapped.num_tasks if index == "end" else index
-    with pytest.raises(ValueError, match="task_index"):
-        env.reset(options={"task_index": bad})
-    env.reset(options={"task_index": env.unwrapped.num_tasks - 1})  # the last one is fine
+# ---- check_env names what is wrong ---------------------------------------------------------------------------
+
+
+class _Counter(CounterEnv):
+    """The toy counter, made conforming: it refuses task indices out of range instead of wrapping them."""
+
+    def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        index = options.get("task_index")
+        if index is not None and not 0 <= index < self.num_tasks:
+            raise ValueError(f"task_index must be in [0, {self.num_tasks}), got {index}")
+        return super()._reset_task(options)
+
+
+class _DropsTheScore(_Counter):
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = super().step(action)
+        del info["score"]
+        return obs, reward, terminated, truncated, info
+
+
+class _OracleLoses(_Counter):
+    def oracle_action(self) -> str:
+        return "dec"
+
+
+class _RaisesOnGarbage(_Counter):
+    def _step_action(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if action not in ("inc", "dec"):
+            raise KeyError(action)
+        return super()._step_action(action)
+
+
+class _WrapsTaskIndices(CounterEnv):
+    pass
+
+
+class _UnseededTasks(_Counter):
+    def _reset_task(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return super()._reset_task({"task_index": random.randrange(self.num_tasks), **options})
+
+
+def test_check_env_passes_a_conforming_environment() -> None:
+    check_env(_Counter())
+
+
+@pytest.mark.parametrize(("broken", "message"), [
+    (_DropsTheScore, r"info after step\('inc'\) lacks score"),
+    (_OracleLoses, "the oracle did not win"),
+    (_RaisesOnGarbage, r"step\(''\) raised KeyError"),
+    (_WrapsTaskIndices, r"task_index': -1}\) was accepted"),
+    (_UnseededTasks, "different episodes|played twice differs"),
+])
+def test_check_env_names_what_is_wrong(broken: type, message: str) -> None:
+    with pytest.raises(EnvCheckError, match=message):
+        check_env(broken(), skip_gymnasium=True)
+
+
+def test_check_env_refuses_what_is_not_a_text_env() -> None:
+    import gymnasium as gym
+
+    with pytest.raises(EnvCheckError, match="TextEnv"):
+        check_env(gym.make("CartPole-v1"))

@@ -63,13 +63,16 @@ def test_success_difference_interval_known_value():
     assert low < -0.2 and high > 0.2
 
 
-def test_group_stats_leave_infrastructure_failures_out_and_count_invalid_per_turn():
+def test_group_stats_count_infrastructure_failures_as_failures_and_invalid_per_turn():
     trajs = [_traj(True, turns=4, invalid=1), _traj(False, turns=2, invalid=2), _traj(True, error="boom", turns=2)]
     s = group_stats(trajs)
-    assert s.episodes == 2 and s.successes == 1 and math.isclose(s.success_rate, 1 / 2)
-    assert math.isclose(s.turns_mean, 6 / 2) and math.isclose(s.invalid_action_rate, 3 / 6)
+    assert s.episodes == 3 and s.successes == 1 and math.isclose(s.success_rate, 1 / 3)
+    assert math.isclose(s.score_mean, 1 / 3)  # the errored episode's score does not count either
+    assert math.isclose(s.turns_mean, 8 / 3) and math.isclose(s.invalid_action_rate, 3 / 8)
     assert s.failed_episodes == 1
-    assert group_stats([_traj(False, error="down")]) == GroupStats(failed_episodes=1)
+    down = group_stats([_traj(False, error="down")])
+    assert (down.episodes, down.successes, down.success_rate, down.failed_episodes) == (1, 0, 0.0, 1)
+    assert group_stats([]) == GroupStats()
     by_type = stats_by_task_type([_traj(True, "b"), _traj(False, "a"), _traj(True, "")])
     assert list(by_type) == ["(none)", "a", "b"]
 

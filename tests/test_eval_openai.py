@@ -113,7 +113,7 @@ def test_broken_endpoint_episodes_fail_with_reason_and_run_goes_on(broken_server
     policy = make_policy(f"openai:{url}", model="m", timeout_s=0.5, max_retries=1)
     policy.backoff_s = 0.0
     summary = evaluate_policy(policy, "ToyCounter-v0:test", episodes=2, num_envs=2, max_retries=1)
-    assert summary.episodes == 0 and summary.failed_episodes == 2 and summary.success_rate == 0.0
+    assert summary.episodes == 2 and summary.failed_episodes == 2 and summary.success_rate == 0.0
     assert len(summary.failure_reasons) == 1 and reason in summary.failure_reasons[0]
     assert "after 2 attempts" in summary.failure_reasons[0]
     policy.close()

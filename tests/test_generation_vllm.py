@@ -204,3 +204,14 @@ def test_with_sampling_shares_the_engine_and_its_sleep_state(monkeypatch):
     assert [e[0] for e in events] == ["LLM", "sleep", "wake_up", "generate"]
     policy.wake_up()  # already awake through the view: nothing to do
     assert [e[0] for e in events][-1] == "generate"
+
+
+def test_kv_cache_size_is_explicit_on_the_cpu_build_and_from_the_utilisation_on_gpus():
+    from agentgym_opsd.models.vllm_policy import CPU_KV_CACHE_GIB, kv_cache_bytes
+
+    assert kv_cache_bytes(0.0, cuda=True) is None  # vLLM sizes it from gpu_memory_utilization
+    assert kv_cache_bytes(2.0, cuda=True) == 2 * 2**30
+    assert kv_cache_bytes(0.0, cuda=False) == int(CPU_KV_CACHE_GIB * 2**30)
+    assert kv_cache_bytes(0.25, cuda=False) == 2**28
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        kv_cache_bytes(-1.0, cuda=False)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from agentgym_opsd.files import atomic_write_lines, to_json
-from agentgym_opsd.records import Trajectory
+from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.trackers import Tracker
 from agentgym_opsd.trainer.turn_batch import TurnBatch
@@ -122,9 +122,8 @@ def env_metrics(trajs: list[Trajectory], specs: list[str], spec_of: Callable[[Tr
         return {f"train/{specs[0]}/success_rate": metrics["success_rate"]}
     sums: list[float] = []
     for spec in specs:
-        mine = [t for t in trajs if spec_of(t) == spec]
-        sums += [float(len(mine)), float(sum(t.won for t in mine)), float(sum(t.num_turns for t in mine)),
-                 float(sum(t.num_invalid_actions for t in mine))]
+        mine = summarize(t for t in trajs if spec_of(t) == spec)  # errored episodes are failures
+        sums += [float(mine.episodes), float(mine.successes), float(mine.turns), float(mine.invalid_actions)]
     sums = dist.all_reduce(sums) if world > 1 else sums
     out: dict[str, float] = {}
     for k, spec in enumerate(specs):

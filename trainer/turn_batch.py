@@ -40,7 +40,7 @@ from torch import Tensor
 
 from agentgym_opsd.credit import CreditResult
 from agentgym_opsd.files import atomic_write_lines, to_json
-from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates
+from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates, summarize
 
 __all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
            "anchor_key", "CreditRecord", "credit_lines", "write_jsonl_atomic"]
@@ -275,14 +275,14 @@ def build_turn_batch(
             row_traj.append(ti)
     traj_index = torch.tensor(row_traj, dtype=torch.long)
     n = len(trajectories)
+    summary = summarize(trajectories)  # an errored episode counts as a failure, and in env_errors
     stats = {
-        "success_rate": sum(float(t.won) for t in trajectories) / max(n, 1),
+        "success_rate": summary.success_rate,
         "reward_mean": float(rewards.mean()) if n else 0.0,
-        "turns_mean": sum(t.num_turns for t in trajectories) / max(n, 1),
-        "invalid_action_rate": sum(t.num_invalid_actions for t in trajectories)
-        / max(sum(t.num_turns for t in trajectories), 1),
-        "score_mean": sum(t.score for t in trajectories) / max(n, 1),
-        "env_errors": float(sum(t.error is not None for t in trajectories)),
+        "turns_mean": summary.turns_mean,
+        "invalid_action_rate": summary.invalid_action_rate,
+        "score_mean": summary.score_mean,
+        "env_errors": float(summary.errors),
         "num_rows": float(len(rows)),
         **invalid_rates(trajectories),
     }

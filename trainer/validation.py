@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.envpool import TaskSpec
-from agentgym_opsd.records import Trajectory, invalid_rates
+from agentgym_opsd.records import Trajectory, invalid_rates, summarize
 from agentgym_opsd.registry import EnvProfile, parse_env_spec
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer.config import Config
@@ -85,28 +85,17 @@ class Validation:
             summaries = [evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs,
                                          runner=self._runners[spec]) for spec in specs]
         seconds = time.perf_counter() - t0
-        if len(summaries) == 1:
-            (summary,) = summaries
-            out = {"val/success_rate": summary.success_rate, "val/episodes": float(summary.episodes),
-                   "val/score": summary.score_mean,
-                   "val/turns_mean": summary.turns_mean, "val/invalid_action_rate": summary.invalid_action_rate,
-                   "seconds_validation": seconds}
-            out.update(summary.metrics("val"))
-            return out
-        episodes = sum(s.episodes for s in summaries)
-        turns = [s.turns_mean * s.episodes for s in summaries]
-        out = {"val/success_rate": sum(s.success_rate * s.episodes for s in summaries) / max(episodes, 1),
-               "val/episodes": float(episodes),
-               "val/score": sum(s.score_mean * s.episodes for s in summaries) / max(episodes, 1),
-               "val/turns_mean": sum(turns) / max(episodes, 1),
-               "val/invalid_action_rate": sum(s.invalid_action_rate * n for s, n in zip(summaries, turns, strict=True))
-               / max(sum(turns), 1e-12),
+        # one rule for every environment and for the whole (`records.summarize`): errored episodes are failures
+        every = summarize([x for s in summaries for x in s.trajectories])
+        out = {"val/success_rate": every.success_rate, "val/episodes": float(every.episodes),
+               "val/score": every.score_mean, "val/turns_mean": every.turns_mean,
+               "val/invalid_action_rate": every.invalid_action_rate, "val/env_errors": float(every.errors),
                "seconds_validation": seconds}
         for summary in summaries:
             out.update(summary.metrics("val"))
-        # the per-kind invalid rates are written without the spec: over all environments' turns
-        out.update({f"val/{kind}": rate for kind, rate in
-                    invalid_rates([x for s in summaries for x in s.trajectories]).items()})
+        if len(summaries) > 1:  # the per-kind invalid rates are written without the spec: over all environments' turns
+            out.update({f"val/{kind}": rate for kind, rate in
+                        invalid_rates([x for s in summaries for x in s.trajectories]).items()})
         return out
 
     def pool(self, policy: Any) -> dict[str, float]:
@@ -139,10 +128,9 @@ class Validation:
 
 
 def _pool_rates(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
-    turns = max(sum(x.num_turns for x in trajs), 1)
-    n = max(len(trajs), 1)
-    return {f"{prefix}success_rate": sum(x.won for x in trajs) / n, f"{prefix}score": sum(x.score for x in trajs) / n,
-            f"{prefix}invalid_action_rate": sum(x.num_invalid_actions for x in trajs) / turns}
+    s = summarize(trajs)
+    return {f"{prefix}success_rate": s.success_rate, f"{prefix}score": s.score_mean,
+            f"{prefix}invalid_action_rate": s.invalid_action_rate, f"{prefix}env_errors": float(s.errors)}
 
 
 # Config fields that cannot change what the validation before the first RL step sees: the RL update, the teacher,
