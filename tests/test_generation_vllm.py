@@ -151,6 +151,8 @@ def test_trainer_keeps_one_vllm_engine_synced_after_the_warm_start_and_every_ste
     events: list[tuple] = []
     fake = _recording_vllm(events, load_tokenizer("tiny-random"))
     monkeypatch.setattr(vllm_backend, "require_vllm", lambda: fake)
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS"):  # the policy sets them; restored after
+        monkeypatch.delenv(name, raising=False)
     cfg = load_config("cpu-tiny", [
         "env.id=ToyCounter-v0", "rollout.backend=vllm", "trainer.backend=torch", "trainer.total_steps=2",
         "trainer.eval_every=1", "trainer.eval_episodes=2", "trainer.eval_temperature=0.4", "trainer.save_every=0",
@@ -165,7 +167,9 @@ def test_trainer_keeps_one_vllm_engine_synced_after_the_warm_start_and_every_ste
     assert kinds.count("LLM") == 1  # validation reuses the rollout engine
     options = events[0][1]
     assert options["dtype"] == "float32" and options["enable_sleep_mode"] is True
-    assert options["distributed_executor_backend"] == "external_launcher"
+    # one process: the engine core in this process (a launcher's ranks get external_launcher instead)
+    assert "distributed_executor_backend" not in options
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     # phases: (sync?) generate... sleep; a sync is load_weights then reset_prefix_cache, while awake
     phases, current = [], []
     for event in events[1:]:
