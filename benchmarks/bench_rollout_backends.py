@@ -106,6 +106,20 @@ def plot(record: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def summarize(runs: list[dict[str, Any]], args: argparse.Namespace, load_before: float) -> dict[str, Any]:
+    """The JSON record of the runs so far, with vLLM : HF tokens/s for each dtype both have finished."""
+    by = {(r["backend"], r["dtype"]): r for r in runs}
+    ratios = {dtype: {str(n): by[("vllm", dtype)]["episodes"][str(n)]["tokens_per_s"]
+                      / by[("hf", dtype)]["episodes"][str(n)]["tokens_per_s"] for n in args.episodes}
+              for dtype in args.dtypes if ("vllm", dtype) in by and ("hf", dtype) in by}
+    return {"config": args.config, "episodes": args.episodes, "group_size": GROUP_SIZE, "repeats": args.repeats,
+            "threads": runs[0]["threads"], "load_avg_before_after": [load_before, os.getloadavg()[0]],
+            "runs": runs,
+            "tokens_per_s": {f"{r['backend']}_{r['dtype']}": {str(n): r["episodes"][str(n)]["tokens_per_s"]
+                                                             for n in args.episodes} for r in runs},
+            "vllm_over_hf_tokens_per_s": ratios}
+
+
 def main(argv: list[str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -126,26 +140,21 @@ def main(argv: list[str] | None = None) -> None:
     if any(n % GROUP_SIZE for n in args.episodes):
         raise SystemExit(f"--episodes: each must be a multiple of the group size {GROUP_SIZE}")
     load_before = os.getloadavg()[0]
-    runs = []
+    runs: list[dict[str, Any]] = []
     spawn = multiprocessing.get_context("spawn")
-    for backend in ("hf", "vllm"):
-        for dtype in args.dtypes:
+    # vLLM first in each dtype: the number this benchmark exists for; the record is rewritten after every run,
+    # so an interrupted benchmark keeps what finished
+    for dtype in args.dtypes:
+        for backend in ("vllm", "hf"):
             with spawn.Pool(1) as pool:  # a fresh process per run: its own peak memory, no engine left behind
                 runs.append(pool.apply(measure, (backend, dtype, args.config, args.episodes, args.repeats,
                                                  args.kv_cache_gib)))
             print(f"done: {backend} {dtype}", file=sys.stderr)
-    by = {(r["backend"], r["dtype"]): r for r in runs}
-    ratios = {dtype: {str(n): by[("vllm", dtype)]["episodes"][str(n)]["tokens_per_s"]
-                      / by[("hf", dtype)]["episodes"][str(n)]["tokens_per_s"] for n in args.episodes}
-              for dtype in args.dtypes}
-    record = {"config": args.config, "episodes": args.episodes, "group_size": GROUP_SIZE, "repeats": args.repeats,
-              "threads": runs[0]["threads"], "load_avg_before_after": [load_before, os.getloadavg()[0]],
-              "runs": runs, "tokens_per_s": {f"{r['backend']}_{r['dtype']}": {str(n): r["episodes"][str(n)]["tokens_per_s"]
-                                                                             for n in args.episodes} for r in runs},
-              "vllm_over_hf_tokens_per_s": ratios}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
-    plot(record, args.out.with_suffix(".png"))
+            record = summarize(runs, args, load_before)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+            plot(record, args.out.with_suffix(".png"))
+    ratios = record["vllm_over_hf_tokens_per_s"]
 
     table = Table(title=f"rollout phase, {args.config}, {record['threads']} threads, G = {GROUP_SIZE}")
     for col in ("backend", "dtype", "start s", *(f"{n} ep s" for n in args.episodes),

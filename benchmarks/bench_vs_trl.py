@@ -159,7 +159,7 @@ def warm_start_model() -> str:
 
 
 def make_runner(cfg: Any, num_envs: int) -> Any:
-    """A `RolloutRunner` with the trainer's environment and prompt settings (as `Trainer._make_runner`)."""
+    """A `RolloutRunner` with the trainer's environment and prompt settings (as `RunSession.make_runner`)."""
     from agentgym_opsd.rollout import RolloutRunner
 
     renderer = cfg.env.prompt_renderer(cfg.env.id)
