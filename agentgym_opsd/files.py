@@ -16,6 +16,7 @@ from other write errors, also when a library wrapped the OSError (safetensors, t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["CACHE_ENV_VAR", "atomic_write_bytes", "atomic_write_lines", "atomic_write_text", "cache_dir",
-           "is_disk_full", "make_tmp_dir", "publish_dir", "remove_dead_tmp_dirs", "to_json"]
+           "is_disk_full", "make_tmp_dir", "publish_dir", "remove_dead_tmp_dirs", "remove_path", "to_json"]
 
 CACHE_ENV_VAR = "AGENTGYM_OPSD_CACHE"
 
@@ -185,9 +186,17 @@ def remove_dead_tmp_dirs(target: Path) -> list[Path]:
             pass
         except (PermissionError, OverflowError):
             continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        remove_path(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def remove_path(path: Path, *, ignore_errors: bool = False) -> None:
+    """Delete `path`: a folder with its contents, a file or a link (a link to a folder is removed, not followed)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+    elif ignore_errors:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+    else:
+        path.unlink()

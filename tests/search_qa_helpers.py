@@ -77,3 +77,20 @@ def wait_or_show_stacks(proc: subprocess.Popen, stderr_path: Path, timeout: floa
         time.sleep(3)
         stacks = stderr_path.read_text(encoding="utf-8", errors="replace")[-8000:]
         raise AssertionError(f"still running {timeout:.0f} s after the stop signal; its stderr and stacks:\n{stacks}") from None
+
+
+def server_with_encoder(encode_source: str) -> str:
+    """The source of a child process running the real retrieval server CLI (`serve.main(sys.argv[1:])`) whose
+    dense retriever encodes with `encode(texts)`, defined by `encode_source` (it may use `time`,
+    `HashingEncoder` and `shared_encoder`)."""
+    return (
+        "import sys, time\n"
+        "from agentgym_opsd.environments.search_qa import retriever, serve\n"
+        "from agentgym_opsd.environments.search_qa.embedding import HashingEncoder, shared_encoder\n\n"
+        + encode_source.strip("\n") + "\n\n\n"
+        "class PatchedRetriever(retriever.DenseRetriever):\n"
+        "    def __init__(self, folder):\n"
+        "        super().__init__(folder, encoder=encode)\n\n\n"
+        "retriever.DenseRetriever = PatchedRetriever\n"
+        "sys.exit(serve.main(sys.argv[1:]))\n"
+    )

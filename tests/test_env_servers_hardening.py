@@ -21,7 +21,13 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-from search_qa_helpers import STACKS_ON_SIGUSR1, held_first_call_encoder, ignore_sigint, wait_or_show_stacks
+from search_qa_helpers import (
+    STACKS_ON_SIGUSR1,
+    held_first_call_encoder,
+    ignore_sigint,
+    server_with_encoder,
+    wait_or_show_stacks,
+)
 from search_qa_helpers import tiny_index as build_tiny_index
 from test_webshop_helpers import small_shop
 from werkzeug.serving import make_server
@@ -230,26 +236,12 @@ def test_batcher_gives_each_caller_its_rows_or_its_error() -> None:
 
 # ------------------------------------------------------------------------------------ Search-QA: item 1
 
-_EXPLODING_SERVER = """
-import sys
-from agentgym_opsd.environments.search_qa import retriever, serve
-from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
-
-
+_EXPLODING_SERVER = server_with_encoder("""
 def encode(texts):
     if "explode" in texts:
         raise RuntimeError("boom")
     return HashingEncoder().encode(texts)
-
-
-class ExplodingRetriever(retriever.DenseRetriever):
-    def __init__(self, folder):
-        super().__init__(folder, encoder=encode)
-
-
-retriever.DenseRetriever = ExplodingRetriever
-sys.exit(serve.main(sys.argv[1:]))
-"""
+""")
 
 
 def test_search_serve_main_never_shows_the_debugger(tiny_index: tuple[Any, Path], tmp_path: Path) -> None:

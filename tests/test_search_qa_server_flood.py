@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from search_qa_helpers import STACKS_ON_SIGUSR1, ignore_sigint, wait_or_show_stacks
+from search_qa_helpers import STACKS_ON_SIGUSR1, ignore_sigint, server_with_encoder, wait_or_show_stacks
 from search_qa_helpers import tiny_index as build_tiny_index
 
 from agentgym_opsd.environments.search_qa.data import Passage
@@ -186,26 +186,12 @@ def test_worker_pool_refuses_settings_that_cannot_work(kwargs: dict[str, Any]) -
 
 # ------------------------------------------------------------------------------ the command line, end to end
 
-_SLOW_SERVER = """
-import sys, time
-from agentgym_opsd.environments.search_qa import retriever, serve
-from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
-
-
+_SLOW_SERVER = server_with_encoder("""
 def encode(texts):
     if any(text.startswith("slow") for text in texts):
         time.sleep(5)
     return HashingEncoder().encode(texts)
-
-
-class SlowRetriever(retriever.DenseRetriever):
-    def __init__(self, folder):
-        super().__init__(folder, encoder=encode)
-
-
-retriever.DenseRetriever = SlowRetriever
-sys.exit(serve.main(sys.argv[1:]))
-"""
+""")
 
 
 def _threads(pid: int) -> int:

@@ -19,30 +19,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from search_qa_helpers import STACKS_ON_SIGUSR1, wait_or_show_stacks
+from search_qa_helpers import STACKS_ON_SIGUSR1, server_with_encoder, wait_or_show_stacks
 from search_qa_helpers import tiny_index as build_tiny_index
 
 # The real CLI on the MiniLM encoder, which announces each encoder call by its first text on stdout (how the
 # test knows that the large requests are being encoded, instead of sleeping).
-_ANNOUNCING_SERVER = """
-import sys
-from agentgym_opsd.environments.search_qa import retriever, serve
-from agentgym_opsd.environments.search_qa.embedding import shared_encoder
-
-
+_ANNOUNCING_SERVER = server_with_encoder("""
 def encode(texts):
     print(f"encoding {texts[0]}", flush=True)
     return shared_encoder().encode(texts)
-
-
-class AnnouncingRetriever(retriever.DenseRetriever):
-    def __init__(self, folder):
-        super().__init__(folder, encoder=encode)
-
-
-retriever.DenseRetriever = AnnouncingRetriever
-sys.exit(serve.main(sys.argv[1:]))
-"""
+""")
 
 
 def _post(url: str, queries: list[str], answers: list[int]) -> None:

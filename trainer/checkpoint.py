@@ -61,7 +61,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from agentgym_opsd.files import is_disk_full, make_tmp_dir, publish_dir, to_json
+from agentgym_opsd.files import is_disk_full, make_tmp_dir, publish_dir, remove_path, to_json
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +162,10 @@ RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "warm_start")
 
 
 def check_run_folder(folder: Path) -> None:
-    """A run writes into a new or empty folder, or into one of our runs (resume, or a fresh start that sets the
-    old metrics aside); a folder holding anything else is refused before a file in it is touched, so a typo
-    in `trainer.output_dir` cannot overwrite someone's `config.yaml`. Hidden files (.gitkeep) do not count."""
+    """A run writes into a new or empty folder, or into one of our runs (resumed, or replaced on request:
+    `refuse_or_clear_run_folder`); a folder holding anything else is refused before a file in it is touched, so
+    a typo in `trainer.output_dir` cannot overwrite someone's `config.yaml`. Hidden files (.gitkeep) do not
+    count."""
     if not folder.exists():
         return
     if not folder.is_dir():
@@ -194,10 +195,7 @@ def refuse_or_clear_run_folder(folder: Path, *, overwrite: bool, clear: bool) ->
                          "trainer.overwrite=true to delete it and start over")
     if clear:
         for entry in folder.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+            remove_path(entry)
 
 
 @dataclass

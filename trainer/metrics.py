@@ -1,8 +1,9 @@
 """A step's metrics: assembled from the step batch, reduced across ranks, and written (metrics.jsonl, the trackers).
 
-`MetricsLog` owns the run's `metrics.jsonl`: a fresh run sets an old file aside instead of appending to it; a
-resumed run drops the lines of steps after its checkpoint (they will be replayed exactly), and its trackers show
-each step once too (`trainer/trackers.py`).
+`MetricsLog` owns the run's `metrics.jsonl`: a run that starts from step 0 beside an old file (`--resume auto`
+before any checkpoint finished; a fresh run into a run folder is refused) sets it aside instead of appending to
+it; a resumed run drops the lines of steps after its checkpoint (they will be replayed exactly), and its
+trackers show each step once too (`trainer/trackers.py`).
 """
 
 from __future__ import annotations
