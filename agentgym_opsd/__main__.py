@@ -1,9 +1,14 @@
-"""`python -m agentgym_opsd COMMAND` (or `agentgym-opsd COMMAND`): what is registered, and the tools that
-live in sub-packages.
+"""`agentgym-opsd COMMAND` (or `python -m agentgym_opsd COMMAND`): one command group for every entry point.
 
     agentgym-opsd list                                      # registered environments and skill libraries
-    agentgym-opsd serve-policy MODEL --port P ...           # = python -m agentgym_opsd.serving.policy_server
-    agentgym-opsd inspect RUN_DIR [--step N] [--out F]      # = python -m agentgym_opsd.inspector
+    agentgym-opsd train --config cpu-small ...              # = python -m agentgym_opsd.train
+    agentgym-opsd eval --policy oracle --env ALFWorld-v0 ...  # = python -m agentgym_opsd.evaluate
+    agentgym-opsd serve-policy MODEL --port P ...           # a local model behind an OpenAI-compatible API
+    agentgym-opsd inspect RUN_DIR [--step N] [--out F]      # the credit inspector's page of a training step
+
+Each command's code lives in the layer it wires (the trainer's command line in `trainer/cli.py`, the
+evaluation's in `evaluation/cli.py`, the policy server in `models/`); this module names them and imports one
+only when it is run, so `list` needs neither a model nor flask, and the core imports nothing above it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ __all__ = ["main"]
 # Commands handed on whole to another module's `main(argv)` (imported only when named, so `list` needs
 # neither flask nor a model): command -> (module, help).
 FORWARDED: dict[str, tuple[str, str]] = {
-    "serve-policy": ("agentgym_opsd.serving.policy_server",
+    "train": ("agentgym_opsd.trainer.cli", "train a policy with AgentOPSD / GRPO (see train --help)"),
+    "eval": ("agentgym_opsd.evaluation.cli", "evaluate a policy on environments, compare runs (see eval --help)"),
+    "serve-policy": ("agentgym_opsd.models.policy_server",
                      "serve a local model behind an OpenAI-compatible API (see serve-policy --help)"),
     "inspect": ("agentgym_opsd.inspector.page",
                 "write the credit inspector's HTML page of a training step (see inspect --help)"),

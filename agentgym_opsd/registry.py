@@ -22,6 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.skills import SkillLibrary, builtin_library_folders
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "register_env",
     "make",
     "env_profile",
+    "prompt_renderer_for",
     "registered_envs",
     "full_env_id",
     "parse_env_spec",
@@ -198,6 +200,20 @@ def env_profile(env_id: str) -> EnvProfile:
     if full not in _REGISTRY.profiles:
         raise RegistryError(f"unknown environment {env_id!r}; registered: {', '.join(registered_envs()) or 'none'}")
     return _REGISTRY.profiles[full]
+
+
+def prompt_renderer_for(env_spec: str, *, history_turns: int = -1, max_prompt_chars: int = 0,
+                        action_history: bool = False, prompt_template: str = "") -> PromptRenderer:
+    """How a run's prompt settings (the `env` section of a training config) render the prompts of `env_spec`:
+    its profile's system prompt, with the history length (the profile's when `history_turns` < 0), the bound
+    (`max_prompt_chars`, 0 = none), the action history and the user's template file ('' = ours); the defaults
+    are the profile's own prompts. The
+    trainer, the evaluation of a trained run and the benchmarks all build their prompts here, so they agree."""
+    profile = env_profile(parse_env_spec(env_spec)[0])
+    template = Path(prompt_template).read_text(encoding="utf-8") if prompt_template else None
+    history = history_turns if history_turns >= 0 else profile.history_turns
+    return PromptRenderer(profile.system_prompt, history_turns=history, max_chars=max_prompt_chars,
+                          action_history=action_history, user_template=template)
 
 
 def make(env_spec: str, **kwargs: Any) -> gym.Env:

@@ -21,7 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentgym_opsd import core
-from agentgym_opsd.env_workers import EnvFactory, make_env_pool
+from agentgym_opsd.envpool import EnvFactory, make_env_pool
 from agentgym_opsd.envpool import BaseEnvPool, StepResult, TaskSpec
 from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
 from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
@@ -60,7 +60,7 @@ class RolloutRunner:
     """Plays policies on one environment id (optionally `Env-v0:split`).
 
     `env_workers` says where the `num_envs` environments run: `threads` (this process), `processes` or `ray`
-    (`num_env_workers` workers, default one per core; see `agentgym_opsd.env_workers`)."""
+    (`num_env_workers` workers, default one per core; see `agentgym_opsd.envpool`)."""
 
     def __init__(
         self,

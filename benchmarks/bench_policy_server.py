@@ -5,7 +5,7 @@ requests, with the same concurrent clients, side by side in one run (prints a ri
     python benchmarks/bench_policy_server.py --smollm --requests-per-client 4  # embedded SmolLM2-135M too
     python benchmarks/bench_policy_server.py --json benchmarks/results/policy_server.json
 
-Each setting starts `python -m agentgym_opsd.serving.policy_server MODEL --port 0 --max-batch B` as a subprocess (so
+Each setting starts `python -m agentgym_opsd.models.policy_server MODEL --port 0 --max-batch B` as a subprocess (so
 the clients do not share the server's interpreter lock; `--threads` torch threads, 1 by default because
 a small shared CPU box slows down badly when torch's threads and the request threads compete), warms it up
 with one request per client, then `--clients` threads each send `--requests-per-client` chat requests back
@@ -67,7 +67,7 @@ class Result:
 def start_server(model: str, max_batch: int, max_tokens: int, threads: int) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     log = tempfile.TemporaryFile(mode="w+")  # the server's request log; shown only if it fails to start
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serving.policy_server", model, "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.models.policy_server", model, "--port", "0",
                              "--max-batch", str(max_batch), "--max-new-tokens", str(max_tokens),
                              "--max-queue", "256"],
                             stdout=subprocess.PIPE, stderr=log, text=True, env=env)

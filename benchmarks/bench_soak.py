@@ -29,7 +29,7 @@ request's latency (p50 / p99 / max) under `latency_ms_by_kind`:
   connections hold it without finishing a request: half send nothing, half trickle a request head a byte a
   second, each opened again once the server closes it (a 408 after its head timeout). The `--clients`
   agents' one-to-three-query requests are the short ones (kind `retrieve`).
-* `policy_mixed`: the policy server (`python -m agentgym_opsd.serving.policy_server --policy-model`,
+* `policy_mixed`: the policy server (`python -m agentgym_opsd.models.policy_server --policy-model`,
   tiny-random by default) with `--long-clients` (3) clients sending ~3,900-token prompts (max_tokens 64,
   greedy) back to back and `--short-clients` (2) sending a short greedy request (max_tokens 16) after each
   answer, with `--think-ms` between (kinds `long` and `short`).
@@ -454,7 +454,7 @@ def run_search_qa_slow(args: argparse.Namespace, console: Console) -> Soak:
 
 
 def run_policy_mixed(args: argparse.Namespace, console: Console) -> Soak:
-    argv = ["-m", "agentgym_opsd.serving.policy_server", args.policy_model, "--port", "0"]
+    argv = ["-m", "agentgym_opsd.models.policy_server", args.policy_model, "--port", "0"]
     with server_process(argv, "policy") as (proc, base):
         url = base + "/v1/chat/completions"
         ready = rss_mb(proc.pid)

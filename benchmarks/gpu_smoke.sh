@@ -51,7 +51,7 @@ def probed(self):
         torch.save(logp.cpu(), self.out / "probe_logprobs.pt")
     return lines
 Trainer.train = probed
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 raise SystemExit(main(sys.argv[1:]))
 EOF
 

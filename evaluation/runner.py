@@ -244,7 +244,7 @@ def evaluate_policy(
     `metadata["oracle_turns"]` for the horizon plot. `keep_prompts` stores prompts and token ids in the
     results file too. Pass a `runner` to reuse its environments across calls (periodic validation); it must
     be for the same env spec and is left open. `env_workers` says where a new runner's environments run
-    (threads | processes | ray, `agentgym_opsd.env_workers`; a passed runner keeps its own). `renderer` sets
+    (threads | processes | ray, `agentgym_opsd.envpool`; a passed runner keeps its own). `renderer` sets
     how a new runner's prompts are rendered (default: the environment profile's; a trained policy plays best
     with the prompts it was trained on, `EnvConfig.prompt_renderer`).
     """

@@ -181,7 +181,7 @@ def test_ranks_refuse_settings_that_cannot_work() -> None:
 def test_the_training_command_reports_a_failed_save_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
     """`agentgym_opsd.train` on a rank whose save failed: exit status 2 and the error's one line, no traceback;
     when the failing rank ran out of space, the disk-full line (status 3), as in a single process."""
-    from agentgym_opsd import train
+    from agentgym_opsd.trainer import cli as train
     from agentgym_opsd.trainer import loop
 
     raised: list[Exception] = []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import COMPLETE, latest_checkpoint, load_trainer_state
 
 SMALL = "64M"  # > one checkpoint (~42 MB), < two

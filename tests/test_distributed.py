@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file
 
 from agentgym_opsd.records import load_jsonl
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer.config import load_config
 
@@ -97,7 +97,7 @@ def probed_train(self):
     return lines
 
 Trainer.step, Trainer.collect, Trainer.train = traced_step, uneven_collect, probed_train
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 raise SystemExit(main(sys.argv[1:]))
 """
 

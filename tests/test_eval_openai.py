@@ -1,4 +1,4 @@
-"""The `openai:` client against the real policy server (`agentgym_opsd.serving.policy_server`) (a subprocess serving tiny-random), and
+"""The `openai:` client against the real policy server (`agentgym_opsd.models.policy_server`) (a subprocess serving tiny-random), and
 against broken endpoints (garbage bodies, hangs, refused connections)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.serving.policy_server", "tiny-random", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd.models.policy_server", "tiny-random", "--port", str(port),
                              "--max-new-tokens", "12"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from agentgym_opsd.evaluate import main
+from agentgym_opsd.evaluation.cli import main
 from agentgym_opsd.evaluation.compare import compare_runs, write_curves
 from agentgym_opsd.evaluation.plots import find_curve_keys
 from agentgym_opsd.evaluation.runner import load_episode_records
@@ -139,7 +139,7 @@ def test_a_trained_runs_prompts_are_used_for_its_evaluation(toy_env_ids, tmp_pat
     actions) is evaluated with its own prompts: named with --prompts-from, found by 'auto' from its weights."""
     import yaml
 
-    from agentgym_opsd.evaluate import training_run_config
+    from agentgym_opsd.evaluation.cli import training_run_config
     from agentgym_opsd.trainer.config import load_config
 
     run = tmp_path / "run"

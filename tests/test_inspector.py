@@ -115,7 +115,7 @@ def test_cli(tmp_path, capsys):
 
 
 def test_one_cpu_tiny_step_writes_a_credit_file_the_inspector_reads(tmp_path, toy_env_ids):
-    from agentgym_opsd.train import main as train
+    from agentgym_opsd.trainer.cli import main as train
 
     out = tmp_path / "tiny"
     assert train(["--config", "cpu-tiny", "env.id=ToyCounter-v0", f"trainer.output_dir={out}", "trainer.total_steps=1",

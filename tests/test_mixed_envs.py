@@ -20,7 +20,7 @@ import pytest
 
 from agentgym_opsd.records import load_jsonl
 from agentgym_opsd.registry import EnvProfile, env_profile, register_env
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import latest_checkpoint, load_trainer_state
 from agentgym_opsd.trainer.config import ConfigError, load_config, parse_env_mix
 from agentgym_opsd.trainer.task_stream import env_draws, mixed_task_specs, train_task_specs
@@ -40,7 +40,7 @@ CHILD = (
     f"import sys, time; sys.path.insert(0, {str(TESTS)!r}); from test_mixed_envs import register_mixed_toys; "
     "register_mixed_toys(); from agentgym_opsd.trainer.loop import Trainer; collect = Trainer.collect; "
     "Trainer.collect = lambda self: (time.sleep(60) if self.step_done == 1 else None, collect(self))[1]; "
-    "from agentgym_opsd.train import main; raise SystemExit(main(sys.argv[1:]))"
+    "from agentgym_opsd.trainer.cli import main; raise SystemExit(main(sys.argv[1:]))"
 )
 
 

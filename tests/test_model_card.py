@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import latest_checkpoint
 from agentgym_opsd.trainer.model_card import before_after
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.evaluate import main as evaluate_main
-from agentgym_opsd.train import main as train_main
+from agentgym_opsd.evaluation.cli import main as evaluate_main
+from agentgym_opsd.trainer.cli import main as train_main
 
 INSTALLED = importlib.util.find_spec("agentgym_lights") is not None
 if not INSTALLED and os.environ.get("AGENTGYM_REQUIRE_EXAMPLE"):  # CI installs it: never a silent skip there

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import available_presets, load_config
 
 SHRINK = [

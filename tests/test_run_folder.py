@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 
 TOY = ["--config", "cpu-tiny", "env.id=ToyCounter-v0", "trainer.total_steps=1", "trainer.tensorboard=false",
        "trainer.backend=torch"]

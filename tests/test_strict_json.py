@@ -67,8 +67,8 @@ def test_metrics_and_credit_lines_are_strict(tmp_path) -> None:
 def test_every_json_file_of_a_run_and_an_evaluation_is_strict(tmp_path, toy_env_ids, monkeypatch) -> None:
     """A training run with a warm start (no held-out demonstrations: its exact-match number is NaN) and an
     evaluation: each .json / .jsonl file they write, and the warm-start cache's, parses strictly."""
-    from agentgym_opsd.evaluate import main as evaluate
-    from agentgym_opsd.train import main as train
+    from agentgym_opsd.evaluation.cli import main as evaluate
+    from agentgym_opsd.trainer.cli import main as train
 
     monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"

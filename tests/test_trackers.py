@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import ConfigError, load_config
 from agentgym_opsd.trainer.trackers import MLflowTracker, parse_report_to
 

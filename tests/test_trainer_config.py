@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import ConfigError, available_presets, config_from_dict, load_config
 
 

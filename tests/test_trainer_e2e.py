@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
 from agentgym_opsd.trainer.loop import METRIC_KEYS
 
@@ -32,7 +32,7 @@ CHILD = (
     "register_skill_library('toy', Path({skills!r}), override=True); "
     "from agentgym_opsd.trainer.loop import Trainer; collect = Trainer.collect; "
     "Trainer.collect = lambda self: (time.sleep(60) if self.step_done == 1 else None, collect(self))[1]; "
-    "from agentgym_opsd.train import main; raise SystemExit(main(sys.argv[1:]))"
+    "from agentgym_opsd.trainer.cli import main; raise SystemExit(main(sys.argv[1:]))"
 ).format(tests=str(TESTS), skills=str(TESTS / "data" / "skills_small"))
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentgym_opsd.records import Trajectory
-from agentgym_opsd.train import main
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.loop import Trainer
 

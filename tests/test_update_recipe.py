@@ -330,7 +330,7 @@ def test_lora_reference_is_the_warm_started_policy(tmp_path, toy_env_ids) -> Non
 def test_learning_summary_reports_before_and_after(tmp_path) -> None:
     import json
 
-    from agentgym_opsd.train import learning_summary
+    from agentgym_opsd.trainer.cli import learning_summary
 
     path = tmp_path / "metrics.jsonl"
     lines = [{"step": 0, "val/success_rate": 0.25, "pool/success_rate": 0.5}, {"step": 1, "success_rate": 0.4},
@@ -345,7 +345,7 @@ def test_learning_summary_gives_intervals_and_warns_when_worse_beyond_chance(tmp
     import json
 
     from agentgym_opsd.evaluation.metrics import wilson_interval
-    from agentgym_opsd.train import learning_summary
+    from agentgym_opsd.trainer.cli import learning_summary
 
     path = tmp_path / "metrics.jsonl"
     lines = [{"step": 0, "val/success_rate": 0.75, "val/episodes": 48, "pool/success_rate": 0.5, "pool/episodes": 64},

@@ -210,7 +210,7 @@ def test_lora_sync_pushes_the_merged_adapter(tiny_folder):
 
 
 def test_cpu_tiny_trains_on_vllm_resumes_and_logs_the_hf_backends_keys(tmp_path, tiny_folder, toy_env_ids):
-    from agentgym_opsd.train import main
+    from agentgym_opsd.trainer.cli import main
 
     def run(backend: str, out: Path, steps: int, *extra: str) -> list[dict]:
         args = ["--config", "cpu-tiny", f"env.id={toy_env_ids[0]}", f"model.name_or_path={tiny_folder}",
@@ -241,7 +241,7 @@ def test_two_cpu_ranks_under_torchrun_each_run_a_colocated_engine(tmp_path, tiny
         "from toy_envs import register_toy_envs; register_toy_envs()\n"
         "from agentgym_opsd.registry import register_skill_library\n"
         f"register_skill_library('toy', Path({str(tests / 'data' / 'skills_small')!r}), override=True)\n"
-        "from agentgym_opsd.train import main; raise SystemExit(main(sys.argv[1:]))\n")
+        "from agentgym_opsd.trainer.cli import main; raise SystemExit(main(sys.argv[1:]))\n")
     out = tmp_path / "dp"
     torchrun = Path(sys.executable).with_name("torchrun")
     args = ["--config", "cpu-tiny", "env.id=agentgym_opsd/ToyCounter-v0", f"model.name_or_path={tiny_folder}",

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
-from agentgym_opsd.env_workers import ENV_WORKERS
+from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.precision import DTYPE_CHOICES
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
@@ -191,16 +191,11 @@ class EnvConfig:
         _check_choice("env.outcome", self.outcome, OUTCOMES)
 
     def prompt_renderer(self, env_spec: str) -> PromptRenderer:
-        """How these settings render the prompts of `env_spec`: its profile's system prompt, with the history
-        length (the profile's unless set), the bound, the action history and the user's template. The trainer,
-        the evaluation of a trained run and the benchmarks all build their prompts here, so they agree."""
-        from agentgym_opsd.registry import env_profile, parse_env_spec
+        """How these settings render the prompts of `env_spec` (`registry.prompt_renderer_for`)."""
+        from agentgym_opsd.registry import prompt_renderer_for
 
-        profile = env_profile(parse_env_spec(env_spec)[0])
-        template = Path(self.prompt_template).read_text(encoding="utf-8") if self.prompt_template else None
-        history = self.history_turns if self.history_turns >= 0 else profile.history_turns
-        return PromptRenderer(profile.system_prompt, history_turns=history, max_chars=self.max_prompt_chars,
-                              action_history=self.action_history, user_template=template)
+        return prompt_renderer_for(env_spec, history_turns=self.history_turns, max_prompt_chars=self.max_prompt_chars,
+                                   action_history=self.action_history, prompt_template=self.prompt_template)
 
     @property
     def mix(self) -> list[tuple[str, float]]:

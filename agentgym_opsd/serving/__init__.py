@@ -1,18 +1,12 @@
-"""Serving over HTTP: what the three servers (shop site, retrieval server, policy server) share, and the
-policy server itself.
+"""Serving over HTTP: the kit the servers (shop site, retrieval server, the policy server in
+`agentgym_opsd.models.policy_server`) share. It stands on the standard library and werkzeug alone.
 
 - `bodies`: reading a JSON request body that cannot hurt the server (hostile bodies get a JSON 400/413);
 - `cli`: numeric command-line argument types and serving an app in the foreground;
 - `pool`: a server with a fixed pool of worker threads, refusing connections beyond its queue with 503 and
   letting its requests in progress end (or cancelling them) when it stops;
 - `connections`: the pool's connection thread, which reads each request whole (deadlines on the head and
-  the body, a cap on connections being read) so that slow clients hold no worker;
-- `policy_batcher`: the policy server's scheduler (concurrent chat requests become batched generations);
-- `policy_server`: a local HF model behind an OpenAI-compatible API
-  (`python -m agentgym_opsd.serving.policy_server MODEL`, or `agentgym-opsd serve-policy MODEL`).
-
-This package re-exports the shared helpers (`bodies`, `cli` and `pool`), which need werkzeug only; the policy
-server's modules (flask, a model) are imported only by those who name them.
+  the body, a cap on connections being read) so that slow clients hold no worker.
 """
 
 from __future__ import annotations

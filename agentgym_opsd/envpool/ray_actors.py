@@ -1,6 +1,6 @@
 """`rollout.env_workers = ray`: the pool's environment workers as Ray actors (the `ray` extra).
 
-The same workers as `processes` (`env_workers.WorkerEnvs`, the same commands and failure handling), placed
+The same workers as `processes` (`workers.WorkerEnvs`, the same commands and failure handling), placed
 by Ray: on this machine with a local Ray, or across a cluster's CPU nodes when the driver joined one
 (`ray.init(address=...)` before the pool is made). Imported only when chosen.
 """
@@ -16,7 +16,7 @@ import gymnasium as gym
 import ray
 from ray.exceptions import RayError
 
-from agentgym_opsd.env_workers import RemoteEnvPool, WorkerEnvs, _Died
+from agentgym_opsd.envpool.workers import RemoteEnvPool, WorkerDied, WorkerEnvs
 
 __all__ = ["RayEnvPool"]
 
@@ -80,20 +80,20 @@ class RayEnvPool(RemoteEnvPool):
     def _start(self, worker: int) -> None:
         self._actors[worker] = self._actor_cls.remote(list(sys.path), self.env_fn, self.hosted[worker])
 
-    def _send(self, worker: int, command: str, payload: Any) -> _Died | None:
+    def _send(self, worker: int, command: str, payload: Any) -> WorkerDied | None:
         # A dead actor still takes the call; its death shows when the answer is fetched.
         self._refs[worker] = self._actors[worker].answer.remote(command, payload)
         return None
 
-    def _receive(self, workers: set[int], timeout_s: float) -> dict[int, tuple[str, Any] | _Died]:
+    def _receive(self, workers: set[int], timeout_s: float) -> dict[int, tuple[str, Any] | WorkerDied]:
         refs = {self._refs[w]: w for w in workers}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        out: dict[int, tuple[str, Any] | _Died] = {}
+        out: dict[int, tuple[str, Any] | WorkerDied] = {}
         for ref in ready:
             try:
                 out[refs[ref]] = ray.get(ref)
             except RayError as exc:  # the actor died (RayActorError), or could not even run the call
-                out[refs[ref]] = _Died(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                out[refs[ref]] = WorkerDied(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         return out
 
     def _stop(self, worker: int, *, graceful: bool) -> None:

@@ -1,6 +1,7 @@
-"""Where a pool's environments run: `rollout.env_workers = threads | processes | ray`.
+"""Environments out of this process: the worker protocol (`WorkerEnvs`, `RemoteEnvPool`) and the
+`processes` backend (`ProcessEnvPool`; `ray_actors` places the same workers as Ray actors).
 
-`threads` is `EnvPool` (this process, one thread per call). `processes` and `ray` host the environments in
+`processes` and `ray` host the environments in
 worker processes (multiprocessing, spawn) or Ray actors: worker w holds a contiguous block of the pool's
 indices, so the G copies of a task (GRPO group) share a worker and its caches (ALFWorld's plan cache), and
 runs its share of a reset/step one environment after another; the workers run side by side. CPU-bound
@@ -33,7 +34,7 @@ from typing import Any, Final
 
 import gymnasium as gym
 
-from agentgym_opsd.envpool import (
+from agentgym_opsd.envpool.base import (
     BaseEnvPool,
     EnvPool,
     StepResult,
@@ -53,14 +54,13 @@ from agentgym_opsd.registry import (
 )
 
 __all__ = [
-    "ENV_WORKERS",
     "EnvFactory",
     "EnvWorkerError",
     "ProcessEnvPool",
     "RemoteEnvPool",
     "WorkerEnvs",
+    "WorkerDied",
     "default_num_workers",
-    "make_env_pool",
 ]
 
 START_METHOD: Final = "spawn"
@@ -204,7 +204,9 @@ def _blocks(num_envs: int, num_workers: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class _Died:
+class WorkerDied:
+    """A worker's answer that never came: it was dead or killed (`detail` says how)."""
+
     detail: str
 
 
@@ -276,11 +278,11 @@ class RemoteEnvPool(BaseEnvPool):
         """Start worker `worker` hosting `self.hosted[worker]` (returns at once; `ping` says when it is up)."""
 
     @abstractmethod
-    def _send(self, worker: int, command: str, payload: Any) -> _Died | None:
-        """Send one command; a `_Died` when the worker is already gone."""
+    def _send(self, worker: int, command: str, payload: Any) -> WorkerDied | None:
+        """Send one command; a `WorkerDied` when the worker is already gone."""
 
     @abstractmethod
-    def _receive(self, workers: set[int], timeout_s: float) -> dict[int, tuple[str, Any] | _Died]:
+    def _receive(self, workers: set[int], timeout_s: float) -> dict[int, tuple[str, Any] | WorkerDied]:
         """The answers (or deaths) of those of `workers` that come within `timeout_s` (at least one, unless
         the time runs out)."""
 
@@ -330,7 +332,7 @@ class RemoteEnvPool(BaseEnvPool):
         while pending and (remaining := deadline - time.monotonic()) > 0:
             for w, outcome in self._receive(pending, remaining).items():
                 pending.discard(w)
-                if isinstance(outcome, _Died):
+                if isinstance(outcome, WorkerDied):
                     failures[w] = f"environment worker {w} died during {command} ({outcome.detail})"
                 elif outcome[0] == "ok":
                     replies[w] = outcome[1]
@@ -365,8 +367,8 @@ class RemoteEnvPool(BaseEnvPool):
         while pending and (remaining := deadline - time.monotonic()) > 0:
             for w, outcome in self._receive(pending, remaining).items():
                 pending.discard(w)
-                if isinstance(outcome, _Died) or outcome[0] != "ok":
-                    failures[w] = outcome.detail if isinstance(outcome, _Died) else str(outcome[1])
+                if isinstance(outcome, WorkerDied) or outcome[0] != "ok":
+                    failures[w] = outcome.detail if isinstance(outcome, WorkerDied) else str(outcome[1])
         failures.update({w: f"no answer within {self.start_timeout_s:.0f}s" for w in pending})
         if failures:
             w, why = next(iter(failures.items()))
@@ -425,20 +427,20 @@ class ProcessEnvPool(RemoteEnvPool):
         theirs.close()  # only the worker holds its end: its death then reads as EOF here
         self._workers[worker] = _ProcessWorker(process, ours)
 
-    def _send(self, worker: int, command: str, payload: Any) -> _Died | None:
+    def _send(self, worker: int, command: str, payload: Any) -> WorkerDied | None:
         handle = self._workers[worker]
         try:
             handle.conn.send((command, payload))
         except (BrokenPipeError, ConnectionResetError, EOFError):
-            return _Died(_exit_detail(handle.process))
+            return WorkerDied(_exit_detail(handle.process))
         return None
 
-    def _receive(self, workers: set[int], timeout_s: float) -> dict[int, tuple[str, Any] | _Died]:
+    def _receive(self, workers: set[int], timeout_s: float) -> dict[int, tuple[str, Any] | WorkerDied]:
         waitables: dict[Any, int] = {}
         for w in workers:
             waitables[self._workers[w].conn] = w
             waitables[self._workers[w].process.sentinel] = w  # ready when the process exits
-        out: dict[int, tuple[str, Any] | _Died] = {}
+        out: dict[int, tuple[str, Any] | WorkerDied] = {}
         for ready in mp_connection.wait(list(waitables), timeout_s):
             w = waitables[ready]
             if w in out:
@@ -450,7 +452,7 @@ class ProcessEnvPool(RemoteEnvPool):
                     continue
             except (EOFError, OSError):
                 pass
-            out[w] = _Died(_exit_detail(handle.process))
+            out[w] = WorkerDied(_exit_detail(handle.process))
         return out
 
     def _stop(self, worker: int, *, graceful: bool) -> None:
@@ -477,45 +479,3 @@ def _exit_detail(process: BaseProcess) -> str:
     if code < 0:
         return f"pid {process.pid}, killed by {signal.Signals(-code).name}"
     return f"pid {process.pid}, exit code {code}"
-
-
-def _thread_pool(env_fn: Callable[[], gym.Env], num_envs: int, *, step_timeout_s: float,
-                 num_workers: int | None) -> BaseEnvPool:
-    return EnvPool(env_fn, num_envs, step_timeout_s=step_timeout_s, max_workers=num_workers)
-
-
-def _process_pool(env_fn: Callable[[], gym.Env], num_envs: int, *, step_timeout_s: float,
-                  num_workers: int | None) -> BaseEnvPool:
-    return ProcessEnvPool(env_fn, num_envs, step_timeout_s=step_timeout_s, num_workers=num_workers)
-
-
-def _ray_pool(env_fn: Callable[[], gym.Env], num_envs: int, *, step_timeout_s: float,
-              num_workers: int | None) -> BaseEnvPool:
-    try:  # Ray is an optional extra, imported only when chosen
-        from agentgym_opsd.ray_workers import RayEnvPool
-    except ImportError as exc:
-        raise ImportError(f"env_workers=ray needs Ray: pip install 'agentgym-opsd[ray]' ({exc})") from exc
-    return RayEnvPool(env_fn, num_envs, step_timeout_s=step_timeout_s, num_workers=num_workers)
-
-
-ENV_WORKERS: dict[str, Callable[..., BaseEnvPool]] = {
-    "threads": _thread_pool,
-    "processes": _process_pool,
-    "ray": _ray_pool,
-}
-"""`rollout.env_workers` -> pool constructor `(env_fn, num_envs, *, step_timeout_s, num_workers)`."""
-
-
-def make_env_pool(
-    env_workers: str,
-    env_fn: Callable[[], gym.Env],
-    num_envs: int,
-    *,
-    step_timeout_s: float = 60.0,
-    num_workers: int | None = None,
-) -> BaseEnvPool:
-    """A pool of `num_envs` environments made by `env_fn` (picklable for processes / ray, e.g. `EnvFactory`)
-    on the `env_workers` backend; `num_workers` threads, processes or actors (None = the backend's default)."""
-    if env_workers not in ENV_WORKERS:
-        raise ValueError(f"env_workers must be one of {', '.join(ENV_WORKERS)}; got {env_workers!r}")
-    return ENV_WORKERS[env_workers](env_fn, num_envs, step_timeout_s=step_timeout_s, num_workers=num_workers)

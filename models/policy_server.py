@@ -1,7 +1,7 @@
-"""`python -m agentgym_opsd.serving.policy_server MODEL --port P`: a local HF model behind an OpenAI-compatible
+"""`python -m agentgym_opsd.models.policy_server MODEL --port P`: a local HF model behind an OpenAI-compatible
 API (also `agentgym-opsd serve-policy MODEL --port P`).
 
-    python -m agentgym_opsd.serving.policy_server embedded:smollm2-135m-instruct --port 8000
+    python -m agentgym_opsd.models.policy_server embedded:smollm2-135m-instruct --port 8000
     python -m agentgym_opsd.evaluate --policy openai:http://127.0.0.1:8000 --env ALFWorld-v0:valid_unseen --out runs/x
 
 MODEL is anything `load_policy_model` accepts (`embedded:smollm2-135m-instruct`, `tiny-random`, a local
@@ -15,7 +15,7 @@ folder, a LoRA adapter, a trainer checkpoint); an `hf:` prefix is allowed. Endpo
 - `GET /health` — also says how many requests are queued
 
 Concurrent requests are batched: a scheduler thread generates for up to `--max-batch` queued requests with
-the same temperature/top_p at once (`agentgym_opsd.serving.policy_batcher` explains how, and why each answer
+the same temperature/top_p at once (`agentgym_opsd.models.policy_batcher` explains how, and why each answer
 is exactly what it would be alone). Requests whose prompt plus max_tokens is at most `--short-lane-tokens`
 (1024) tokens have a scheduler thread of their own beside it, so a short request never waits for long
 prompts being generated (0 = one lane for all). Prompts are checked and tokenised in the
@@ -68,7 +68,7 @@ from agentgym_opsd.serving.cli import (
     positive_int,
     serve_until_interrupted,
 )
-from agentgym_opsd.serving.policy_batcher import (
+from agentgym_opsd.models.policy_batcher import (
     PROMPT_CHARS_PER_TOKEN,
     SHORT_LANE_TOKENS,
     Completion,
@@ -222,7 +222,7 @@ def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None,
     model's `max_position_embeddings`. The batcher is `app.extensions["policy_batcher"]` (close it to stop
     the scheduler thread)."""
     limits = limits or ServerLimits()
-    app = Flask("agentgym_opsd.serving.policy_server")
+    app = Flask("agentgym_opsd.models.policy_server")
     default_temperature, default_top_p = float(policy.temperature), float(policy.top_p)
     batcher = PolicyBatcher(
         policy, default_max_tokens=int(policy.max_new_tokens), max_tokens_cap=limits.max_tokens_cap,
@@ -296,7 +296,7 @@ _temperature = number_type(float, lambda v: v == 0 or MIN_TEMPERATURE <= v <= MA
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     defaults = ServerLimits()
-    p = argparse.ArgumentParser(prog="python -m agentgym_opsd.serving.policy_server", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m agentgym_opsd.models.policy_server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="embedded:smollm2-135m-instruct | tiny-random | folder | checkpoint (hf: optional)")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (0 = any free port)")

@@ -6,7 +6,7 @@ raises or times out is marked failed, its trajectory ends flagged with the reaso
 replaces it for the next batch — one broken game never crashes a training run.
 
 `BaseEnvPool` is what the rollout and evaluation see; `EnvPool` (threads, in this process) is one backend,
-`agentgym_opsd.env_workers` has the out-of-process ones (worker processes, Ray actors) and `make_env_pool`.
+`workers` and `ray_actors` have the out-of-process ones (worker processes, Ray actors), `factory` `make_env_pool`.
 Everything a caller needs from an environment beyond reset/step goes through an explicit pool method
 (`num_tasks`, `oracle_actions`), so it works the same whether the environment is in this process or not.
 """
