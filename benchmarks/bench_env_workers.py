@@ -33,8 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agentgym_opsd.envpool import ENV_WORKERS, default_num_workers
-from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.envpool import ENV_WORKERS, TaskSpec, default_num_workers
 from agentgym_opsd.policies import RandomPolicy
 from agentgym_opsd.rollout import RolloutRunner
 

@@ -39,6 +39,7 @@ from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import cpu_bf16_support  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
+from agentgym_opsd.trainer.phases import PolicyLogProbs  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 PHASES = ("rollout", "logprobs", "teacher", "update", "sft_step")
@@ -94,9 +95,8 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         batch = trainer.score(copy.deepcopy(trajs))
         logprobs_s, old = timed(lambda: trainer.trained.logprobs(batch.prompt_ids, batch.response_ids), args.repeats)
         teacher_s, _ = timed(lambda: trainer.teacher_logprobs(batch, old), args.repeats)
-        batch.old_logprobs, batch.ref_logprobs = old, None
-        batch.set_teacher(trainer.teacher_logprobs(batch, old))
-        trainer.credit(batch)
+        logprobs = PolicyLogProbs(old)
+        advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
         state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         engine_state = copy.deepcopy(trainer.engine.state_dict())
         update_s, update_metrics = [], {}
@@ -104,7 +104,7 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
             trainer.model.load_state_dict(state)
             trainer.engine.load_state_dict(copy.deepcopy(engine_state))
             t0 = time.perf_counter()
-            update_metrics = trainer.update(batch)
+            update_metrics = trainer.update(batch, logprobs, advantages)
             update_s.append(time.perf_counter() - t0)
         rows = sft_rows(trainer, 8)
         from agentgym_opsd.trainer.warm_start import sft_step

@@ -58,16 +58,6 @@ from typing import Any
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from agentgym_opsd.serving.bodies import BodyError, read_json_body
-from agentgym_opsd.serving.cli import (
-    non_negative_float,
-    non_negative_int,
-    number_type,
-    port_number,
-    positive_float,
-    positive_int,
-    serve_until_interrupted,
-)
 from agentgym_opsd.models.policy_batcher import (
     PROMPT_CHARS_PER_TOKEN,
     SHORT_LANE_TOKENS,
@@ -77,6 +67,16 @@ from agentgym_opsd.models.policy_batcher import (
     PolicyBatcher,
     QueueFull,
     socket_alive,
+)
+from agentgym_opsd.serving.bodies import BodyError, read_json_body
+from agentgym_opsd.serving.cli import (
+    non_negative_float,
+    non_negative_int,
+    number_type,
+    port_number,
+    positive_float,
+    positive_int,
+    serve_until_interrupted,
 )
 
 __all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "UnknownModel", "check_model", "create_app", "main",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import COMPLETE, latest_checkpoint, load_trainer_state
+from agentgym_opsd.trainer.cli import main
 
 SMALL = "64M"  # > one checkpoint (~42 MB), < two
 BIG = "256M"

@@ -33,8 +33,8 @@ import torch
 from safetensors.torch import load_file
 
 from agentgym_opsd.records import load_jsonl
-from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer import checkpoint as ckpt
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import load_config
 
 TESTS = Path(__file__).parent

@@ -9,8 +9,7 @@ import signal
 
 import pytest
 
-from agentgym_opsd.envpool import EnvFactory, ProcessEnvPool, make_env_pool
-from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.envpool import EnvFactory, ProcessEnvPool, TaskSpec, make_env_pool
 from agentgym_opsd.evaluation.runner import evaluate_policy
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, RandomPolicy
 from agentgym_opsd.rollout import RolloutRunner

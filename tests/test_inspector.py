@@ -14,7 +14,10 @@ from agentgym_opsd import credit
 from agentgym_opsd.inspector import load_step, main, render_html
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE
-from agentgym_opsd.trainer.turn_batch import CreditRecord, build_turn_batch, credit_lines, write_jsonl_atomic
+from agentgym_opsd.trainer.advantages import BatchAdvantages
+from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
+from agentgym_opsd.trainer.phases import PolicyLogProbs, StepRecord, TeacherEvidence
+from agentgym_opsd.trainer.turn_batch import build_turn_batch
 
 TESTS = Path(__file__).parent
 HOSTILE = '<script>document.title="pwned"</script><img src=x onerror="document.title=\'pwned\'">'
@@ -70,7 +73,9 @@ def make_run(run_dir: Path, estimator: str = "agentopsd-token") -> dict:
                                  turn_penalties=batch.turn_penalties)
     result = credit.estimate(estimator, inputs, return_details=True)
     advantages = result.token_advantages(mask, dtype=torch.float32)
-    record = CreditRecord(batch, evidence, gaps, seq, advantages, result)
+    student = [torch.zeros_like(g) for g in gaps]
+    record = StepRecord(batch, PolicyLogProbs(student), TeacherEvidence(gaps, gaps, evidence),
+                        BatchAdvantages(advantages, seq, torch.zeros(len(batch)), result))
     by_id = {t.traj_id: t for t in trajs}
     token_text = [[w + " " for w in by_id[r.traj_id].turns[r.turn_id].response_text.split(" ")] for r in batch.rows]
     lines = credit_lines(trajs, record, estimator=estimator, step=1,

@@ -20,8 +20,8 @@ import pytest
 
 from agentgym_opsd.records import load_jsonl
 from agentgym_opsd.registry import EnvProfile, env_profile, register_env
-from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import latest_checkpoint, load_trainer_state
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import ConfigError, load_config, parse_env_mix
 from agentgym_opsd.trainer.task_stream import env_draws, mixed_task_specs, train_task_specs
 from agentgym_opsd.trainer.turn_batch import build_turn_batch, is_penalised

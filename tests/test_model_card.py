@@ -9,8 +9,8 @@ import sys
 
 import yaml
 
-from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.checkpoint import latest_checkpoint
+from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.model_card import before_after
 
 

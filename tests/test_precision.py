@@ -14,6 +14,7 @@ from agentgym_opsd.trainer.config import ConfigError, OptimConfig, load_config
 from agentgym_opsd.trainer.engine import TorchEngine
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND, StartDrift
+from agentgym_opsd.trainer.phases import PolicyLogProbs
 
 
 def test_explicit_dtypes_pass_through_and_bad_names_are_refused() -> None:
@@ -130,19 +131,15 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
         out = {}
         for name, trainer in (("fp32", fp32), ("bf16", bf16)):
             batch = trainer.score(trajs)
-            batch.old_logprobs = trainer.trained.logprobs(batch.prompt_ids, batch.response_ids)
-            batch.ref_logprobs = None
-            batch.set_teacher(trainer.teacher_logprobs(batch, batch.old_logprobs))
-            trainer.credit(batch)
-            out[name] = batch
-        a, b = out["fp32"], out["bf16"]
-        gaps = torch.cat([(x - y).abs() for x, y in zip(a.old_logprobs, b.old_logprobs, strict=True)])
+            logprobs = PolicyLogProbs(trainer.trained.logprobs(batch.prompt_ids, batch.response_ids))
+            out[name] = logprobs, trainer.credit(batch, trainer.teacher(batch, logprobs))
+        (old_a, a), (old_b, b) = out["fp32"], out["bf16"]
+        gaps = torch.cat([(x - y).abs() for x, y in zip(old_a.old, old_b.old, strict=True)])
         # a random tiny model's log-probs are ~ -10.8 (uniform over 49k tokens): bf16 keeps 3 significant digits
         assert float(gaps.mean()) < 0.05 and float(gaps.max()) < 0.25, (float(gaps.mean()), float(gaps.max()))
-        sign_a, sign_b = torch.sign(a.seq_advantages), torch.sign(b.seq_advantages)
+        sign_a, sign_b = torch.sign(a.seq), torch.sign(b.seq)
         assert torch.equal(sign_a, sign_b)
-        tok_a = torch.cat([t.flatten() for t in a.advantages])
-        tok_b = torch.cat([t.flatten() for t in b.advantages])
+        tok_a, tok_b = a.token_values, b.token_values
         clear = tok_a.abs() > 1e-3  # tokens whose advantage is not a rounding-level reshaping around 0
         assert torch.equal(torch.sign(tok_a[clear]), torch.sign(tok_b[clear].to(tok_a.dtype)))
 

@@ -23,9 +23,9 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from agentgym_opsd.policies import PolicyOutput
 from agentgym_opsd.models import policy_server
 from agentgym_opsd.models.policy_server import ServerLimits, create_app
+from agentgym_opsd.policies import PolicyOutput
 
 TIMEOUT = 30  # generous: the machine may be busy; passing tests take well under a second each
 

@@ -54,8 +54,8 @@ def test_trajectory_records_are_strict_and_read_back(tmp_path) -> None:
 
 
 def test_metrics_and_credit_lines_are_strict(tmp_path) -> None:
+    from agentgym_opsd.trainer.credit_file import write_jsonl_atomic
     from agentgym_opsd.trainer.metrics import MetricsLog
-    from agentgym_opsd.trainer.turn_batch import write_jsonl_atomic
 
     log = MetricsLog(tmp_path, lambda step, logged_through: [])
     log.write({"loss": 0.5, "grad_norm": math.nan, "sample_logprob_gap": math.inf}, step=1)

@@ -35,9 +35,9 @@ def _advantages_seen_by_update(trainer: Trainer, trajs: list[Trajectory]) -> tup
     seen: list[torch.Tensor] = []
     update = trainer.update
 
-    def spy(batch):
-        seen.extend(a.clone() for a in batch.advantages)
-        return update(batch)
+    def spy(batch, logprobs, advantages):
+        seen.extend(a.clone() for a in advantages.tokens)
+        return update(batch, logprobs, advantages)
 
     trainer.update = spy  # type: ignore[method-assign]
     metrics = trainer.step_on(trajs)

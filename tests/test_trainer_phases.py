@@ -17,6 +17,7 @@ from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs, bucket_micro_batches
 from agentgym_opsd.trainer.loop import METRIC_KEYS, Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss, kl_k3, policy_objective
+from agentgym_opsd.trainer.phases import TeacherEvidence
 
 TOY_SKILL_SNIPPET = "Count carefully"  # a line of tests/data/skills_small/general.md
 
@@ -110,14 +111,13 @@ def test_advantages_grpo_and_agentopsd(trainer_and_trajs) -> None:
     batch = trainer.score(trajs)
     evidence = torch.linspace(-1, 1, len(batch), dtype=torch.float64)
     gaps = [torch.zeros(len(r.response_ids)) for r in batch.rows]
-    batch.evidence, batch.gaps = evidence, gaps
-    trainer.credit(batch)
-    adv_opsd, seq = batch.advantages, batch.seq_advantages
+    teacher = TeacherEvidence(gaps, gaps, evidence)
+    opsd = trainer.credit(batch, teacher)
+    adv_opsd, seq = opsd.tokens, opsd.seq
     assert set(torch.sign(seq).tolist()) == {-1.0, 1.0}
     trainer.cfg.algorithm.estimator = "grpo"
     try:
-        trainer.credit(batch)
-        adv_grpo = batch.advantages
+        adv_grpo = trainer.credit(batch, teacher).tokens
     finally:
         trainer.cfg.algorithm.estimator = "agentopsd"
     for a_o, a_g in zip(adv_opsd, adv_grpo, strict=True):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
+from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
@@ -22,6 +23,7 @@ from agentgym_opsd.trainer.logprobs import (
     supports_packing,
 )
 from agentgym_opsd.trainer.loop import Trainer
+from agentgym_opsd.trainer.phases import PolicyLogProbs
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -119,22 +121,22 @@ def _trainer(tmp_path) -> Trainer:
 def test_trainer_update_packed_equals_padded(tmp_path, toy_env_ids) -> None:
     trainer = _trainer(tmp_path)
     try:
-        assert trainer.packed_update  # the default wherever the model supports it
+        assert trainer.updater.packed  # the default wherever the model supports it
         batch = trainer.score(trainer.collect())
         n = len(batch.rows)
         assert n > 4  # several mini-batches (optimiser steps), several micro-batches each
-        batch.old_logprobs = [torch.tensor(r.sample_logprobs) - 0.05 for r in batch.rows]
-        batch.ref_logprobs = [torch.tensor(r.sample_logprobs) + 0.1 for r in batch.rows]
-        batch.advantages = [torch.full((len(r.response_ids),), 1.0 if i % 3 else -1.5)
-                            for i, r in enumerate(batch.rows)]
+        logprobs = PolicyLogProbs([torch.tensor(r.sample_logprobs) - 0.05 for r in batch.rows],
+                                  [torch.tensor(r.sample_logprobs) + 0.1 for r in batch.rows])
+        tokens = [torch.full((len(r.response_ids),), 1.0 if i % 3 else -1.5) for i, r in enumerate(batch.rows)]
+        advantages = BatchAdvantages(tokens, torch.zeros(0), torch.zeros(n), None)
         model_state = copy.deepcopy(trainer.model.state_dict())
         optim_state = copy.deepcopy(trainer.engine.state_dict())
         results = {}
         for packed in (False, True):
             trainer.model.load_state_dict(model_state)
             trainer.engine.load_state_dict(copy.deepcopy(optim_state))
-            trainer.packed_update = packed
-            metrics = trainer.update(batch)
+            trainer.updater.packed = packed
+            metrics = trainer.update(batch, logprobs, advantages)
             results[packed] = metrics, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         (padded, padded_params), (packed, packed_params) = results[False], results[True]
         assert padded["optimizer_steps"] == packed["optimizer_steps"] > 1

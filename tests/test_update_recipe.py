@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 from agentgym_opsd import credit
 from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid, invalid_rates
+from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss
+from agentgym_opsd.trainer.phases import PolicyLogProbs, TeacherEvidence
 from agentgym_opsd.trainer.turn_batch import build_turn_batch
 from agentgym_opsd.trainer.warm_start import sft_schedule
 
@@ -52,11 +54,11 @@ def test_optimizer_steps_are_ceil_rows_over_mini_batch_times_epochs(tmp_path, to
 def test_mini_batches_cover_every_row_once_per_epoch_in_a_seeded_shuffle(tmp_path, toy_env_ids) -> None:
     trainer = make_trainer(tmp_path, "algorithm.ppo_mini_batch_rows=4", "algorithm.ppo_epochs=2")
     try:
-        batches = trainer.mini_batches(10)
+        batches = trainer.updater.mini_batches(10, step=trainer.step_done)
         assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
         assert sorted(sum(batches[:3], [])) == sorted(sum(batches[3:], [])) == list(range(10))
         assert batches[:3] != batches[3:]  # each epoch reshuffles
-        assert trainer.mini_batches(10) == batches  # the same step replays the same order (resume)
+        assert trainer.updater.mini_batches(10, step=trainer.step_done) == batches  # the same step replays the same order (resume)
     finally:
         trainer.close()
 
@@ -70,8 +72,7 @@ def test_after_the_first_mini_batch_the_ratio_moves_and_clipping_acts(tmp_path, 
         batch = trainer.score(trainer.collect())
         old = [torch.tensor(r.sample_logprobs) for r in batch.rows]
         adv = [torch.full((len(r.response_ids),), 1.0 if i % 2 else -1.0) for i, r in enumerate(batch.rows)]
-        batch.old_logprobs, batch.advantages = old, adv
-        metrics = trainer.update(batch)
+        metrics = trainer.update(batch, PolicyLogProbs(old), BatchAdvantages(adv, torch.zeros(0), torch.zeros(0), None))
         assert metrics["optimizer_steps"] == 2 * len(batch.rows)
         assert abs(metrics["approx_kl"]) > 1e-4
         assert metrics["clip_fraction"] > 0
@@ -204,9 +205,7 @@ def test_trainer_adds_the_row_penalty_after_the_reshaping(tmp_path, toy_env_ids)
         trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, [None])]
         batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1,
                                  penalty_mode="turn")
-        batch.evidence, batch.gaps = torch.zeros(3, dtype=torch.float64), [torch.zeros(2)] * 3
-        trainer.credit(batch)
-        adv = batch.advantages
+        adv = trainer.credit(batch, TeacherEvidence.none([torch.zeros(2)] * 3)).tokens
         scores = np.array([1.0, 0.9, 0.0])
         expected = (scores - scores.mean()) / (scores.std(ddof=1) + 1e-6)
         assert [float(a[0]) for a in adv] == pytest.approx(expected.tolist(), abs=1e-6)

@@ -19,16 +19,21 @@ from agentgym_opsd.trainer.turn_batch import TurnBatch
 __all__ = ["BatchAdvantages", "batch_advantages"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchAdvantages:
-    """`tokens`: one 1-D tensor per row, the advantage of each response token (penalty term included);
-    `seq`: (trajectories,) A_seq; `penalty`: (rows,) the penalty term added after the estimator;
-    `result`: the estimator's output (None for an empty batch)."""
+    """The credit phase's value. `tokens`: one 1-D tensor per row, the advantage of each response token
+    (penalty term included); `seq`: (trajectories,) A_seq; `penalty`: (rows,) the penalty term added after
+    the estimator; `result`: the estimator's output (None for an empty batch)."""
 
     tokens: list[Tensor]
     seq: Tensor
     penalty: Tensor
     result: CreditResult | None
+
+    @property
+    def token_values(self) -> Tensor:
+        """Every response token's advantage, rows concatenated (what the update's tokens are weighted by)."""
+        return torch.cat([a.flatten() for a in self.tokens]) if self.tokens else torch.zeros(0)
 
 
 def batch_advantages(

@@ -1,19 +1,21 @@
 """The AgentOPSD training loop: collect → score → log-probs → credit → update → log.
 
 `Trainer(cfg).train()` runs the whole job: an optional supervised warm start on oracle demonstrations,
-then `trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase, in this order, and
-fills one step batch (`TurnBatch`) column by column:
+then `trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase, in this order, each
+handing the next a frozen value (`trainer/phases.py`), so the order is checked by the types:
 
 1. collect   B tasks × G rollouts through the `EnvPool` with the current weights (batched generation; with
-             dynamic sampling, rounds until B groups have mixed outcomes);
-2. score     turn rows (`build_turn_batch`): rewards, group success rates, prompt / teacher prompt ids;
-3. logprobs  `old_logprobs` (recomputed by the trainer model), `ref_logprobs` (`ReferencePolicy`, when KL is
-             on), `teacher_logprobs` of the same responses under the privileged prompt (no grad; rows without
-             it are skipped, their evidence is exactly 0) and with them `gaps` and `evidence`;
-4. credit    `seq_advantages` (A_seq from the outcomes) and per-token `advantages` (the estimator's reshaping
-             plus the penalty term: `trainer/advantages.py`);
-5. update    PPO on the step batch (`trainer/update.py`);
-6. log       metrics (`trainer/metrics.py`), trajectories and credit files, periodic validation
+             dynamic sampling, rounds until B groups have mixed outcomes) -> trajectories;
+2. score     turn rows (`build_turn_batch`): rewards, group success rates, prompt / teacher prompt ids
+             -> `TurnBatch`;
+3. logprobs  π_old (recomputed by the trainer model or the sampler's own), the reference's (KL on)
+             -> `PolicyLogProbs`;
+4. teacher   the same responses under the privileged prompt (no grad; rows without it are skipped, their
+             evidence is exactly 0), the gaps and e_k -> `TeacherEvidence`;
+5. credit    A_seq from the outcomes and per-token advantages (the estimator's reshaping plus the penalty
+             term: `trainer/advantages.py`) -> `BatchAdvantages`;
+6. update    PPO on the step batch (`trainer/update.py`);
+7. log       metrics (`trainer/metrics.py`), trajectories and credit files, periodic validation
              (`trainer/validation.py`) and atomic checkpoints.
 
 Everything else of the run, built once and saved with each checkpoint, is the `RunSession`
@@ -49,10 +51,11 @@ from tqdm.auto import tqdm
 
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.trainer.advantages import BatchAdvantages, batch_advantages
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
 from agentgym_opsd.trainer.metrics import METRIC_KEYS, env_metrics, reduce_step_metrics, step_metrics
+from agentgym_opsd.trainer.phases import PolicyLogProbs, StepRecord, TeacherEvidence
 from agentgym_opsd.trainer.session import RunSession, TrainEnv, seed_everything
 from agentgym_opsd.trainer.task_stream import mixed_task_specs, train_task_specs
 from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
@@ -89,15 +92,6 @@ class Trainer:
         self.step_done = self.state.step if self.state else 0
         self.task_cursor = self.state.task_cursor if self.state else 0
         self.warm_start_done = self.state.warm_start_done if self.state else not self.cfg.warm_start.enabled
-
-    @property
-    def packed_update(self) -> bool:
-        """Whether the update's micro-batches are packed (no padding); settable, e.g. to compare the layouts."""
-        return self.updater.packed
-
-    @packed_update.setter
-    def packed_update(self, value: bool) -> None:
-        self.updater.packed = value
 
     # ---- the job ----------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
@@ -165,13 +159,13 @@ class Trainer:
         t0 = time.perf_counter()
         trajs, sampling = self.collect_step()
         seconds_rollout = time.perf_counter() - t0
-        metrics, batch = self.train_on(trajs)
+        metrics, record = self.train_on(trajs)
         metrics.update(sampling)
         metrics["seconds_rollout"] = seconds_rollout
         self.step_done += 1
         metrics["step"] = self.step_done
         if self.cfg.trainer.save_trajectories:
-            self.session.save_step_files(trajs, batch, step=self.step_done)
+            self.session.save_step_files(trajs, record, step=self.step_done)
         self.session.weights_dirty = True  # vLLM gets the updated weights before it next generates
         return metrics
 
@@ -180,32 +174,29 @@ class Trainer:
         the step's metrics."""
         return self.train_on(trajs)[0]
 
-    def train_on(self, trajs: list[Trajectory]) -> tuple[dict[str, Any], TurnBatch]:
-        """`step_on`, also returning the step batch, which gets its columns phase by phase (the credit file is
-        written from it)."""
+    def train_on(self, trajs: list[Trajectory]) -> tuple[dict[str, Any], StepRecord]:
+        """`step_on`, also returning what the step computed on its rows (its credit file is written from it)."""
         batch = self.score(trajs)
         t0 = time.perf_counter()
         with self.engine.full_weights():  # ZeRO-3: these passes differ in length by rank
-            batch.old_logprobs = self.old_logprobs(batch)
-            batch.ref_logprobs = self.reference.logprobs(batch.prompt_ids, batch.response_ids)
+            logprobs = self.logprobs(batch)
             seconds_logprobs = time.perf_counter() - t0
             t0 = time.perf_counter()
-            # GRPO reads no evidence: the teacher is the student itself, so every gap (and e_k) is exactly 0.
-            batch.set_teacher(self.teacher_logprobs(batch, batch.old_logprobs) if self.cfg.algorithm.needs_teacher
-                              else list(batch.old_logprobs))
+            evidence = self.teacher(batch, logprobs)
             seconds_teacher = time.perf_counter() - t0
-        self.credit(batch)
+        advantages = self.credit(batch, evidence)
         t0 = time.perf_counter()
-        update = self.update(batch)
+        update = self.update(batch, logprobs, advantages)
         seconds_update = time.perf_counter() - t0
-        metrics = step_metrics(batch, update, lam=self.current_lam())
+        record = StepRecord(batch, logprobs, evidence, advantages)
+        metrics = step_metrics(record, update, lam=self.current_lam())
         metrics.update(seconds_teacher=seconds_teacher, seconds_logprobs=seconds_logprobs,
                        seconds_update=seconds_update)
         if self.world > 1:
-            metrics = reduce_step_metrics(metrics, trajs, batch, self.world)
+            metrics = reduce_step_metrics(metrics, trajs, record, self.world)
         metrics.update(env_metrics(trajs, [env.spec for env in self.envs], lambda t: self.env_of(t).spec,
                                    metrics, self.world))
-        return metrics, batch
+        return metrics, record
 
     def collect_step(self) -> tuple[list[Trajectory], dict[str, float]]:
         """This rank's trajectories of one step and the sampling metrics. Without dynamic sampling: B / ranks
@@ -269,6 +260,11 @@ class Trainer:
         """The turn's privileged prompt, rendered by its own environment's runner."""
         return self.env_of(traj).runner.teacher_messages(traj, turn, context=self.cfg.teacher.context)
 
+    def logprobs(self, batch: TurnBatch) -> PolicyLogProbs:
+        """The log-prob phase: π_old of every response token and the KL reference's."""
+        old = self.old_logprobs(batch)
+        return PolicyLogProbs(old, self.reference.logprobs(batch.prompt_ids, batch.response_ids))
+
     def old_logprobs(self, batch: TurnBatch) -> list[Tensor]:
         """π_old of every response token: the sampler's own numbers when they are trustworthy (HF backend,
         `recompute_old_logprobs=False`), else a teacher-forced pass of the trainer model."""
@@ -277,6 +273,13 @@ class Trainer:
         if reuse:
             return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows]
         return self.trained.logprobs(batch.prompt_ids, batch.response_ids)
+
+    def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs) -> TeacherEvidence:
+        """The teacher phase: the same responses under the privileged prompt and the evidence they give. GRPO
+        reads no evidence: its teacher is the student itself, so every gap (and e_k) is exactly 0."""
+        if not self.cfg.algorithm.needs_teacher:
+            return TeacherEvidence.none(logprobs.old)
+        return TeacherEvidence.summed(self.teacher_logprobs(batch, logprobs.old), logprobs.old)
 
     def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor]) -> list[Tensor]:
         """Teacher-forced log-probs under the c+ prompt; rows without c+ reuse the student's (gap 0)."""
@@ -300,23 +303,17 @@ class Trainer:
         done = min(max(self.step_done - start + 1, 0), a.lam_warmdown_steps)
         return a.lam * (1.0 - done / a.lam_warmdown_steps)
 
-    def credit(self, batch: TurnBatch) -> None:
-        """The credit phase: per-row token advantages and the per-trajectory A_seq into the batch
-        (`trainer/advantages.py`: the penalty mode's bookkeeping, the estimator, the row penalty term)."""
+    def credit(self, batch: TurnBatch, evidence: TeacherEvidence) -> BatchAdvantages:
+        """The credit phase: per-row token advantages and the per-trajectory A_seq (`trainer/advantages.py`:
+        the penalty mode's bookkeeping, the estimator, the row penalty term)."""
         a = self.cfg.algorithm
-        assert batch.evidence is not None and batch.gaps is not None
-        out = batch_advantages(batch, batch.evidence, batch.gaps, estimator=a.estimator,
-                               config=a.credit_config(self.current_lam()), cross_steps=a.grpo_cross_steps,
-                               normalize_std=a.normalize_std, return_details=self.cfg.trainer.save_trajectories)
-        batch.advantages, batch.seq_advantages, batch.credit = out.tokens, out.seq, out.result
+        return batch_advantages(batch, evidence.evidence, evidence.gaps, estimator=a.estimator,
+                                config=a.credit_config(self.current_lam()), cross_steps=a.grpo_cross_steps,
+                                normalize_std=a.normalize_std, return_details=self.cfg.trainer.save_trajectories)
 
-    def mini_batches(self, num_rows: int, global_rows: int | None = None) -> list[list[int]]:
-        """This step's optimiser steps as row indices (`PPOUpdate.mini_batches`)."""
-        return self.updater.mini_batches(num_rows, global_rows, step=self.step_done)
-
-    def update(self, batch: TurnBatch) -> dict[str, float]:
+    def update(self, batch: TurnBatch, logprobs: PolicyLogProbs, advantages: BatchAdvantages) -> dict[str, float]:
         """The update phase: PPO on the step batch (`PPOUpdate`); the update's metrics."""
-        return self.updater(batch, step=self.step_done)
+        return self.updater(batch, logprobs, advantages, step=self.step_done)
 
     # ---- validation, checkpoints ------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:

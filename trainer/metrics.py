@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.phases import StepRecord
 from agentgym_opsd.trainer.trackers import Tracker
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
@@ -37,20 +39,18 @@ METRIC_KEYS = (
 """Plain keys every metrics.jsonl line has (namespaced duplicates and extras come beside them)."""
 
 
-def sampling_gap(batch: TurnBatch) -> float:
+def sampling_gap(batch: TurnBatch, old: list[Tensor]) -> float:
     """Mean |sampling − recomputed| old log-prob (≈0 for the HF backend; a health check for vLLM)."""
-    assert batch.old_logprobs is not None
     diffs = [(torch.tensor(r.sample_logprobs) - t).abs().mean()
-             for r, t in zip(batch.rows, batch.old_logprobs, strict=True)
+             for r, t in zip(batch.rows, old, strict=True)
              if len(r.sample_logprobs) == t.numel() and t.numel()]
     return float(torch.stack(diffs).mean()) if diffs else math.nan
 
 
-def step_metrics(batch: TurnBatch, update: dict[str, float], *, lam: float) -> dict[str, Any]:
+def step_metrics(record: StepRecord, update: dict[str, float], *, lam: float) -> dict[str, Any]:
     """This rank's numbers of one scored, credited and applied step batch (timings are added by the loop)."""
-    assert batch.evidence is not None and batch.advantages is not None and batch.seq_advantages is not None
-    evidence, seq_adv = batch.evidence, batch.seq_advantages
-    tok_adv = batch.token_advantages
+    batch, evidence, seq_adv = record.batch, record.evidence.evidence, record.credit.seq
+    tok_adv = record.token_advantages
     return {
         **batch.stats,
         **update,
@@ -62,19 +62,18 @@ def step_metrics(batch: TurnBatch, update: dict[str, float], *, lam: float) -> d
         "teacher_rows": float(sum(r.teacher_prompt_ids is not None for r in batch.rows)),
         "lam": lam,
         "response_tokens": float(batch.num_response_tokens),
-        "sample_logprob_gap": sampling_gap(batch),
+        "sample_logprob_gap": sampling_gap(batch, record.logprobs.old),
         "memory/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
 
 
-def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], batch: TurnBatch,
+def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], record: StepRecord,
                         world: int) -> dict[str, Any]:
     """This rank's step metrics -> the whole step's: each mean weighted by what it averages over (episodes,
     turns, rows, tokens), counts summed, stds from sums of squares, timings and memory the maximum;
     the update's numbers (loss, kl, grad_norm, ...) are global already. One all-reduce for the sums, one for
     the maxima."""
-    assert batch.evidence is not None and batch.seq_advantages is not None
-    evidence, seq_adv, tok_adv = batch.evidence, batch.seq_advantages, batch.token_advantages
+    evidence, seq_adv, tok_adv = record.evidence.evidence, record.credit.seq, record.token_advantages
     per = {"traj": float(len(trajs)), "turn": float(sum(t.num_turns for t in trajs)),
            "row": float(len(evidence)), "token": float(tok_adv.numel())}
     by_turn = {"invalid_action_rate"} | {k for k in metrics if k.startswith("invalid/")}

@@ -42,14 +42,15 @@ from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.config import Config, ConfigError
+from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.logprobs import supports_packing
 from agentgym_opsd.trainer.metrics import MetricsLog
 from agentgym_opsd.trainer.model_card import write_model_card
+from agentgym_opsd.trainer.phases import StepRecord
 from agentgym_opsd.trainer.reference import ReferencePolicy
 from agentgym_opsd.trainer.trackers import check_trackers, make_trackers
 from agentgym_opsd.trainer.trained_model import TrainedModel
-from agentgym_opsd.trainer.turn_batch import CreditRecord, TurnBatch, credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.validation import Validation
 from agentgym_opsd.trainer.warm_start import WarmStart
 
@@ -344,7 +345,7 @@ class RunSession:
             write_model_card(folder, self.cfg, step=step, metrics_path=self.out / "metrics.jsonl",
                              tokenizer=self.tokenizer)
 
-    def save_step_files(self, trajs: list[Trajectory], batch: TurnBatch, *, step: int) -> None:
+    def save_step_files(self, trajs: list[Trajectory], record: StepRecord, *, step: int) -> None:
         """`trajectories/step_N.jsonl` (every rank's) and `credit/step_N.jsonl` beside it: per turn e_k, B_k,
         ΔB_k, w_k, Ã_k (and GiGPO's step numbers, per-token gaps for a token-level estimator), one line per
         trajectory, joined by traj_id/turn. Collective: every rank takes part, also one without rows."""
@@ -352,14 +353,10 @@ class RunSession:
         if self.is_main:
             save_jsonl(union, self.out / "trajectories" / f"step_{step:06d}.jsonl")
         lines: list[dict[str, Any]] = []
-        if batch.credit is not None:
-            assert batch.evidence is not None and batch.gaps is not None
-            assert batch.seq_advantages is not None and batch.advantages is not None
-            record = CreditRecord(batch, batch.evidence, batch.gaps, batch.seq_advantages, batch.advantages,
-                                  batch.credit)
+        if record.credit.result is not None:  # None: this rank had no rows
             token_text = None
-            if batch.credit.granularity == "token":
-                token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in batch.rows]
+            if record.credit.result.granularity == "token":
+                token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in record.batch.rows]
             lines = credit_lines(trajs, record, estimator=self.cfg.algorithm.estimator, step=step,
                                  token_text=token_text, env_ids=[self.env_of(t).spec for t in trajs])
         lines = [line for part in dist.all_gather_objects(lines) for line in part]

@@ -29,21 +29,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from agentgym_opsd.credit import CreditResult
-from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates, summarize
 
 __all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
-           "anchor_key", "CreditRecord", "credit_lines", "write_jsonl_atomic"]
+           "anchor_key"]
 
 PromptEncoder = Callable[[list[ChatMessage]], list[int]]
 TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
@@ -70,10 +65,10 @@ class TurnRow:
 
 @dataclass
 class TurnBatch:
-    """One training step's batch: all turn rows plus per-row trajectory-level values (1-D tensors, row order),
-    and the columns each phase of the step fills in (None until that phase ran): π_old, the reference's and
-    the teacher's log-probs, the evidence, the advantages. The rows never change after `build_turn_batch`, so
-    the per-row tensors derived from them are built once, on first use."""
+    """One training step's scored batch (the score phase's value): all turn rows plus per-row
+    trajectory-level values (1-D tensors, row order). The later phases' values are their own
+    (`trainer/phases.py`); the rows never change after `build_turn_batch`, so the per-row tensors derived
+    from them are built once, on first use."""
 
     rows: list[TurnRow]
     success_rate: Tensor  # (rows,) the row's group success rate R̄
@@ -82,15 +77,6 @@ class TurnBatch:
     traj_index: Tensor  # (rows,) index into the trajectory tensors
     stats: dict[str, float] = field(default_factory=dict)
     penalty_mode: str = "trajectory"
-    # ---- filled phase by phase --------------------------------------------------------------------------
-    old_logprobs: list[Tensor] | None = None  # per row: π_old of each response token
-    ref_logprobs: list[Tensor] | None = None  # per row: the KL reference's (None when the KL term is off)
-    teacher_logprobs: list[Tensor] | None = None  # per row: under the teacher prompt (= old without one)
-    gaps: list[Tensor] | None = None  # per row: teacher − student log-prob of each response token
-    evidence: Tensor | None = None  # (rows,) e_k, the sum of the row's gaps
-    advantages: list[Tensor] | None = None  # per row: the advantage of each response token (update input)
-    seq_advantages: Tensor | None = None  # (trajectories,) A_seq
-    credit: CreditResult | None = None  # the estimator's output, details included when asked for
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -138,18 +124,6 @@ class TurnBatch:
     def anchor_keys(self) -> Tensor:
         """(rows,) int64 hash of the state each turn acted on (GiGPO's anchor state)."""
         return torch.tensor([r.anchor_key for r in self.rows], dtype=torch.long)
-
-    @property
-    def token_advantages(self) -> Tensor:
-        """Every response token's advantage, rows concatenated (empty before the credit phase)."""
-        return torch.cat([a.flatten() for a in self.advantages]) if self.advantages else torch.zeros(0)
-
-    def set_teacher(self, teacher: list[Tensor]) -> None:
-        """The teacher phase's column, and the evidence it gives against `old_logprobs`."""
-        assert self.old_logprobs is not None, "the old log-probs come first"
-        self.teacher_logprobs = teacher
-        self.gaps = [t - s for t, s in zip(teacher, self.old_logprobs, strict=True)]  # 0 without c+
-        self.evidence = torch.tensor([float(g.sum()) for g in self.gaps], dtype=torch.float64)
 
 
 PENALTY_MODES: tuple[str, ...] = ("trajectory", "turn", "outcome")
@@ -295,67 +269,3 @@ def build_turn_batch(
         stats=stats,
         penalty_mode=penalty_mode,
     )
-
-
-# ---- the saved credit numbers (RUN/credit/step_N.jsonl) ------------------------------------------------------
-
-
-@dataclass
-class CreditRecord:
-    """What one step's credit assignment saw and produced, kept until the step's files are written."""
-
-    batch: TurnBatch
-    evidence: Tensor  # (rows,) e_k
-    gaps: list[Tensor]  # per row: teacher − student log-prob of each response token
-    seq_advantages: Tensor  # (trajectories,) A_seq
-    advantages: list[Tensor]  # per row: the advantage of each response token (what the update uses)
-    result: CreditResult
-
-
-def _num(x: float) -> float | None:
-    """6 significant digits (the files stay small); None for NaN / inf, which JSON cannot hold."""
-    return float(f"{x:.6g}") if math.isfinite(x) else None
-
-
-def credit_lines(trajectories: Sequence[Trajectory], record: CreditRecord, *, estimator: str, step: int,
-                 token_text: list[list[str]] | None = None,
-                 env_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """One JSON object per trajectory (all of them, in order), keyed by `traj_id` and each turn's `turn`
-    index so it joins with `trajectories/step_N.jsonl`; `env_id` says which environment the trajectory's rows
-    came from (`env_ids`, one per trajectory: the trainer's env spec, e.g. `ALFWorld-v0:easy`; else the
-    trajectory's registered id). Per turn: `evidence` e_k, the estimator's details
-    (`prior` B_0, `belief` B_k, `delta_belief` ΔB_k, `weight` w_k; GiGPO's `step_return`, `step_advantage`,
-    `anchor_size`) and `advantage` Ã_k (the mean over the turn's tokens: the value itself for a turn-level
-    estimator, penalty term included). A token-level estimator adds `token_gaps` and `tokens` per turn."""
-    batch = record.batch
-    rows_of: dict[int, list[int]] = {}
-    for row, ti in enumerate(batch.traj_index.tolist()):
-        rows_of.setdefault(ti, []).append(row)
-    details = {k: v.tolist() for k, v in record.result.details.items()}
-    evidence = record.evidence.tolist()
-    seq = record.seq_advantages.tolist()
-    rewards = batch.traj_rewards.tolist()
-    rates = batch.success_rate.tolist()
-    lines = []
-    for ti, traj in enumerate(trajectories):
-        turns = []
-        for row in rows_of.get(ti, []):
-            adv = record.advantages[row]
-            entry: dict[str, Any] = {"turn": batch.rows[row].turn_id, "evidence": _num(evidence[row])}
-            entry.update({k: v[row] if isinstance(v[row], int) else _num(v[row]) for k, v in details.items()})
-            entry["advantage"] = _num(float(adv.double().mean())) if adv.numel() else None
-            if token_text is not None:
-                entry["token_gaps"] = [_num(g) for g in record.gaps[row].tolist()]
-                entry["tokens"] = token_text[row]
-            turns.append(entry)
-        rows = rows_of.get(ti, [])
-        lines.append({"step": step, "estimator": estimator, "traj_id": traj.traj_id, "group_id": traj.group_id,
-                      "env_id": env_ids[ti] if env_ids is not None else traj.env_id, "task_id": traj.task_id, "task_type": traj.task_type, "won": traj.won,
-                      "reward": _num(rewards[ti]), "seq_advantage": _num(seq[ti]),
-                      "success_rate": _num(rates[rows[0]]) if rows else None, "turns": turns})
-    return lines
-
-
-def write_jsonl_atomic(lines: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Write JSON lines atomically (`agentgym_opsd.files`), as `records.save_jsonl` does."""
-    return atomic_write_lines(path, (to_json(line, ensure_ascii=False) + "\n" for line in lines))

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
@@ -30,6 +31,7 @@ from agentgym_opsd.trainer.logprobs import (
     response_logprobs,
 )
 from agentgym_opsd.trainer.losses import StartDrift, policy_objective
+from agentgym_opsd.trainer.phases import PolicyLogProbs
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
 __all__ = ["PPOUpdate", "UPDATE_KEYS", "pad_left"]
@@ -79,14 +81,14 @@ class PPOUpdate:
             out += [chunk.tolist() for chunk in torch.tensor_split(order, parts)]
         return out
 
-    def __call__(self, batch: TurnBatch, *, step: int) -> dict[str, float]:
-        """PPO on the step batch's columns (old log-probs, advantages, reference log-probs when KL is on): one
+    def __call__(self, batch: TurnBatch, logprobs: PolicyLogProbs, advantages: BatchAdvantages, *,
+                 step: int) -> dict[str, float]:
+        """PPO on the step batch (its old log-probs, advantages, reference log-probs when KL is on): one
         optimiser step per mini-batch, token-mean objective inside each, micro-batched by length; π_old stays
         the rollout policy for every mini-batch of the step."""
         a, o = self.cfg.algorithm, self.cfg.optim
         rows = batch.rows
-        old, ref, advantages = batch.old_logprobs, batch.ref_logprobs, batch.advantages
-        assert old is not None and advantages is not None, "update needs the old log-probs and the advantages"
+        old, ref, token_advantages = logprobs.old, logprobs.reference, advantages.tokens
         global_rows = int(dist.all_reduce([len(rows)])[0])
         if not global_rows:
             return {**dict.fromkeys(UPDATE_KEYS, 0.0), **StartDrift().metrics()}
@@ -117,7 +119,7 @@ class PPOUpdate:
                 old_tokens = pad_left([old[i] for i in idx], width).to(self.device)
                 terms = policy_objective(
                     logp, old_tokens,
-                    pad_left([advantages[i] for i in idx], width).to(self.device), mask,
+                    pad_left([token_advantages[i] for i in idx], width).to(self.device), mask,
                     entropy=entropy, ref_logp=pad_left([ref[i] for i in idx], width).to(self.device) if ref else None,
                     clip_low=a.clip_low, clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c, kl_coef=a.kl_coef,
                     entropy_coef=a.entropy_coef, num_tokens=int(num_tokens))

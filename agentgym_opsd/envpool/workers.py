@@ -36,7 +36,6 @@ import gymnasium as gym
 
 from agentgym_opsd.envpool.base import (
     BaseEnvPool,
-    EnvPool,
     StepResult,
     TaskSpec,
     failed_step,

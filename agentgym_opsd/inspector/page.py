@@ -48,7 +48,7 @@ CREDIT_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-# The JSON types of a credit line (`trainer.turn_batch.credit_lines` writes them) and of each of its turns; a
+# The JSON types of a credit line (`trainer.credit_file.credit_lines` writes them) and of each of its turns; a
 # number is null where the estimator gives none or it was not finite.
 _LINE_TYPES: dict[str, tuple[type, ...]] = {
     "step": (int,), "estimator": (str,), "traj_id": (int,), "group_id": (int,), "env_id": (str,), "task_id": (str,),
