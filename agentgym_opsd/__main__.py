@@ -36,6 +36,8 @@ FORWARDED: dict[str, tuple[str, str]] = {
                      "serve a local model behind an OpenAI-compatible API (see serve-policy --help)"),
     "inspect": ("agentgym_opsd.inspector.page",
                 "write the credit inspector's HTML page of a training step (see inspect --help)"),
+    "serve-openenv": ("agentgym_opsd.integrations.openenv_server",
+                      "serve an environment with OpenEnv's server (see serve-openenv --help)"),
 }
 
 

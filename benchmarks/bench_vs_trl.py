@@ -50,7 +50,9 @@ and after each side's last step.
   `EnvPool` with the batched `HFPolicy`, per-turn rows, outcome A_seq + the invalid-action push, PPO update
   in length-bucketed micro-batches, one optimiser step per 16 turn rows).
 - TRL: `GRPOTrainer` (no vLLM: none on a CPU) with a `rollout_func` — TRL's documented hook for multi-turn
-  environments; it works without vLLM (`GRPOTrainer._generate` calls it before any vLLM use). It plays the
+  environments; it works without vLLM (`GRPOTrainer._generate` calls it before any vLLM use). The
+  `rollout_func` is our public adapter, `agentgym_opsd.integrations.trl.AgentGymRollout` (docs/integrations.md),
+  given this config's prompt renderer and environment settings. It plays the
   same episodes through our `RolloutRunner` (our `EnvPool`, `PromptRenderer`, parsers), generating with TRL's
   own non-vLLM generation path (`unwrap_model_for_generation` + `model.generate` with the trainer's
   `generation_config`, left-padded batch: what `GRPOTrainer._generate_single_turn` does). Each episode goes
@@ -299,92 +301,6 @@ class OursSide:
 
 
 @dataclass
-class PackedEpisode:
-    """One episode as one TRL row: `prompt_ids` (turn 1's prompt), then `completion_ids` = action 1, turn 2's
-    prompt, action 2, ...; `env_mask` 1 on the policy's own tokens (trained), 0 on prompt text (not trained);
-    `logprobs` the sampling log-probs of the action tokens (0.0 on env tokens)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    env_mask: list[int]
-    logprobs: list[float]
-
-
-def pack_episode(traj: Any, encode: Callable[[list], list[int]], filler_id: int) -> PackedEpisode:
-    """`traj` (our `Trajectory`) as TRL's multi-turn row; an episode without turns (its reset failed) becomes a
-    one-token row with nothing to train."""
-    if not traj.turns:
-        return PackedEpisode([filler_id], [filler_id], [0], [0.0])
-    completion: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    for k, turn in enumerate(traj.turns):
-        if k:
-            env = encode(turn.prompt)
-            completion += env
-            mask += [0] * len(env)
-            logprobs += [0.0] * len(env)
-        completion += turn.response_token_ids
-        mask += [1] * len(turn.response_token_ids)
-        logprobs += turn.response_logprobs
-    return PackedEpisode(encode(traj.turns[0].prompt), completion, mask, logprobs)
-
-
-def cut_completion(ids: Sequence[int], eos_ids: set[int], decode: Callable[[list[int]], str],
-                   stop_strings: Sequence[str]) -> tuple[list[int], str]:
-    """The sampled tokens of one `generate` row: up to and including the first end-of-sequence token, or the token
-    that completed a stop string (what follows it is padding), else all; and why it ended ("eos" | "stop" |
-    "length"). The pad token is the end-of-sequence token for SmolLM2, so padding is told apart this way."""
-    tail = max((len(s) for s in stop_strings), default=0) + 2
-    for j, tok in enumerate(ids):
-        if tok in eos_ids:
-            return list(ids[:j + 1]), "eos"
-        if stop_strings and any(s in decode(list(ids[max(0, j + 1 - tail):j + 1])) for s in stop_strings):
-            return list(ids[:j + 1]), "stop"
-    return list(ids), "length"
-
-
-class TRLGeneratePolicy:
-    """Our `Policy` protocol over TRL's non-vLLM generation (`GRPOTrainer._generate_single_turn`): our prompt
-    tokens, left-padded into one batch, `generate` with the trainer's `generation_config` (sampling settings and
-    stop strings) under `unwrap_model_for_generation`; log-probs from the processed scores."""
-
-    def __init__(self, trainer: Any, stop_strings: Sequence[str]) -> None:
-        self.trainer = trainer
-        self.tokenizer = trainer.processing_class
-        self.stop_strings = tuple(stop_strings)
-        self.eos_ids = set(trainer.eos_token_ids)
-
-    def act(self, requests: Sequence[Any]) -> list[Any]:
-        import torch
-        from trl.models import unwrap_model_for_generation
-
-        from agentgym_opsd.models.hf_policy import chat_prompt_ids
-        from agentgym_opsd.policies import PolicyOutput
-
-        tr, tok = self.trainer, self.tokenizer
-        prompts = [chat_prompt_ids(tok, r.messages) for r in requests]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.as_tensor(p)
-            mask[i, width - len(p):] = 1
-        with (unwrap_model_for_generation(tr.model_wrapped, tr.accelerator, generation_kwargs=tr.generation_kwargs)
-              as model, torch.no_grad()):
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=tr.generation_config,
-                                 tokenizer=tok, return_dict_in_generate=True, output_scores=True)
-        new = out.sequences[:, width:]  # (rows, steps)
-        logps = torch.stack(out.scores, dim=1).float().log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)
-        outputs = []
-        for row, row_lps in zip(new.tolist(), logps.tolist(), strict=True):
-            kept, why = cut_completion(row, self.eos_ids, tok.decode, self.stop_strings)
-            text = tok.decode(kept[:-1] if why == "eos" else kept, skip_special_tokens=False)
-            outputs.append(PolicyOutput(text, kept, row_lps[:len(kept)], finish_reason=why))
-        return outputs
-
-
-@dataclass
 class TRLStepProbe:
     """What `rollout_func` measured in the current step (read by the step gate at the step's end)."""
 
@@ -401,10 +317,10 @@ class TRLSide:
     """TRL's `GRPOTrainer.train()` in a thread, held at every step's start until `step()` lets it go."""
 
     def __init__(self, seed: int, settings: BenchSettings) -> None:
-        from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
-        from agentgym_opsd.models.hf_policy import DEFAULT_STOP_STRINGS
+        from agentgym_opsd.integrations.trl import AgentGymRollout, episode_won, task_dataset
+        from agentgym_opsd.models.hf_policy import DEFAULT_STOP_STRINGS, chat_prompt_ids
         from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
         from agentgym_opsd.trainer.task_stream import train_task_specs
 
@@ -415,7 +331,6 @@ class TRLSide:
             freeze_lower_layers(model, cfg.model.trainable_layers)
         self.drift = WeightDrift(model)
         tasks = train_task_specs(0, settings.steps * r.tasks_per_step, num_tasks=cfg.env.num_train_tasks, seed=seed)
-        dataset = Dataset.from_dict({"prompt": [json.dumps({"seed": t.seed, "options": t.options}) for t in tasks]})
         args = GRPOConfig(
             output_dir=f"{settings.workdir}/trl-seed{seed}", seed=seed, max_steps=settings.steps,
             per_device_train_batch_size=1, gradient_accumulation_steps=r.tasks_per_step * r.group_size,
@@ -427,14 +342,16 @@ class TRLSide:
             generation_kwargs={"stop_strings": list(DEFAULT_STOP_STRINGS)}, activation_checkpointing=False,
             bf16=False, use_cpu=True, report_to="none", logging_strategy="no", save_strategy="no",
             disable_tqdm=True, dataloader_pin_memory=False)
-        self.runner = make_runner(cfg, r.tasks_per_step * r.group_size)
-        self.stop_strings = DEFAULT_STOP_STRINGS
+        # The public adapter, with the runner settings of `make_runner` and our trainer's exact prompt ids.
+        kwargs = {**cfg.env.kwargs, **({"max_turns": cfg.env.max_turns} if cfg.env.max_turns > 0 else {})}
+        self.adapter = AgentGymRollout(cfg.env.id, renderer=cfg.env.prompt_renderer(cfg.env.id), env_kwargs=kwargs,
+                                       step_timeout_s=cfg.env.step_timeout_s, encode_prompt=chat_prompt_ids)
         self.probe = TRLStepProbe()
         self.rss = PeakRss()
         self._go: queue.Queue[bool] = queue.Queue()
         self._done: queue.Queue[dict[str, Any] | BaseException] = queue.Queue()
         self.trainer = GRPOTrainer(model=model, processing_class=self.tokenizer, reward_funcs=[episode_won],
-                                   args=args, train_dataset=dataset, rollout_func=self.rollout,
+                                   args=args, train_dataset=task_dataset(tasks), rollout_func=self.rollout,
                                    callbacks=[_make_step_gate()(self)])
         self._thread = threading.Thread(target=self._train, daemon=True, name="trl-train")
         self._thread.start()
@@ -450,26 +367,16 @@ class TRLSide:
                 "activation_checkpointing": bool(args.activation_checkpointing), "bf16": bool(args.bf16)}
 
     def rollout(self, prompts: list[str], trainer: Any) -> dict[str, list]:
-        """TRL's `rollout_func`: the 8 prompts are B tasks x G copies (TRL's sampler repeats each task G times);
-        play them through our runner, then pack each episode into one row."""
-        from agentgym_opsd.envpool import TaskSpec
-
-        g = self.cfg.rollout.group_size
-        if any(p != prompts[i - i % g] for i, p in enumerate(prompts)):
-            raise RuntimeError(f"expected groups of {g} identical task prompts from TRL's sampler, got {prompts}")
-        tasks = [TaskSpec(**json.loads(p)) for p in prompts[::g]]
-        t0 = time.perf_counter()
-        trajs = self.runner.run(TRLGeneratePolicy(trainer, self.stop_strings), tasks, group_size=g)
-        seconds = time.perf_counter() - t0
-        encode = _encoder(self.tokenizer)
-        rows = [pack_episode(t, encode, self.tokenizer.eos_token_id) for t in trajs]
+        """TRL's `rollout_func`: the adapter plays the B tasks x G copies and packs each episode into one row;
+        the probe keeps what it measured for the step's report."""
+        out = self.adapter(prompts, trainer)
+        trajs, rows = self.adapter.last_episodes, self.adapter.last_rows
         lengths = [len(x.prompt_ids) + len(x.completion_ids) for x in rows]
         width = max(len(x.prompt_ids) for x in rows) + max(len(x.completion_ids) for x in rows)
-        self.probe = TRLStepProbe(seconds, sum(sum(x.env_mask) for x in rows), sum(lengths), width * len(rows),
-                                  sum(t.num_turns for t in trajs), len(trajs), sum(t.won for t in trajs))
-        return {"prompt_ids": [x.prompt_ids for x in rows], "completion_ids": [x.completion_ids for x in rows],
-                "logprobs": [x.logprobs for x in rows], "env_mask": [x.env_mask for x in rows],
-                "won": [float(t.won) for t in trajs]}
+        self.probe = TRLStepProbe(self.adapter.seconds_rollout, sum(sum(x.env_mask) for x in rows), sum(lengths),
+                                  width * len(rows), sum(t.num_turns for t in trajs), len(trajs),
+                                  sum(t.won for t in trajs))
+        return out
 
     def step(self) -> dict[str, Any]:
         if not self._thread.is_alive():
@@ -492,18 +399,7 @@ class TRLSide:
         return pool_success(model, self.tokenizer, self.cfg, rollouts)
 
     def close(self) -> None:
-        self.runner.close()
-
-
-def episode_won(completions: list, won: list[float], **kwargs: Any) -> list[float]:
-    """TRL reward function: 1.0 for a won episode (`won` comes from `rollout_func`), else 0.0."""
-    return [float(w) for w in won]
-
-
-def _encoder(tokenizer: Any) -> Callable[[list], list[int]]:
-    from agentgym_opsd.models.hf_policy import chat_prompt_ids
-
-    return lambda messages: chat_prompt_ids(tokenizer, messages)
+        self.adapter.close()
 
 
 def _make_step_gate() -> type:

@@ -1,5 +1,5 @@
-"""benchmarks/bench_vs_trl.py without TRL: an episode packed into TRL's one-row multi-turn layout (actions trained,
-prompts masked, in order), and the cut of a `generate` row whose padding is the end-of-sequence token."""
+"""benchmarks/bench_vs_trl.py without TRL: the verdict and the merge of separate runs. (Its TRL side is the public
+adapter, `agentgym_opsd.integrations.trl`, tested in tests/test_integrations_trl.py.)"""
 
 from __future__ import annotations
 
@@ -11,60 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_opsd.records import Trajectory, Turn
-
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vs_trl.py"
 _spec = importlib.util.spec_from_file_location("bench_vs_trl", _PATH)
 assert _spec is not None and _spec.loader is not None
 bvt = importlib.util.module_from_spec(_spec)
 sys.modules["bench_vs_trl"] = bvt
 _spec.loader.exec_module(bvt)
-
-
-def _encode(messages: list[dict[str, str]]) -> list[int]:
-    """A stand-in tokenizer: one id per character of the user message, offset so ids never look like actions."""
-    return [1000 + ord(c) for c in messages[-1]["content"]]
-
-
-def _turn(k: int, prompt: str, action_ids: list[int]) -> Turn:
-    return Turn(index=k, prompt=[{"role": "system", "content": "s"}, {"role": "user", "content": prompt}],
-                response_text="", action="go", action_valid=True, observation="", reward=0.0,
-                response_token_ids=action_ids, response_logprobs=[-0.5 - i for i in range(len(action_ids))])
-
-
-def test_pack_episode_trains_actions_in_order_and_masks_prompts() -> None:
-    traj = Trajectory(env_id="e", task_id="t", task_type="x", group_id=0, traj_id=0, seed=0,
-                      turns=[_turn(0, "ab", [1, 2, 3]), _turn(1, "cde", [4, 5]), _turn(2, "f", [6])])
-    row = bvt.pack_episode(traj, _encode, filler_id=2)
-    assert row.prompt_ids == _encode(traj.turns[0].prompt)
-    assert row.completion_ids == [1, 2, 3, *_encode(traj.turns[1].prompt), 4, 5, *_encode(traj.turns[2].prompt), 6]
-    assert len(row.env_mask) == len(row.logprobs) == len(row.completion_ids)
-    trained = [t for t, m in zip(row.completion_ids, row.env_mask, strict=True) if m]
-    assert trained == [1, 2, 3, 4, 5, 6]  # every sampled token, in order, and nothing else
-    kept = [lp for lp, m in zip(row.logprobs, row.env_mask, strict=True) if m]
-    assert kept == [lp for turn in traj.turns for lp in turn.response_logprobs]
-    assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.env_mask, strict=True) if not m)
-
-
-def test_pack_episode_without_turns_trains_nothing() -> None:
-    traj = Trajectory(env_id="e", task_id="t", task_type="x", group_id=0, traj_id=0, seed=0, error="reset failed")
-    row = bvt.pack_episode(traj, _encode, filler_id=2)
-    assert (row.prompt_ids, row.completion_ids, row.env_mask, row.logprobs) == ([2], [2], [0], [0.0])
-
-
-def test_cut_completion_tells_a_stop_string_from_the_padding_after_it() -> None:
-    vocab = {1: "<action>", 3: "go", 4: "</act", 5: "ion>", 6: "x", 2: "<eos>"}
-
-    def decode(ids: list[int]) -> str:
-        return "".join(vocab[i] for i in ids)
-
-    stops = ("</action>",)
-    # stopped by the closing tag; generate padded the row with pad == eos (2) afterwards
-    assert bvt.cut_completion([1, 3, 4, 5, 2, 2], {2}, decode, stops) == ([1, 3, 4, 5], "stop")
-    # the model ended its turn: the end-of-sequence token is kept (it is a sampled token)
-    assert bvt.cut_completion([1, 3, 2, 2], {2}, decode, stops) == ([1, 3, 2], "eos")
-    # the budget ran out
-    assert bvt.cut_completion([1, 6, 6], {2}, decode, stops) == ([1, 6, 6], "length")
 
 
 def _step(side: str, seconds: float) -> dict:

@@ -20,9 +20,10 @@ from agentgym_opsd.serving.cli import (
     positive_float,
     positive_int,
     serve_until_interrupted,
+    stop_on_sigint_and_sigterm,
 )
 from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
 
 __all__ = ["BodyError", "MAX_JSON_DEPTH", "non_negative_float", "non_negative_int", "number_type", "parse_json_text",
            "PooledWSGIServer", "port_number", "positive_float", "positive_int", "read_json_body",
-           "serve_until_interrupted", "WorkerPool"]
+           "serve_until_interrupted", "stop_on_sigint_and_sigterm", "WorkerPool"]

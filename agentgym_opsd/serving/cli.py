@@ -15,7 +15,7 @@ from werkzeug.serving import make_server
 from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
 
 __all__ = ["non_negative_float", "non_negative_int", "number_type", "port_number", "positive_float", "positive_int",
-           "serve_until_interrupted"]
+           "serve_until_interrupted", "stop_on_sigint_and_sigterm"]
 
 
 def number_type(cast: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str, *,
@@ -65,7 +65,7 @@ def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[st
         server = PooledWSGIServer(host, port, app, pool, **server_kwargs)
     else:
         server = make_server(host, port, app, threaded=True, **server_kwargs)
-    previous = _stop_on_sigint_and_sigterm()  # before the banner: a client may signal as soon as it reads it
+    previous = stop_on_sigint_and_sigterm()  # before the banner: a client may signal as soon as it reads it
     try:
         print(banner(f"http://{host}:{server.server_port}"), flush=True)
         server.serve_forever()
@@ -86,7 +86,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _stop_on_sigint_and_sigterm() -> dict[int, Any]:
+def stop_on_sigint_and_sigterm() -> dict[int, Any]:
     """SIGINT and SIGTERM stop the server (the previous handlers are returned). SIGINT is set again on purpose:
     a process started in the background of a non-interactive shell inherits SIGINT *ignored*, and Python
     then never installs its KeyboardInterrupt handler, so such a server ran on after Ctrl-C or `kill -INT`

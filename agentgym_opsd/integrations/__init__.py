@@ -1,0 +1,14 @@
+"""Our environments where the field trains: OpenEnv servers and TRL's `GRPOTrainer`.
+
+- `openenv_env`: our environments as OpenEnv `Environment`s (typed action: the agent's text; typed
+  observation: the text plus our `info`), `openenv_server`: the FastAPI app and `agentgym-opsd
+  serve-openenv`, `openenv_client`: the matching OpenEnv `EnvClient`;
+- `trl`: a `rollout_func` that plays TRL's prompts as our episodes (our prompts, our parser, our records).
+
+Nothing is imported here: `openenv-core` and `trl` are optional (`pip install -e ".[integrations]"`) and
+heavy (OpenEnv's server package imports gradio), so each is imported only by the module that needs it.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

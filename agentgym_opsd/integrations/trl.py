@@ -1,0 +1,303 @@
+"""TRL's environment mode for our environments: a `rollout_func` for `trl.GRPOTrainer` (trl 1.16.0).
+
+    from trl import GRPOConfig, GRPOTrainer
+    from agentgym_opsd.integrations.trl import AgentGymRollout, episode_won, task_dataset
+
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, reward_funcs=[episode_won],
+        args=GRPOConfig(output_dir="out", num_generations=4, max_completion_length=24,
+                        generation_kwargs={"stop_strings": ["</action>"]}),
+        train_dataset=task_dataset(range(16)),                    # one row per task: its reset seed and index
+        rollout_func=AgentGymRollout("ALFWorld-v0:easy", record_path="episodes.jsonl"))
+    trainer.train()
+
+TRL 1.16 offers two hooks for multi-turn environments (`GRPOTrainer.__init__`):
+- `environment_factory`: an object whose public methods become *tools*; the model calls them with the tool-call
+  syntax of its chat template, in one growing conversation, parsed by TRL (`parse_response`). That is not our
+  agent: our policies are prompted by `PromptRenderer` (system prompt, task, the last k turns, the admissible
+  actions, rebuilt each turn) and answer in text that the environment's parser reads (`<action>...</action>`,
+  `search[...]`); it also needs a chat template that renders tool calls.
+- `rollout_func(prompts, trainer) -> dict`: TRL hands over the dataset prompts of a generation batch (each
+  repeated `num_generations` times, consecutively, by its sampler) and takes back, per prompt, `prompt_ids`,
+  `completion_ids` and `logprobs` (required), `env_mask` (1 on tokens the model sampled, 0 on tokens it did
+  not; TRL trains only the 1s), and any other list, which it passes to the reward functions by name.
+
+`AgentGymRollout` is the second. A dataset prompt names a task (`task_dataset`: the reset seed and options as
+JSON); each group of `num_generations` copies is played as one group of our episodes by `RolloutRunner`, so
+the prompts, the parser, invalid actions (answered by the environment, the episode goes on), the turn limit
+and the records are exactly those of our trainer. Generation is TRL's own non-vLLM path (the trainer's
+`generation_config`, its model unwrapped by `unwrap_model_for_generation`). Each episode goes back as one
+row, as TRL's multi-turn rows are built: turn 1's prompt as `prompt_ids`; then action 1, turn 2's prompt
+(`env_mask` 0), action 2, ... Extra fields for reward functions: `won`, `score`, `num_turns`,
+`invalid_actions`, `invalid_penalty` (see `episode_won`, `episode_score`, `invalid_action_penalty`).
+Every episode is also appended, with its token ids and log-probs, to `record_path` in our JSONL trajectory
+format (`records.load_jsonl` reads it back; `metadata` holds TRL's `global_step` and mode).
+
+What TRL's update does with such rows differs from ours (docs/integrations.md): action k is trained in the
+context of every earlier prompt and action, though it was sampled from turn k's prompt alone; one advantage
+per episode. `mask_truncated_completions=True` would drop every episode whose last reply ended on a stop
+string (TRL sees no end-of-sequence token there); leave it off. With `use_vllm=True` the adapter refuses to
+run (generation through TRL's vLLM client is not wired here).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.policies import PolicyOutput, PolicyRequest
+from agentgym_opsd.prompts import PromptRenderer
+from agentgym_opsd.records import ChatMessage, Trajectory, append_jsonl
+from agentgym_opsd.registry import env_profile, parse_env_spec, prompt_renderer_for
+from agentgym_opsd.rollout import RolloutRunner
+
+__all__ = ["AgentGymRollout", "PackedEpisode", "TRLGeneratePolicy", "cut_completion", "episode_score", "episode_won",
+           "invalid_action_penalty", "pack_episode", "task_dataset", "task_prompts", "template_prompt_ids"]
+
+PromptEncoder = Callable[[Any, Sequence[ChatMessage]], list[int]]
+"""(tokenizer, chat messages) -> prompt token ids ending with the assistant header."""
+
+
+# ---- tasks as dataset prompts ----------------------------------------------------------------------------------
+
+
+def task_prompts(tasks: Iterable[TaskSpec | int]) -> list[str]:
+    """The dataset prompts naming `tasks`: a `TaskSpec`, or a task index `i` (reset seed `i`, task `i` of the
+    split). A prompt is the task as JSON, read back by `AgentGymRollout`; TRL only repeats and batches it."""
+    specs = [t if isinstance(t, TaskSpec) else TaskSpec(int(t), {"task_index": int(t)}) for t in tasks]
+    return [json.dumps({"seed": t.seed, "options": t.options}, sort_keys=True) for t in specs]
+
+
+def task_dataset(tasks: Iterable[TaskSpec | int]) -> Any:
+    """A `datasets.Dataset` with one `prompt` per task (`task_prompts`), for `GRPOTrainer(train_dataset=...)`."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": task_prompts(tasks)})
+
+
+def _task_of(prompt: Any) -> TaskSpec:
+    try:
+        data = json.loads(prompt)
+        return TaskSpec(int(data["seed"]), dict(data.get("options") or {}))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"a dataset prompt for AgentGymRollout is a task as JSON (task_dataset / task_prompts), "
+                         f"got {str(prompt)[:80]!r}") from exc
+
+
+# ---- reward functions (TRL passes the rollout's extra fields by name) ---------------------------------------
+
+
+def episode_won(completions: list, won: list[float], **kwargs: Any) -> list[float]:
+    """1.0 for a won episode, else 0.0 (the paper's outcome reward)."""
+    return [float(w) for w in won]
+
+
+def episode_score(completions: list, score: list[float], **kwargs: Any) -> list[float]:
+    """The environment's partial credit in [0, 1] (WebShop's R)."""
+    return [float(s) for s in score]
+
+
+def invalid_action_penalty(completions: list, invalid_penalty: list[float], **kwargs: Any) -> list[float]:
+    """Minus the profile's penalty per invalid action (TRL adds the reward functions' values up)."""
+    return [-float(p) for p in invalid_penalty]
+
+
+# ---- episodes as TRL rows ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class PackedEpisode:
+    """One episode as one TRL row: `prompt_ids` (turn 1's prompt), then `completion_ids` = action 1, turn 2's
+    prompt, action 2, ...; `env_mask` 1 on the policy's own tokens (trained), 0 on prompt text (not trained);
+    `logprobs` the sampling log-probs of the action tokens (0.0 on prompt tokens)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    env_mask: list[int]
+    logprobs: list[float]
+
+
+def pack_episode(traj: Trajectory, encode: Callable[[list[ChatMessage]], list[int]], filler_id: int) -> PackedEpisode:
+    """`traj` as TRL's multi-turn row; an episode without turns (its reset failed) becomes a one-token row with
+    nothing to train."""
+    if not traj.turns:
+        return PackedEpisode([filler_id], [filler_id], [0], [0.0])
+    completion: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for k, turn in enumerate(traj.turns):
+        if k:
+            env = encode(turn.prompt)
+            completion += env
+            mask += [0] * len(env)
+            logprobs += [0.0] * len(env)
+        completion += turn.response_token_ids
+        mask += [1] * len(turn.response_token_ids)
+        logprobs += turn.response_logprobs
+    return PackedEpisode(encode(traj.turns[0].prompt), completion, mask, logprobs)
+
+
+# ---- generation with TRL's model ----------------------------------------------------------------------------
+
+
+def cut_completion(ids: Sequence[int], eos_ids: set[int], decode: Callable[[list[int]], str],
+                   stop_strings: Sequence[str]) -> tuple[list[int], str]:
+    """The sampled tokens of one `generate` row: up to and including the first end-of-sequence token, or the token
+    that completed a stop string (what follows it is padding), else all; and why it ended ("eos" | "stop" |
+    "length"). The pad token is the end-of-sequence token for SmolLM2, so padding is told apart this way."""
+    tail = max((len(s) for s in stop_strings), default=0) + 2
+    for j, tok in enumerate(ids):
+        if tok in eos_ids:
+            return list(ids[:j + 1]), "eos"
+        if stop_strings and any(s in decode(list(ids[max(0, j + 1 - tail):j + 1])) for s in stop_strings):
+            return list(ids[:j + 1]), "stop"
+    return list(ids), "length"
+
+
+def template_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage], **template_kwargs: Any) -> list[int]:
+    """The prompt ids of `messages` through the tokenizer's chat template, as TRL tokenises its own prompts."""
+    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                              return_dict=False, **template_kwargs))
+
+
+class TRLGeneratePolicy:
+    """Our `Policy` protocol over TRL's non-vLLM generation (`GRPOTrainer._generate_single_turn`): our prompt
+    tokens, left-padded into one batch, `generate` with the trainer's `generation_config` (sampling settings and
+    stop strings) under `unwrap_model_for_generation`; log-probs from the processed scores (the distribution
+    the tokens were sampled from)."""
+
+    def __init__(self, trainer: Any, encode_prompt: PromptEncoder | None = None) -> None:
+        self.trainer = trainer
+        self.tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        template_kwargs = dict(getattr(trainer, "chat_template_kwargs", None) or {})
+        self.encode: PromptEncoder = encode_prompt or (
+            lambda tok, messages: template_prompt_ids(tok, messages, **template_kwargs))
+        self.stop_strings = tuple(getattr(trainer.generation_config, "stop_strings", None) or ())
+        self.eos_ids = set(trainer.eos_token_ids)
+        # The trainer's sampling settings, asking `generate` for the scores too (inside the config: transformers
+        # deprecates passing both a config and generation arguments).
+        self.generation_config = copy.deepcopy(trainer.generation_config)
+        self.generation_config.update(output_scores=True, return_dict_in_generate=True)
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
+        import torch
+        from trl.models import unwrap_model_for_generation
+
+        tr, tok = self.trainer, self.tokenizer
+        prompts = [self.encode(tok, r.messages) for r in requests]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.as_tensor(p)
+            mask[i, width - len(p):] = 1
+        device = tr.accelerator.device
+        with (unwrap_model_for_generation(tr.model_wrapped, tr.accelerator, generation_kwargs=tr.generation_kwargs)
+              as model, torch.no_grad()):
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 generation_config=self.generation_config, tokenizer=tok)
+        new = out.sequences[:, width:]  # (rows, steps)
+        logps = torch.stack(out.scores, dim=1).float().log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)
+        outputs = []
+        for row, row_lps in zip(new.tolist(), logps.tolist(), strict=True):
+            kept, why = cut_completion(row, self.eos_ids, tok.decode, self.stop_strings)
+            text = tok.decode(kept[:-1] if why == "eos" else kept, skip_special_tokens=False)
+            outputs.append(PolicyOutput(text, kept, row_lps[:len(kept)], finish_reason=why))
+        return outputs
+
+
+# ---- the rollout_func ---------------------------------------------------------------------------------------
+
+
+class AgentGymRollout:
+    """TRL's `rollout_func` for one of our environments (`env_spec`: `Env-v0` or `Env-v0:split`).
+
+    `record_path`: a JSONL file every episode is appended to (our `Trajectory` records; None: not recorded).
+    `renderer`, `env_kwargs`, `use_skills`, `step_timeout_s`, `env_workers`: as `RolloutRunner` takes them (the
+    default renderer is the profile's, `registry.prompt_renderer_for`). `encode_prompt(tokenizer, messages)`
+    turns a prompt into token ids (default: the chat template, as TRL does; our trainer's exact ids, which keep
+    special-token strings inside observations as plain text, come from
+    `agentgym_opsd.models.hf_policy.chat_prompt_ids`). After each call, `last_episodes` and `last_rows` hold
+    what was played and what TRL got."""
+
+    def __init__(self, env_spec: str, *, record_path: str | os.PathLike[str] | None = None,
+                 renderer: PromptRenderer | None = None, env_kwargs: dict[str, Any] | None = None,
+                 use_skills: bool = False, step_timeout_s: float = 60.0, env_workers: str = "threads",
+                 encode_prompt: PromptEncoder | None = None) -> None:
+        self.env_spec = env_spec
+        self.profile = env_profile(parse_env_spec(env_spec)[0])  # an unknown id fails here, not in train()
+        self.record_path = Path(record_path) if record_path is not None else None
+        self.renderer = renderer or prompt_renderer_for(env_spec)
+        self.env_kwargs = dict(env_kwargs or {})
+        self.use_skills = use_skills
+        self.step_timeout_s = step_timeout_s
+        self.env_workers = env_workers
+        self.encode_prompt = encode_prompt
+        self.last_episodes: list[Trajectory] = []
+        self.last_rows: list[PackedEpisode] = []
+        self.seconds_rollout = 0.0
+        self._runner: RolloutRunner | None = None
+        self._groups_played = 0
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        if getattr(trainer, "use_vllm", False):
+            raise ValueError("AgentGymRollout generates with TRL's non-vLLM path; set GRPOConfig(use_vllm=False) "
+                             "(generation through TRL's vLLM client is not supported by this adapter)")
+        training = bool(trainer.model.training)
+        group = int(trainer.num_generations if training else trainer.num_generations_eval)
+        tasks = _tasks_in_groups(prompts, group)
+        policy = TRLGeneratePolicy(trainer, self.encode_prompt)
+        t0 = time.perf_counter()
+        trajs = self._runner_for(len(prompts)).run(policy, tasks, group_size=group,
+                                                   first_group_id=self._groups_played,
+                                                   first_traj_id=self._groups_played * group)
+        self.seconds_rollout = time.perf_counter() - t0
+        self._groups_played += len(tasks)
+        for traj in trajs:
+            traj.metadata.update(trl_global_step=int(trainer.state.global_step),
+                                 trl_mode="train" if training else "eval")
+        if self.record_path is not None:
+            append_jsonl(trajs, self.record_path)
+        tok = policy.tokenizer
+        rows = [pack_episode(t, lambda messages: policy.encode(tok, messages), tok.eos_token_id) for t in trajs]
+        self.last_episodes, self.last_rows = trajs, rows
+        penalty = self.profile.invalid_action_penalty
+        return {"prompt_ids": [r.prompt_ids for r in rows], "completion_ids": [r.completion_ids for r in rows],
+                "logprobs": [r.logprobs for r in rows], "env_mask": [r.env_mask for r in rows],
+                "won": [float(t.won) for t in trajs], "score": [float(t.score) for t in trajs],
+                "num_turns": [t.num_turns for t in trajs], "invalid_actions": [t.num_invalid_actions for t in trajs],
+                "invalid_penalty": [penalty * t.num_invalid_actions for t in trajs]}
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def _runner_for(self, num_envs: int) -> RolloutRunner:
+        """The runner, with room for `num_envs` episodes at once (remade larger when an eval batch is bigger)."""
+        if self._runner is not None and self._runner.pool.num_envs < num_envs:
+            self.close()
+        if self._runner is None:
+            self._runner = RolloutRunner(self.env_spec, num_envs=num_envs, env_kwargs=self.env_kwargs,
+                                         renderer=self.renderer, use_skills=self.use_skills,
+                                         step_timeout_s=self.step_timeout_s, env_workers=self.env_workers)
+        return self._runner
+
+
+def _tasks_in_groups(prompts: Sequence[Any], group: int) -> list[TaskSpec]:
+    """The tasks of TRL's prompts: its sampler repeats each dataset prompt `group` times in a row."""
+    if group < 1 or len(prompts) % group:
+        raise ValueError(f"expected groups of {group} copies of each task prompt (num_generations), got "
+                         f"{len(prompts)} prompts")
+    for i in range(0, len(prompts), group):
+        if any(p != prompts[i] for p in prompts[i:i + group]):
+            raise ValueError(f"expected groups of {group} identical task prompts from TRL's sampler; prompts "
+                             f"{i}..{i + group - 1} differ: {[str(p)[:60] for p in prompts[i:i + group]]}")
+    return [_task_of(p) for p in prompts[::group]]

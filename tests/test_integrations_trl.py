@@ -1,0 +1,138 @@
+"""TRL's `GRPOTrainer` trains on our episodes through `agentgym_opsd.integrations.trl`: two GRPO steps of a tiny
+random model on ALFWorld, the episodes played with our prompts and parser, recorded in our JSONL format, and
+handed to TRL as rows whose trained tokens are exactly the sampled ones. Without TRL: an episode packed into
+TRL's one-row multi-turn layout, the cut of a `generate` row, the tasks read back from TRL's prompt groups."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.integrations.trl import (
+    AgentGymRollout,
+    _tasks_in_groups,
+    cut_completion,
+    episode_won,
+    invalid_action_penalty,
+    pack_episode,
+    task_dataset,
+    task_prompts,
+)
+from agentgym_opsd.records import Trajectory, Turn, load_jsonl
+from agentgym_opsd.registry import env_profile
+
+
+def test_two_grpo_steps_train_on_our_recorded_episodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("trl", reason="trl is not installed (pip install -e '.[integrations]')")
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.16
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentgym_opsd.models.loading import load_policy_model
+
+    model, tokenizer = load_policy_model("tiny-random")
+    # cpu-tiny-sized: one task x 2 rollouts per step, 2 turns of at most 8 tokens.
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
+                      gradient_accumulation_steps=1, num_generations=2, max_completion_length=8,
+                      generation_kwargs={"stop_strings": ["</action>"]}, learning_rate=1e-4, use_cpu=True, bf16=False,
+                      activation_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no",
+                      disable_tqdm=True, dataloader_pin_memory=False, shuffle_dataset=False, seed=0)
+    record = tmp_path / "episodes.jsonl"
+    rollout = AgentGymRollout("ALFWorld-v0:easy", record_path=record, env_kwargs={"max_turns": 2})
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=task_dataset(range(4)),
+                          reward_funcs=[episode_won, invalid_action_penalty], rollout_func=rollout)
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+
+    assert trainer.state.global_step == 2
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 2 and all("rewards/invalid_action_penalty/mean" in h for h in logged)
+
+    episodes = load_jsonl(record)  # our format, read back through its checks
+    assert [(t.group_id, t.traj_id, t.metadata["trl_global_step"]) for t in episodes] == \
+        [(0, 0, 0), (0, 1, 0), (1, 2, 1), (1, 3, 1)]
+    assert [t.task_id for t in episodes[:2]] == [episodes[0].task_id] * 2  # a GRPO group plays one task
+    system_prompt = env_profile("ALFWorld-v0").system_prompt
+    for traj in episodes:
+        assert traj.env_id == "agentgym_opsd/ALFWorld-v0" and 1 <= traj.num_turns <= 2 and traj.task_text
+        for turn in traj.turns:
+            assert turn.prompt[0] == {"role": "system", "content": system_prompt}
+            assert f"Task: {traj.task_text}" in turn.prompt[1]["content"]
+            assert 1 <= len(turn.response_token_ids) == len(turn.response_logprobs) <= 8
+            assert turn.action_valid or turn.invalid_reason  # random text: an invalid action, never a crash
+
+    # What TRL trained on in the last step: the sampled tokens of the recorded episodes, in order, and only them.
+    for traj, row, recorded in zip(rollout.last_episodes, rollout.last_rows, episodes[2:], strict=True):
+        assert traj == recorded
+        trained = [tok for tok, keep in zip(row.completion_ids, row.env_mask, strict=True) if keep]
+        assert trained == [tok for turn in traj.turns for tok in turn.response_token_ids]
+        assert len(row.logprobs) == len(row.completion_ids)
+
+
+def _encode(messages: list[dict[str, str]]) -> list[int]:
+    """A stand-in tokenizer: one id per character of the user message, offset so ids never look like actions."""
+    return [1000 + ord(c) for c in messages[-1]["content"]]
+
+
+def _turn(k: int, prompt: str, action_ids: list[int]) -> Turn:
+    return Turn(index=k, prompt=[{"role": "system", "content": "s"}, {"role": "user", "content": prompt}],
+                response_text="", action="go", action_valid=True, observation="", reward=0.0,
+                response_token_ids=action_ids, response_logprobs=[-0.5 - i for i in range(len(action_ids))])
+
+
+def test_pack_episode_trains_actions_in_order_and_masks_prompts() -> None:
+    traj = Trajectory(env_id="e", task_id="t", task_type="x", group_id=0, traj_id=0, seed=0,
+                      turns=[_turn(0, "ab", [1, 2, 3]), _turn(1, "cde", [4, 5]), _turn(2, "f", [6])])
+    row = pack_episode(traj, _encode, filler_id=2)
+    assert row.prompt_ids == _encode(traj.turns[0].prompt)
+    assert row.completion_ids == [1, 2, 3, *_encode(traj.turns[1].prompt), 4, 5, *_encode(traj.turns[2].prompt), 6]
+    assert len(row.env_mask) == len(row.logprobs) == len(row.completion_ids)
+    trained = [t for t, m in zip(row.completion_ids, row.env_mask, strict=True) if m]
+    assert trained == [1, 2, 3, 4, 5, 6]  # every sampled token, in order, and nothing else
+    kept = [lp for lp, m in zip(row.logprobs, row.env_mask, strict=True) if m]
+    assert kept == [lp for turn in traj.turns for lp in turn.response_logprobs]
+    assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.env_mask, strict=True) if not m)
+
+
+def test_pack_episode_without_turns_trains_nothing() -> None:
+    traj = Trajectory(env_id="e", task_id="t", task_type="x", group_id=0, traj_id=0, seed=0, error="reset failed")
+    row = pack_episode(traj, _encode, filler_id=2)
+    assert (row.prompt_ids, row.completion_ids, row.env_mask, row.logprobs) == ([2], [2], [0], [0.0])
+
+
+def test_cut_completion_tells_a_stop_string_from_the_padding_after_it() -> None:
+    vocab = {1: "<action>", 3: "go", 4: "</act", 5: "ion>", 6: "x", 2: "<eos>"}
+
+    def decode(ids: list[int]) -> str:
+        return "".join(vocab[i] for i in ids)
+
+    stops = ("</action>",)
+    # stopped by the closing tag; generate padded the row with pad == eos (2) afterwards
+    assert cut_completion([1, 3, 4, 5, 2, 2], {2}, decode, stops) == ([1, 3, 4, 5], "stop")
+    # the model ended its turn: the end-of-sequence token is kept (it is a sampled token)
+    assert cut_completion([1, 3, 2, 2], {2}, decode, stops) == ([1, 3, 2], "eos")
+    # the budget ran out
+    assert cut_completion([1, 6, 6], {2}, decode, stops) == ([1, 6, 6], "length")
+
+
+def test_prompts_must_come_in_groups_of_one_task() -> None:
+    prompts = task_prompts([TaskSpec(7, {"task_index": 3}), 5])
+    assert _tasks_in_groups([prompts[0]] * 2 + [prompts[1]] * 2, 2) == [TaskSpec(7, {"task_index": 3}),
+                                                                          TaskSpec(5, {"task_index": 5})]
+    with pytest.raises(ValueError, match="groups of 2 identical"):
+        _tasks_in_groups([prompts[0], prompts[1]], 2)
+    with pytest.raises(ValueError, match="groups of 2 copies"):
+        _tasks_in_groups(prompts[:1] * 3, 2)
+    with pytest.raises(ValueError, match="task as JSON"):
+        _tasks_in_groups(["What is the capital of France?"] * 2, 2)
+
+
+def test_an_unknown_environment_fails_when_the_adapter_is_made() -> None:
+    from agentgym_opsd.registry import RegistryError
+
+    with pytest.raises(RegistryError, match="unknown environment"):
+        AgentGymRollout("NoSuchEnv-v0", record_path=os.devnull)
