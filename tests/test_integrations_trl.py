@@ -1,5 +1,5 @@
 """TRL's `GRPOTrainer` trains on our episodes through `agentgym_opsd.integrations.trl`: two GRPO steps of a tiny
-random model on ALFWorld, the episodes played with our prompts and parser, recorded in our JSONL format, and
+random model on each of our three environments, the episodes played with our prompts and parser, recorded in our JSONL format, and
 handed to TRL as rows whose trained tokens are exactly the sampled ones. Without TRL: an episode packed into
 TRL's one-row multi-turn layout, the cut of a `generate` row, the tasks read back from TRL's prompt groups."""
 
@@ -25,7 +25,9 @@ from agentgym_opsd.records import Trajectory, Turn, load_jsonl
 from agentgym_opsd.registry import env_profile
 
 
-def test_two_grpo_steps_train_on_our_recorded_episodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("env_spec", ["ALFWorld-v0:easy", "WebShop-v0:train", "SearchQA-v0:train"])
+def test_two_grpo_steps_train_on_our_recorded_episodes(env_spec: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("trl", reason="trl is not installed (pip install -e '.[integrations]')")
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL 1.16
     from trl import GRPOConfig, GRPOTrainer
@@ -40,7 +42,7 @@ def test_two_grpo_steps_train_on_our_recorded_episodes(tmp_path: Path, monkeypat
                       activation_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no",
                       disable_tqdm=True, dataloader_pin_memory=False, shuffle_dataset=False, seed=0)
     record = tmp_path / "episodes.jsonl"
-    rollout = AgentGymRollout("ALFWorld-v0:easy", record_path=record, env_kwargs={"max_turns": 2})
+    rollout = AgentGymRollout(env_spec, record_path=record, env_kwargs={"max_turns": 2})
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=task_dataset(range(4)),
                           reward_funcs=[episode_won, invalid_action_penalty], rollout_func=rollout)
     try:
@@ -56,9 +58,11 @@ def test_two_grpo_steps_train_on_our_recorded_episodes(tmp_path: Path, monkeypat
     assert [(t.group_id, t.traj_id, t.metadata["trl_global_step"]) for t in episodes] == \
         [(0, 0, 0), (0, 1, 0), (1, 2, 1), (1, 3, 1)]
     assert [t.task_id for t in episodes[:2]] == [episodes[0].task_id] * 2  # a GRPO group plays one task
-    system_prompt = env_profile("ALFWorld-v0").system_prompt
+    env_id = env_spec.split(":")[0]
+    system_prompt = env_profile(env_id).system_prompt
+    most_turns = 3 if env_id == "SearchQA-v0" else 2  # Search-R1's rule: max_turns searches, then the answer turn
     for traj in episodes:
-        assert traj.env_id == "agentgym_opsd/ALFWorld-v0" and 1 <= traj.num_turns <= 2 and traj.task_text
+        assert traj.env_id == f"agentgym_opsd/{env_id}" and 1 <= traj.num_turns <= most_turns and traj.task_text
         for turn in traj.turns:
             assert turn.prompt[0] == {"role": "system", "content": system_prompt}
             assert f"Task: {traj.task_text}" in turn.prompt[1]["content"]
