@@ -30,12 +30,15 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 @dataclass(frozen=True)
 class ParsedAction:
     """`action` is what the environment receives (may be "" when nothing parsed); `kind` is the tag or
-    verb that was found (`action`, `search`, `answer`, `click`); `reason` says why `valid` is False."""
+    verb that was found (`action`, `search`, `answer`, `click`); `reason` says why `valid` is False;
+    `span` is where the action's argument (the tag's content, the text inside `verb[...]`) sits in the
+    parsed text, as (start, end) character offsets (the evidence over argument tokens reads it)."""
 
     action: str
     valid: bool
     kind: str | None = None
     reason: str | None = None
+    span: tuple[int, int] | None = None
 
 
 class ActionParser(Protocol):
@@ -48,6 +51,12 @@ class ActionParser(Protocol):
 
 def _clean(content: str) -> str:
     return " ".join(_CONTROL_CHARS.sub(" ", content).split())
+
+
+def _stripped_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """(start, end) of `text[start:end]` without its leading and trailing whitespace (what `_clean` drops)."""
+    raw = text[start:end]
+    return start + len(raw) - len(raw.lstrip()), end - len(raw) + len(raw.rstrip())
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ class TagParser:
         if len(content) > MAX_ACTION_CHARS:
             return ParsedAction("", False, kind=tag, reason=f"action longer than {MAX_ACTION_CHARS} characters")
         action = f"<{tag}>{content}</{tag}>" if self.keep_tags else content
-        return ParsedAction(action, True, kind=tag)
+        return ParsedAction(action, True, kind=tag, span=_stripped_span(text, *matches[0].span(2)))
 
     def format(self, action: str) -> str:
         if self.keep_tags and self._pattern.fullmatch(action.strip()):
@@ -140,7 +149,8 @@ class WebShopParser:
             return ParsedAction("", False, kind=verb, reason=f"argument longer than {MAX_ACTION_CHARS} characters")
         if verb == "click":
             argument = argument.lower()  # WebShop clickables are matched lower-cased
-        return ParsedAction(f"{verb}[{argument}]", True, kind=verb)
+        start = (tagged.start(1) if tagged else 0) + match.end()
+        return ParsedAction(f"{verb}[{argument}]", True, kind=verb, span=_stripped_span(text, start, start + close))
 
     def format(self, action: str) -> str:
         return f"<{self.tag}>{action}</{self.tag}>"

@@ -215,6 +215,8 @@ class RolloutRunner:
             turn.info["finish_reason"] = out.finish_reason
         if kind is not None:
             turn.info["invalid_kind"] = kind
+        if req.admissible_actions is not None:  # the choices this turn had (the choice-level teacher scores them)
+            turn.info[core.ADMISSIBLE_ACTIONS] = list(req.admissible_actions)
         if ORACLE_DISTANCE in res.info:
             turn.info[ORACLE_BEFORE] = ep.oracle_distance
             turn.info[ORACLE_AFTER] = ep.oracle_distance = res.info[ORACLE_DISTANCE]

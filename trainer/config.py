@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
+from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.precision import DTYPE_CHOICES
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
@@ -361,9 +362,17 @@ class TeacherConfig:
                                 "'skills+hint' = both; the student's prompt never changes")
     hint_level: str = _f("goal", "which of the environment's privileged hints the teacher sees (ALFWorld: goal | "
                                  "plan; WebShop: goal; Search-QA: goal | answer); used by context hint / skills+hint")
+    evidence: str = _f("paper", "how the teacher's judgement of a turn becomes e_k: 'paper' = the summed log-prob gap "
+                                "of the response tokens; 'choice' = teacher − student log-prob of the chosen action "
+                                "among the turn's admissible ones (paper where a turn has none); 'mean' = the gap per "
+                                "token; 'args' = the gap over the action's argument tokens (docs/method.md)")
+    choice_norm: str = _f("sum", "evidence=choice: a choice's score is its summed token log-prob ('sum') or their "
+                                 "mean ('mean') before the softmax over the choice set")
 
     def __post_init__(self) -> None:
         _check_choice("teacher.context", self.context, TEACHER_CONTEXTS)
+        _check_choice("teacher.evidence", self.evidence, EVIDENCE_FORMS)
+        _check_choice("teacher.choice_norm", self.choice_norm, CHOICE_NORMS)
         if self.uses_hint and not self.hint_level:
             raise ConfigError(f"teacher.hint_level: teacher.context={self.context} needs a hint level, got ''")
 

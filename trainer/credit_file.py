@@ -27,7 +27,8 @@ def credit_lines(trajectories: Sequence[Trajectory], record: StepRecord, *, esti
     """One JSON object per trajectory (all of them, in order), keyed by `traj_id` and each turn's `turn`
     index so it joins with `trajectories/step_N.jsonl`; `env_id` says which environment the trajectory's rows
     came from (`env_ids`, one per trajectory: the trainer's env spec, e.g. `ALFWorld-v0:easy`; else the
-    trajectory's registered id). Per turn: `evidence` e_k, the estimator's details
+    trajectory's registered id). Per turn: `evidence` e_k and `evidence_form`, the form it was computed in
+    (`teacher.evidence`, or "paper" where the turn had no choice to judge), the estimator's details
     (`prior` B_0, `belief` B_k, `delta_belief` ΔB_k, `weight` w_k; GiGPO's `step_return`, `step_advantage`,
     `anchor_size`) and `advantage` Ã_k (the mean over the turn's tokens: the value itself for a turn-level
     estimator, penalty term included). A token-level estimator adds `token_gaps` and `tokens` per turn."""
@@ -40,6 +41,7 @@ def credit_lines(trajectories: Sequence[Trajectory], record: StepRecord, *, esti
     else:
         details = {k: v.tolist() for k, v in record.credit.result.details.items()}
     evidence = record.evidence.evidence.tolist()
+    forms = record.evidence.forms
     seq = record.credit.seq.tolist()
     rewards = batch.traj_rewards.tolist()
     rates = batch.success_rate.tolist()
@@ -49,6 +51,8 @@ def credit_lines(trajectories: Sequence[Trajectory], record: StepRecord, *, esti
         for row in rows_of.get(ti, []):
             adv = record.credit.tokens[row]
             entry: dict[str, Any] = {"turn": batch.rows[row].turn_id, "evidence": _num(evidence[row])}
+            if forms is not None:
+                entry["evidence_form"] = forms[row]
             entry.update({k: v[row] if isinstance(v[row], int) else _num(v[row]) for k, v in details.items()})
             entry["advantage"] = _num(float(adv.double().mean())) if adv.numel() else None
             if token_text is not None:

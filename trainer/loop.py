@@ -182,7 +182,7 @@ class Trainer:
             logprobs = self.logprobs(batch)
             seconds_logprobs = time.perf_counter() - t0
             t0 = time.perf_counter()
-            evidence = self.teacher(batch, logprobs)
+            evidence = self.teacher(batch, logprobs, trajs)
             seconds_teacher = time.perf_counter() - t0
         advantages = self.credit(batch, evidence)
         t0 = time.perf_counter()
@@ -274,12 +274,15 @@ class Trainer:
             return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows]
         return self.trained.logprobs(batch.prompt_ids, batch.response_ids)
 
-    def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs) -> TeacherEvidence:
-        """The teacher phase: the same responses under the privileged prompt and the evidence they give. GRPO
+    def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs,
+                trajs: list[Trajectory] | None = None) -> TeacherEvidence:
+        """The teacher phase: the same responses under the privileged prompt and the evidence they give, in
+        the form `teacher.evidence` (the choice and argument forms read each row's turn in `trajs`). GRPO
         reads no evidence: its teacher is the student itself, so every gap (and e_k) is exactly 0."""
         if not self.cfg.algorithm.needs_teacher:
             return TeacherEvidence.none(logprobs.old)
-        return TeacherEvidence.summed(self.teacher_logprobs(batch, logprobs.old), logprobs.old)
+        teacher = self.teacher_logprobs(batch, logprobs.old)
+        return self.session.evidence_maker(batch, trajs, teacher, logprobs.old)
 
     def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor]) -> list[Tensor]:
         """Teacher-forced log-probs under the c+ prompt; rows without c+ reuse the student's (gap 0)."""

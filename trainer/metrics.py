@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentgym_opsd.credit.evidence import form_counts
 from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer import engine as dist
@@ -60,6 +61,7 @@ def step_metrics(record: StepRecord, update: dict[str, float], *, lam: float) ->
         "advantage_abs_mean": float(tok_adv.abs().mean()) if tok_adv.numel() else 0.0,
         "seq_advantage_std": float(seq_adv.std(unbiased=False)) if seq_adv.numel() else 0.0,
         "teacher_rows": float(sum(r.teacher_prompt_ids is not None for r in batch.rows)),
+        **form_counts(record.evidence.forms),  # teacher/<form>_rows: which evidence form each row got
         "lam": lam,
         "response_tokens": float(batch.num_response_tokens),
         "sample_logprob_gap": sampling_gap(batch, record.logprobs.old),
@@ -78,7 +80,8 @@ def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], record
            "row": float(len(evidence)), "token": float(tok_adv.numel())}
     by_turn = {"invalid_action_rate"} | {k for k in metrics if k.startswith("invalid/")}
     by_traj = {"success_rate", "reward_mean", "turns_mean", "score_mean"}
-    summed = {"env_errors", "num_rows", "teacher_rows", "response_tokens"}
+    summed = {"env_errors", "num_rows", "teacher_rows", "response_tokens"} | {k for k in metrics
+                                                                             if k.startswith("teacher/")}
     biggest = {k for k in metrics if k.startswith(("seconds_", "memory/"))}
     weighted = [k for k in metrics if k in by_turn | by_traj and isinstance(metrics[k], (int, float))]
     gap = metrics.get("sample_logprob_gap", math.nan)

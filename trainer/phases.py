@@ -37,11 +37,13 @@ class PolicyLogProbs:
 @dataclass(frozen=True)
 class TeacherEvidence:
     """Per row, the teacher's log-prob of each response token (under the prompt with `c+`; the student's own
-    where a row has no teacher prompt), the gaps teacher − student, and e_k (rows,)."""
+    where a row has no teacher prompt), the gaps teacher − student, e_k (rows,), and per row the evidence
+    form e_k was computed with (`teacher.evidence`, or "paper" where a row fell back; None: all "paper")."""
 
     teacher: list[Tensor]
     gaps: list[Tensor]
     evidence: Tensor
+    forms: tuple[str, ...] | None = None
 
     @classmethod
     def summed(cls, teacher: list[Tensor], student: list[Tensor]) -> TeacherEvidence:

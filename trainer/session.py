@@ -41,6 +41,7 @@ from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.choice_logprobs import choice_logprobs
 from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
@@ -49,6 +50,7 @@ from agentgym_opsd.trainer.metrics import MetricsLog
 from agentgym_opsd.trainer.model_card import write_model_card
 from agentgym_opsd.trainer.phases import StepRecord
 from agentgym_opsd.trainer.reference import ReferencePolicy
+from agentgym_opsd.trainer.teacher_evidence import EvidenceMaker
 from agentgym_opsd.trainer.trackers import check_trackers, make_trackers
 from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.validation import Validation
@@ -271,6 +273,16 @@ class RunSession:
                              use_skills=cfg.use_skills, step_timeout_s=cfg.step_timeout_s,
                              hint_level=teacher.hint_level if teacher.uses_hint else "",
                              env_workers=self.cfg.rollout.env_workers)
+
+    @functools.cached_property
+    def evidence_maker(self) -> EvidenceMaker:
+        """e_k in the configured form (`trainer/teacher_evidence.py`); choices are scored at the rollout
+        temperature with each prompt's KV cache shared by its choices."""
+        t = self.cfg.teacher
+        score = functools.partial(choice_logprobs, self.model, temperature=self.trained.temperature,
+                                  max_tokens=self.trained.micro_batch_tokens, device=self.device)
+        return EvidenceMaker(t.evidence, self.tokenizer, score, lambda traj: self.env_of(traj).runner.parser,
+                             choice_norm=t.choice_norm)
 
     def env_of(self, traj: Trajectory) -> TrainEnv:
         """The training environment a trajectory came from (the first one for trajectories not collected by

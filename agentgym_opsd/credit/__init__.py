@@ -22,6 +22,8 @@ The package, one concern a module (everything public is re-exported here):
   ``agentopsd_token``  AgentOPSD at token level (the released WebShop / Search-QA variant)
   ``gigpo``            GiGPO's step advantage and AgentOPSD + GiGPO
   ``registry``         named estimators; the trainer picks one by name through :func:`estimate`
+  ``evidence``         the forms of the self-teacher's evidence e_k (the paper's sum, per token, argument
+                       tokens only, the chosen action among the turn's choices)
   ``reference``        the slow, obvious loops the tests and the benchmark check the fast paths against
   ``_layout``, ``_grid``, ``_checks``  shared machinery: rows ranked onto a padded grid, the vectorised
                        belief and discounted scan, input validation
@@ -30,6 +32,15 @@ The package, one concern a module (everything public is re-exported here):
 from agentgym_opsd.credit.agentopsd import agentopsd_advantages
 from agentgym_opsd.credit.agentopsd_token import agentopsd_token_advantages
 from agentgym_opsd.credit.config import STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
+from agentgym_opsd.credit.evidence import (
+    CHOICE_NORMS,
+    EVIDENCE_FORMS,
+    ChoiceScores,
+    EvidenceInputs,
+    EvidenceResult,
+    choice_evidence,
+    compute_evidence,
+)
 from agentgym_opsd.credit.gigpo import (
     agentopsd_gigpo_advantages,
     anchor_groups,
@@ -58,20 +69,27 @@ from agentgym_opsd.credit.registry import (
 )
 
 __all__ = [
+    "CHOICE_NORMS",
     "ESTIMATORS",
+    "EVIDENCE_FORMS",
     "GRANULARITIES",
     "STEP_NORMS",
     "VARIANTS",
     "CreditConfig",
+    "ChoiceScores",
     "CreditConfigError",
     "CreditInputs",
     "CreditResult",
     "EstimatorFn",
     "EstimatorSpec",
+    "EvidenceInputs",
+    "EvidenceResult",
     "agentopsd_advantages",
     "agentopsd_gigpo_advantages",
     "agentopsd_token_advantages",
     "anchor_groups",
+    "choice_evidence",
+    "compute_evidence",
     "estimate",
     "estimator_spec",
     "gigpo_advantages",

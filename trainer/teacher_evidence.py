@@ -1,0 +1,176 @@
+"""The teacher phase's evidence in the configured form (`teacher.evidence`; the arithmetic of each form is
+`agentgym_opsd.credit.evidence`). This module turns turn rows into what the forms read:
+
+- argument masks (`args`): which response tokens spell the action's argument — the parser's `span` of the
+  argument in the decoded response, mapped onto the tokens that overlap it;
+- choice sets (`choice`): the actions the turn could have taken (`Turn.info["admissible_actions"]`, recorded
+  by the rollout), each rendered as the model writes an action (`parser.format`), and which one was taken;
+  then every choice's sequence log-prob under the student's and the teacher's prompt
+  (`trainer/choice_logprobs.py`: each prompt once, the choices as continuations of its KV cache).
+
+A choice that is a free-text template (WebShop's `search[<your query>]`) is scored as the text up to its
+placeholder, `<action>search[`: the probability of writing *some* search, summed over every query — the
+probability of that choice whatever is typed. A turn whose action is free text (a search, Search-QA's
+queries and answers) or not among its choices (an invalid turn) has no choice to judge and falls back to
+the paper's sum; `TeacherEvidence.forms` records which form each row got.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentgym_opsd.core import ADMISSIBLE_ACTIONS
+from agentgym_opsd.credit.evidence import (
+    ChoiceScores,
+    EvidenceInputs,
+    compute_evidence,
+    evidence_form,
+)
+from agentgym_opsd.models.hf_policy import text_ids
+from agentgym_opsd.parsers import ActionParser
+from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.trainer.phases import TeacherEvidence
+from agentgym_opsd.trainer.turn_batch import TurnBatch
+
+__all__ = ["ChoiceSet", "EvidenceMaker", "argument_token_mask", "row_turns", "turn_choice_set"]
+
+_PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")
+"""A free-text slot in an admissible action (`search[<your query>]`): the agent writes its own text there."""
+
+ChoiceScorer = Callable[[list[list[int]], list[list[list[int]]]], list[Tensor]]
+"""(prompts, per prompt the token ids of its choices) -> per prompt (choices,) sequence log-probs."""
+
+
+@dataclass(frozen=True)
+class ChoiceSet:
+    """A turn's choices as the model would write them (`texts`) and the index of the one it took."""
+
+    texts: tuple[str, ...]
+    chosen: int
+
+
+def _action_key(action: str) -> str:
+    return " ".join(action.split()).lower()  # the environments match actions stripped and lower-cased
+
+
+def _rendered(action: str, parser: ActionParser) -> tuple[str, bool]:
+    """(the model's text of `action`, whether it is only the prefix before a free-text placeholder)."""
+    text = parser.format(action)
+    slot = _PLACEHOLDER.search(action)
+    at = text.find(action)
+    if slot is None or at < 0:
+        return text, False
+    return text[:at + slot.start()], True
+
+
+def turn_choice_set(turn: Turn, parser: ActionParser) -> ChoiceSet | None:
+    """The turn's choice set, or None when there is no choice to judge: no recorded admissible actions, an
+    invalid turn, or an action that is free text (a search query) or outside the set."""
+    admissible = turn.info.get(ADMISSIBLE_ACTIONS)
+    if not turn.action_valid or not admissible:
+        return None
+    chosen_key = _action_key(turn.action)
+    texts: list[str] = []
+    chosen: int | None = None
+    for action in dict.fromkeys(str(a) for a in admissible):  # duplicates would count one choice twice
+        text, is_template = _rendered(action, parser)
+        if not is_template and chosen is None and _action_key(action) == chosen_key:
+            chosen = len(texts)
+        texts.append(text)
+    return None if chosen is None else ChoiceSet(tuple(texts), chosen)
+
+
+def _token_ends(tokenizer: Any, ids: Sequence[int]) -> tuple[str, list[int]]:
+    """The decoded text of `ids` and, per token, where its text ends in it (decoding growing prefixes: a
+    token's characters are what it adds; a split multi-byte character lands on its last token)."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    ends, last = [], 0
+    for i in range(1, len(ids) + 1):
+        last = max(last, min(len(tokenizer.decode(list(ids[:i]), skip_special_tokens=False)), len(text)))
+        ends.append(last)
+    return text, ends
+
+
+def argument_token_mask(tokenizer: Any, parser: ActionParser, response_ids: Sequence[int]) -> Tensor | None:
+    """(tokens,) bool: the response tokens that overlap the action's argument (tags, verbs, brackets and any
+    thought left out); None when the response parses to no action with a span."""
+    text, ends = _token_ends(tokenizer, response_ids)
+    parsed = parser.parse(text)
+    if not parsed.valid or parsed.span is None:
+        return None
+    start, end = parsed.span
+    starts = [0, *ends[:-1]]
+    mask = torch.tensor([s < end and e > start for s, e in zip(starts, ends, strict=True)], dtype=torch.bool)
+    return mask if bool(mask.any()) else None
+
+
+def row_turns(batch: TurnBatch, trajectories: Sequence[Trajectory]) -> list[tuple[Trajectory, Turn]]:
+    """The trajectory and turn of each row (a row's `turn_id` is its turn's index in the trajectory)."""
+    by_id = {t.traj_id: t for t in trajectories}
+    out = []
+    for row in batch.rows:
+        traj = by_id.get(row.traj_id)
+        if traj is None or not 0 <= row.turn_id < len(traj.turns):
+            raise ValueError(f"row (traj {row.traj_id}, turn {row.turn_id}) has no turn in the trajectories given")
+        out.append((traj, traj.turns[row.turn_id]))
+    return out
+
+
+@dataclass
+class EvidenceMaker:
+    """e_k of every row in `form` (`EVIDENCE_FORMS`): `tokenizer` renders choices and finds argument tokens,
+    `score_choices` runs the choice passes, `parser_of` is the action parser of a trajectory's
+    environment; `choice_norm` how a choice's token log-probs make its score (`CHOICE_NORMS`)."""
+
+    form: str
+    tokenizer: Any
+    score_choices: ChoiceScorer
+    parser_of: Callable[[Trajectory], ActionParser]
+    choice_norm: str = "sum"
+
+    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory] | None, teacher: list[Tensor],
+                 student: list[Tensor]) -> TeacherEvidence:
+        spec = evidence_form(self.form)
+        gaps = [t - s for t, s in zip(teacher, student, strict=True)]
+        masks: list[Tensor | None] | None = None
+        choices: list[ChoiceScores | None] | None = None
+        if spec.needs_arguments or spec.needs_choices:
+            if trajectories is None:
+                raise ValueError(f"teacher.evidence={self.form} reads each row's turn: pass the step's trajectories")
+            turns = row_turns(batch, trajectories)
+            if spec.needs_arguments:
+                masks = [argument_token_mask(self.tokenizer, self.parser_of(traj), row.response_ids)
+                         for row, (traj, _) in zip(batch.rows, turns, strict=True)]
+            if spec.needs_choices:
+                choices = self.choice_scores(batch, turns)
+        result = compute_evidence(self.form, EvidenceInputs(gaps, masks, choices), choice_norm=self.choice_norm)
+        return TeacherEvidence(teacher, gaps, result.evidence, result.forms)
+
+    def choice_scores(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]]) -> list[ChoiceScores | None]:
+        """Per row, its choices scored under the student's and the teacher's prompt (None: no choice set).
+        One `score_choices` call per side, so each side's prompts share their own prefix (the teacher's holds
+        the skill block); a row without a teacher prompt (no c+) is its own teacher: evidence 0."""
+        sets = [turn_choice_set(turn, self.parser_of(traj)) for traj, turn in turns]
+        ids = {i: [text_ids(self.tokenizer, text) for text in s.texts] for i, s in enumerate(sets) if s is not None}
+        judged = [i for i in ids if batch.rows[i].teacher_prompt_ids is not None]
+        student = self._score([batch.rows[i].prompt_ids for i in ids], [ids[i] for i in ids])
+        teacher = self._score([batch.rows[i].teacher_prompt_ids or [] for i in judged], [ids[i] for i in judged])
+        by_row = dict(zip(ids, student, strict=True))
+        teacher_by_row = dict(zip(judged, teacher, strict=True))
+        out: list[ChoiceScores | None] = []
+        for i, choice_set in enumerate(sets):
+            if choice_set is None:
+                out.append(None)
+                continue
+            lengths = torch.tensor([len(c) for c in ids[i]], dtype=torch.long)
+            out.append(ChoiceScores(teacher_by_row.get(i, by_row[i]), by_row[i], lengths, choice_set.chosen))
+        return out
+
+    def _score(self, prompts: list[list[int]], choices: list[list[list[int]]]) -> list[Tensor]:
+        return self.score_choices([list(p) for p in prompts], choices) if prompts else []
