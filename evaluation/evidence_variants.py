@@ -98,27 +98,43 @@ def plot_evidence_variants(data: Mapping[str, Any], variants: Sequence[str], pat
     import matplotlib.pyplot as plt
 
     envs = [e for e in data if any(v in data[e] for v in variants)]
-    fig, axes = plt.subplots(1, max(len(envs), 1), figsize=(4.6 * max(len(envs), 1), 3.6), squeeze=False)
-    for ax, env in zip(axes[0], envs, strict=False):
-        shown = [v for v in variants if v in data[env]]
-        for k, (side, label) in enumerate((("auc_won", "won: P(m_progress > m_wasted)"),
-                                          ("auc_lost", "lost: P(m_wasted > m_progress)"))):
-            values = [data[env][v][side] for v in shown]
-            ax.bar([i + 0.4 * k for i in range(len(shown))], [v if v is not None else 0.0 for v in values], 0.4,
-                   label=label)
-        ax.axhline(0.5, color="black", lw=0.8, ls="--")
-        if targets and env in targets:
-            for value, colour in zip(targets[env], ("C0", "C1"), strict=True):
-                ax.axhline(value, color=colour, lw=0.8, ls=":")
-        ax.set_xticks([i + 0.2 for i in range(len(shown))], shown, fontsize=8)
-        ax.set_ylim(0.0, 1.0)
-        run = data[env].get("run", {})
-        ax.set_title(f"{env} ({run.get('episodes', '?')} episodes, {100 * run.get('success_rate', 0):.0f}% won)",
-                     fontsize=9)
-        ax.set_ylabel("credit AUC, valid turns")
+    # one panel per environment's main record, then one per control policy (a second row)
+    rows = [[(env, data[env]) for env in envs]]
+    controls = [(env, rec) for env in envs for rec in data[env].get("controls", {}).values()]
+    if controls:
+        rows.append(controls)
+    width = max(len(r) for r in rows)
+    fig, axes = plt.subplots(len(rows), max(width, 1), figsize=(4.6 * max(width, 1), 3.6 * len(rows)),
+                             squeeze=False)
+    for r, panels in enumerate(rows):
+        for ax in axes[r][len(panels):]:
+            ax.axis("off")
+        for ax, (env, record) in zip(axes[r], panels, strict=False):
+            _panel(ax, env, record, variants, targets)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=2)  # below the panels: bars stay visible
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.08 / len(rows), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _panel(ax: Any, env: str, record: Mapping[str, Any], variants: Sequence[str],
+           targets: Mapping[str, tuple[float, float]] | None) -> None:
+    """One record's bars: valid-turn AUC won and lost per variant."""
+    shown = [v for v in variants if v in record]
+    for k, (side, label) in enumerate((("auc_won", "won: P(m_progress > m_wasted)"),
+                                      ("auc_lost", "lost: P(m_wasted > m_progress)"))):
+        values = [record[v][side] for v in shown]
+        ax.bar([i + 0.4 * k for i in range(len(shown))], [v if v is not None else 0.0 for v in values], 0.4,
+               label=label)
+    ax.axhline(0.5, color="black", lw=0.8, ls="--")
+    if targets and env in targets:
+        for value, colour in zip(targets[env], ("C0", "C1"), strict=True):
+            ax.axhline(value, color=colour, lw=0.8, ls=":")
+    ax.set_xticks([i + 0.2 for i in range(len(shown))], shown, fontsize=8)
+    ax.set_ylim(0.0, 1.0)
+    run = record.get("run", {})
+    ax.set_title(f"{env}, {run.get('policy', '?')} ({run.get('episodes', '?')} episodes, "
+                 f"{100 * run.get('success_rate', 0):.0f}% won)", fontsize=9)
+    ax.set_ylabel("credit AUC, valid turns")
