@@ -21,8 +21,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from agentgym_opsd import core
-from agentgym_opsd.envpool import EnvFactory, make_env_pool
-from agentgym_opsd.envpool import BaseEnvPool, StepResult, TaskSpec
+from agentgym_opsd.envpool import BaseEnvPool, EnvFactory, StepResult, TaskSpec, make_env_pool
 from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
 from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, HistoryItem, PromptRenderer
