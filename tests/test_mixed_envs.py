@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from run_metrics import assert_same_metrics
 
 from agentgym_opsd.records import load_jsonl
 from agentgym_opsd.registry import EnvProfile, env_profile, register_env
@@ -66,10 +67,6 @@ def toys() -> None:
 
 def lines_of(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
-
-
-def comparable(line: dict) -> dict:
-    return {k: v for k, v in line.items() if not k.startswith(("seconds_", "memory/"))}
 
 
 # ---- the syntax ---------------------------------------------------------------------------------------------
@@ -249,7 +246,6 @@ def test_kill_then_resume_continues_the_same_task_sequence(toys, tmp_path) -> No
     for step in (1, 2):
         assert sequence(killed, step) == sequence(straight, step)
     assert {x[2] for x in sequence(killed, 2)} == {COUNTER, STRICT}
-    assert [comparable(x) for x in lines_of(killed / "metrics.jsonl")] == \
-        [comparable(x) for x in lines_of(straight / "metrics.jsonl")]
+    assert_same_metrics(killed, straight)
     state = load_trainer_state(killed / "checkpoints" / "step_000002")
     assert (state.step, state.task_cursor) == (2, 8)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_metrics import assert_same_metrics, metrics_lines
 from safetensors.torch import load_file
 
 from agentgym_opsd.trainer.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
@@ -34,14 +35,6 @@ CHILD = (
     "Trainer.collect = lambda self: (time.sleep(60) if self.step_done == 1 else None, collect(self))[1]; "
     "from agentgym_opsd.trainer.cli import main; raise SystemExit(main(sys.argv[1:]))"
 ).format(tests=str(TESTS), skills=str(TESTS / "data" / "skills_small"))
-
-
-def metrics_lines(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def comparable(line: dict) -> dict:
-    return {k: v for k, v in line.items() if not k.startswith(("seconds_", "memory/"))}
 
 
 def test_cpu_tiny_two_steps_with_deepspeed(tmp_path, toy_env_ids) -> None:
@@ -94,9 +87,8 @@ def test_kill_during_step_then_resume_is_exact(tmp_path, toy_env_ids) -> None:
 
     straight = tmp_path / "straight"
     assert main([*args, f"trainer.output_dir={straight}"]) == 0
-    a, b = metrics_lines(killed), metrics_lines(straight)
-    assert [x["step"] for x in a] == [1, 2]
-    assert [comparable(x) for x in a] == [comparable(x) for x in b]
+    assert [x["step"] for x in metrics_lines(killed)] == [1, 2]
+    assert_same_metrics(killed, straight)
     wa = load_file(str(killed / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
     wb = load_file(str(straight / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -220,6 +212,5 @@ def test_kill_before_the_first_checkpoint_then_resume_auto_starts_clean(tmp_path
     assert main([*args, f"trainer.output_dir={killed}", "--resume", "auto"]) == 0
     straight = tmp_path / "straight"
     assert main([*args, f"trainer.output_dir={straight}"]) == 0
-    a, b = metrics_lines(killed), metrics_lines(straight)
-    assert [x["step"] for x in a] == [1, 2]
-    assert [comparable(x) for x in a] == [comparable(x) for x in b]
+    assert [x["step"] for x in metrics_lines(killed)] == [1, 2]
+    assert_same_metrics(killed, straight)
