@@ -12,9 +12,10 @@ environment: warm start + before-evaluations, shared by all its arms and seeds; 
 
 Arms — ALFWorld (`cpu-small` recipe, held-out `easy_valid` 48 episodes at T=0.4, the 16-game pool × 4):
 `grpo`, `agentopsd` (teacher context `skills`, the paper), `agentopsd-hint` (teacher sees the task's
-privileged `goal` hint), `gigpo`, λ ∈ {0.25, 1.0} beside the default 0.5, and the learning rate 5e-5 beside the
+privileged `goal` hint), `agentopsd-choice` (the skills teacher judging the chosen action among the admissible
+ones, `teacher.evidence=choice`), `gigpo`, λ ∈ {0.25, 1.0} beside the default 0.5, and the learning rate 5e-5 beside the
 recipe's 2e-5 for GRPO and AgentOPSD; WebShop and Search-QA
-(`cpu-small-webshop`, `cpu-small-searchqa`): `grpo` and `agentopsd-hint`.
+(`cpu-small-webshop`, `cpu-small-searchqa`): `grpo` and `agentopsd-hint` (WebShop also `agentopsd-choice`).
 Report per arm: pool and held-out success after (mean over seeds; 95% interval from the pooled episodes and a
 t-interval over seeds), the paired difference to GRPO per seed, invalid actions, RL minutes, and
 the share of lost-rollout rows with a positive advantage (must be 0). Writes `benchmarks/results/study.json`
@@ -58,6 +59,8 @@ ARMS: dict[str, dict[str, tuple[str, ...]]] = {
         "grpo": ("algorithm.estimator=grpo",),
         "agentopsd": ("algorithm.estimator=agentopsd",),
         "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT),
+        # issue 38: the self-teacher judges the chosen action among the admissible ones (teacher.evidence)
+        "agentopsd-choice": ("algorithm.estimator=agentopsd", "teacher.evidence=choice"),
         "gigpo": ("algorithm.estimator=gigpo",),
         "agentopsd-lam0.25": ("algorithm.estimator=agentopsd", "algorithm.lam=0.25"),
         "agentopsd-lam1.0": ("algorithm.estimator=agentopsd", "algorithm.lam=1.0"),
@@ -65,7 +68,8 @@ ARMS: dict[str, dict[str, tuple[str, ...]]] = {
         "grpo-lr5e-5": ("algorithm.estimator=grpo", "optim.lr=5e-5"),
         "agentopsd-lr5e-5": ("algorithm.estimator=agentopsd", "optim.lr=5e-5"),
     },
-    "webshop": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT)},
+    "webshop": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT),
+                "agentopsd-choice": ("algorithm.estimator=agentopsd", "teacher.evidence=choice")},
     "searchqa": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT)},
 }
 CONFIGS = {"alfworld": "cpu-small", "webshop": "cpu-small-webshop", "searchqa": "cpu-small-searchqa"}
