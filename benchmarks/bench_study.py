@@ -127,6 +127,7 @@ def summarize(results: list[dict]) -> dict:
             "lost_rows_positive": sum(r["failed_rows_positive"] for r in rows),
             "lost_rows": sum(r["failed_rows"] for r in rows),
             "credit_auc": _mean_auc(rows),
+            "evidence_auc": _mean_auc(rows, "evidence"),
             "valid_by_task_type": {"before": _by_task_type(rows, "before"), "after": _by_task_type(rows, "after")},
         }
     return table
@@ -138,12 +139,16 @@ def _mean_score(rows: list[dict], when: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _mean_auc(rows: list[dict]) -> dict[str, float | None]:
-    """The credit-quality AUC of the arm's own rollouts (valid turns), mean over the seeds that have one."""
+def _mean_auc(rows: list[dict], part: str | None = None) -> dict[str, float | None]:
+    """The credit-quality AUC of the arm's own rollouts (valid turns), mean over the seeds that have one;
+    `part="evidence"`: the AUC of the self-teacher's raw e_k on the same turns."""
     out: dict[str, float | None] = {}
     for outcome in ("success", "failure"):
-        values = [r["credit_auc"][outcome]["auc"] for r in rows
-                  if r.get("credit_auc") and r["credit_auc"][outcome]["auc"] is not None]
+        values = []
+        for r in rows:
+            record = (r.get("credit_auc") or {}) if part is None else (r.get("credit_auc") or {}).get(part) or {}
+            if (record.get(outcome) or {}).get("auc") is not None:
+                values.append(record[outcome]["auc"])
         out[outcome] = sum(values) / len(values) if values else None
     return out
 
@@ -161,7 +166,8 @@ def backfill(runs_dir: Path) -> None:
                 or last.get("pool/success_rate") != result["after"]["pool"]["success"]:
             continue
         changed = False
-        if "credit_auc" not in result and (run_dir / "credit").is_dir():
+        if ("credit_auc" not in result or (result["credit_auc"] and "evidence" not in result["credit_auc"])) \
+                and (run_dir / "credit").is_dir():
             result["credit_auc"] = run_credit_auc(run_dir)
             changed = True
         for when in ("before", "after"):
@@ -208,7 +214,7 @@ def _by_task_type(rows: list[dict], when: str) -> dict[str, float]:
 def report(table: dict, results: list[dict]) -> None:
     t = Table(title="The study: success after RL (mean over seeds; \\[pooled-episode 95% CI])")
     for col in ("env / arm", "seeds", "pool before -> after", "held-out before -> after", "paired vs GRPO (held-out)",
-                "held-out score", "invalid after", "credit AUC won / lost", "RL min"):
+                "held-out score", "invalid after", "credit AUC won / lost", "teacher e_k AUC won / lost", "RL min"):
         t.add_column(col, justify="right")
     for name, a in table.items():
         p, v = a["pool_after"], a["valid_after"]
@@ -221,6 +227,7 @@ def report(table: dict, results: list[dict]) -> None:
                   " ".join(f"{100 * d:+.0f}" for d in diffs) if a["arm"] != "grpo" else "-",
                   " -> ".join(_f2(a.get("valid_score", {}).get(w)) for w in ("before", "after")),
                   f"{100 * a['invalid_after']:.1f}%", " / ".join(_f2(a["credit_auc"][k]) for k in ("success", "failure")),
+                  " / ".join(_f2(a["evidence_auc"][k]) for k in ("success", "failure")),
                   f"{a['rl_minutes']:.0f}")
     Console(width=200).print(t)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,7 @@ STUDY_ARMS: list[tuple[str, str, str | None]] = [
     ("alfworld/grpo", "ALFWorld / GRPO", None),
     ("alfworld/agentopsd", "ALFWorld / AgentOPSD (`skills`)", "alfworld/grpo"),
     ("alfworld/agentopsd-hint", "ALFWorld / AgentOPSD (`hint`)", "alfworld/grpo"),
+    ("alfworld/agentopsd-choice", "ALFWorld / AgentOPSD (`skills`, `teacher.evidence=choice`)", "alfworld/grpo"),
     ("alfworld/gigpo", "ALFWorld / GiGPO", "alfworld/grpo"),
     ("alfworld/agentopsd-lam0.25", "ALFWorld / AgentOPSD λ 0.25", "alfworld/grpo"),
     ("alfworld/agentopsd-lam1.0", "ALFWorld / AgentOPSD λ 1.0", "alfworld/grpo"),
@@ -92,8 +93,8 @@ def render_study() -> str:
     known = {key for key, _, _ in STUDY_ARMS}
     arms = STUDY_ARMS + [(key, key, None) for key in study if key not in known]  # never drop an arm silently
     lines = ["| env / arm | seeds | held-out before → after | pool before → after | paired held-out Δ vs GRPO "
-             "per seed | invalid (held-out, after) | credit AUC won / lost | RL min |",
-             "|---|---|---|---|---|---|---|---|"]
+             "per seed | invalid (held-out, after) | credit AUC won / lost | teacher e_k AUC won / lost | RL min |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for key, label, baseline in arms:
         if key not in study:
             continue
@@ -103,6 +104,8 @@ def render_study() -> str:
         if arm["env"] == "webshop":
             held_out += f" (score {arm['valid_score']['before']:.2f} → {arm['valid_score']['after']:.2f})"
         auc = f"{_auc(arm['credit_auc']['success'])} / {_auc(arm['credit_auc']['failure'])}"
+        teacher = arm.get("evidence_auc") or {}
+        auc += f" | {_auc(teacher.get('success'))} / {_auc(teacher.get('failure'))}"
         lines.append(
             f"| {label} | {len(arm['seeds'])} | {held_out} "
             f"| {_pct(arm['pool_before'])} → **{_pct(pool['mean'])}** {_ci(pool['episodes_ci'])} "

@@ -24,8 +24,11 @@ import numpy as np
 from agentgym_opsd.records import load_jsonl
 from agentgym_opsd.rollout import PROGRESS, WASTED, turn_progress
 
-__all__ = ["DEFAULT_HORIZON_EDGES", "TurnScore", "auc", "horizon_bucket", "run_credit_auc", "scores_from_run",
-           "split_auc", "summarise", "turn_label"]
+__all__ = ["DEFAULT_HORIZON_EDGES", "EVIDENCE", "TurnScore", "auc", "evidence_auc", "horizon_bucket",
+           "run_credit_auc", "scores_from_run", "split_auc", "summarise", "turn_label"]
+
+EVIDENCE = "evidence"
+"""The key of a turn's raw self-teacher evidence e_k in `TurnScore.multiplier` (`scores_from_run`)."""
 
 DEFAULT_HORIZON_EDGES = (4, 7)
 """Trajectory-length buckets: ≤ 4 turns, 5–7, ≥ 8 (ALFWorld `easy` plans take 3–8 steps, `cpu-learn` caps
@@ -123,16 +126,36 @@ def scores_from_run(run_dir: str | Path) -> tuple[str | None, list[TurnScore]]:
                     continue
                 scores.append(TurnScore(traj.won, traj.num_turns, turn_label(turn), True, seq,
                                         {estimator or "": entry["advantage"] / seq}))
+                if entry.get("evidence") is not None:
+                    scores[-1].multiplier[EVIDENCE] = entry["evidence"]
     return estimator, scores
 
 
+def evidence_auc(scores: Sequence[TurnScore], *, won: bool) -> tuple[float, int, int]:
+    """(AUC, progress turns, wasted turns) of the self-teacher's raw evidence e_k, before any estimator turns
+    it into credit: P(e_progress > e_wasted) in won *and* in lost trajectories (a teacher that knows the task
+    should prefer the turns that made progress whatever the outcome). Beside `split_auc` of the estimator it
+    separates what the teacher saw from what the estimator made of it."""
+    rows = [s for s in scores if s.won == won and s.label is not None and EVIDENCE in s.multiplier]
+    prog = [s.multiplier[EVIDENCE] for s in rows if s.label == PROGRESS]
+    waste = [s.multiplier[EVIDENCE] for s in rows if s.label == WASTED]
+    return auc(prog, waste), len(prog), len(waste)
+
+
 def run_credit_auc(run_dir: str | Path) -> dict[str, Any] | None:
-    """{"success": AUC, "failure": AUC, counts} of a run's own rollouts (valid turns), None without records."""
+    """{"success": AUC, "failure": AUC, counts} of a run's own rollouts (valid turns), None without records;
+    a self-teacher's run adds `evidence`: the same for its raw e_k (`evidence_auc`)."""
     estimator, scores = scores_from_run(run_dir)
     if estimator is None:
         return None
     out: dict[str, Any] = {"estimator": estimator, "turns": len(scores), "scope": "valid turns"}
+    teacher: dict[str, Any] = {}
     for outcome, won in (("success", True), ("failure", False)):
         value, n_prog, n_waste = split_auc(scores, estimator, won=won)
         out[outcome] = {"auc": None if math.isnan(value) else value, "progress": n_prog, "wasted": n_waste}
+        value, n_prog, n_waste = evidence_auc(scores, won=won)
+        if n_prog or n_waste:
+            teacher[outcome] = {"auc": None if math.isnan(value) else value, "progress": n_prog, "wasted": n_waste}
+    if teacher:
+        out["evidence"] = teacher
     return out

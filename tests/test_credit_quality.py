@@ -134,4 +134,27 @@ def test_a_runs_own_records_give_the_auc_of_its_valid_turns(tmp_path) -> None:
     assert result is not None
     assert result["success"] == {"auc": 1.0, "progress": 1, "wasted": 1}  # progress got the larger share
     assert result["failure"] == {"auc": 1.0, "progress": 1, "wasted": 1}  # the wasted turn the larger blame
+    assert "evidence" not in result  # no e_k recorded (e.g. GRPO): no teacher AUC
     assert cq.run_credit_auc(tmp_path / "missing") is None
+
+
+def test_a_runs_own_records_give_the_auc_of_the_raw_evidence(tmp_path) -> None:
+    """The teacher's e_k, before the estimator: P(e_progress > e_wasted) in won and in lost trajectories alike.
+    Here the estimator blames the right turn of the lost trajectory while the teacher preferred the wasted one:
+    the two AUCs tell the estimator's work from the teacher's."""
+    won = Trajectory("e", "t0", "x", 0, 0, 0, turns=[_turn(3, 2), _turn(2, 2)], won=True)
+    lost = Trajectory("e", "t0", "x", 0, 1, 1, turns=[_turn(3, 3), _turn(3, 2)])
+    save_jsonl([won, lost], tmp_path / "trajectories" / "step_000001.jsonl")
+    lines = [
+        {"estimator": "agentopsd", "traj_id": 0, "seq_advantage": 1.0,
+         "turns": [{"turn": 0, "evidence": 0.5, "advantage": 1.2}, {"turn": 1, "evidence": -0.2, "advantage": 0.8}]},
+        {"estimator": "agentopsd", "traj_id": 1, "seq_advantage": -1.0,
+         "turns": [{"turn": 0, "evidence": 0.3, "advantage": -1.2}, {"turn": 1, "evidence": -0.1, "advantage": -0.8}]},
+    ]
+    (tmp_path / "credit").mkdir()
+    (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = cq.run_credit_auc(tmp_path)
+    assert result is not None
+    assert result["failure"]["auc"] == 1.0  # the estimator's credit: the wasted turn the larger blame
+    assert result["evidence"] == {"success": {"auc": 1.0, "progress": 1, "wasted": 1},
+                                  "failure": {"auc": 0.0, "progress": 1, "wasted": 1}}
