@@ -56,6 +56,7 @@ from agentgym_opsd.evaluation.credit_quality import (
 )
 from agentgym_opsd.evaluation.evidence_variants import (
     env_key,
+    evidence_key,
     merge_env_record,
     plot_evidence_variants,
     variant_summary,
@@ -206,6 +207,7 @@ def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tu
     t3 = time.perf_counter()
     inputs = EvidenceInputs(gaps, masks, choices)
     multipliers: dict[str, Tensor] = {}
+    evidence: dict[str, list[float]] = {}
     forms: dict[str, tuple[str, ...]] = {}
     row_seq = None
     for key, form, norm in variants:
@@ -214,6 +216,7 @@ def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tu
                                cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std)
         assert out.result is not None
         multipliers[key], forms[key] = out.result.advantages, result.forms
+        evidence[key] = result.evidence.tolist()
         row_seq = out.seq[batch.traj_index]
     scored = [c for c in choices or [] if c is not None]
     cost = {"seconds_teacher_pass": t1 - t0, "seconds_argument_masks": t2 - t1, "seconds_choice_pass": t3 - t2,
@@ -224,6 +227,7 @@ def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tu
     for i, (traj, turn) in enumerate(turns):
         seq = float(row_seq[i]) if row_seq is not None else 0.0
         mult = {key: float(m[i]) / seq for key, m in multipliers.items()} if seq != 0.0 else {}
+        mult.update({evidence_key(key): e[i] for key, e in evidence.items()})  # e_k needs no A_seq
         scores.append(TurnScore(traj.won, traj.num_turns, turn_label(turn), turn.action_valid, seq, mult))
     return scores, forms, cost
 

@@ -104,8 +104,9 @@ def scores_from_run(run_dir: str | Path) -> tuple[str | None, list[TurnScore]]:
     """(estimator, one TurnScore per *valid* turn of every trained trajectory) from a run's records.
 
     The recorded Ã_k includes the invalid-action push on invalid rows, so only valid turns are scored, with
-    m_k = Ã_k / A_seq (trajectories with A_seq = 0 carry no credit and are skipped); the AUCs are then the
-    benchmark's `auc_valid_only`. Needs `trainer.save_trajectories` (the default)."""
+    m_k = Ã_k / A_seq (trajectories with A_seq = 0 carry no credit: no multiplier); the AUCs are then the
+    benchmark's `auc_valid_only`. A self-teacher's e_k is kept under `EVIDENCE` on every valid turn, A_seq = 0
+    included. Needs `trainer.save_trajectories` (the default)."""
     run_dir = Path(run_dir)
     estimator: str | None = None
     scores: list[TurnScore] = []
@@ -117,28 +118,31 @@ def scores_from_run(run_dir: str | Path) -> tuple[str | None, list[TurnScore]]:
         for text in credit_file.read_text(encoding="utf-8").splitlines():
             line = json.loads(text)
             estimator = estimator or line.get("estimator")
-            traj, seq = trajs.get(line["traj_id"]), line.get("seq_advantage")
-            if traj is None or not seq:
+            traj, seq = trajs.get(line["traj_id"]), line.get("seq_advantage") or 0.0
+            if traj is None:
                 continue
             for entry in line["turns"]:
                 turn = traj.turns[entry["turn"]]
-                if not turn.action_valid or entry.get("advantage") is None:
+                if not turn.action_valid:
                     continue
-                scores.append(TurnScore(traj.won, traj.num_turns, turn_label(turn), True, seq,
-                                        {estimator or "": entry["advantage"] / seq}))
-                if entry.get("evidence") is not None:
-                    scores[-1].multiplier[EVIDENCE] = entry["evidence"]
+                score = TurnScore(traj.won, traj.num_turns, turn_label(turn), True, seq)
+                if seq and entry.get("advantage") is not None:
+                    score.multiplier[estimator or ""] = entry["advantage"] / seq
+                if entry.get("evidence") is not None:  # the teacher judged the turn whatever A_seq is
+                    score.multiplier[EVIDENCE] = entry["evidence"]
+                if score.multiplier:
+                    scores.append(score)
     return estimator, scores
 
 
-def evidence_auc(scores: Sequence[TurnScore], *, won: bool) -> tuple[float, int, int]:
+def evidence_auc(scores: Sequence[TurnScore], *, won: bool, key: str = EVIDENCE) -> tuple[float, int, int]:
     """(AUC, progress turns, wasted turns) of the self-teacher's raw evidence e_k, before any estimator turns
     it into credit: P(e_progress > e_wasted) in won *and* in lost trajectories (a teacher that knows the task
     should prefer the turns that made progress whatever the outcome). Beside `split_auc` of the estimator it
-    separates what the teacher saw from what the estimator made of it."""
-    rows = [s for s in scores if s.won == won and s.label is not None and EVIDENCE in s.multiplier]
-    prog = [s.multiplier[EVIDENCE] for s in rows if s.label == PROGRESS]
-    waste = [s.multiplier[EVIDENCE] for s in rows if s.label == WASTED]
+    separates what the teacher saw from what the estimator made of it. `key`: where the scores hold e_k."""
+    rows = [s for s in scores if s.won == won and s.label is not None and key in s.multiplier]
+    prog = [s.multiplier[key] for s in rows if s.label == PROGRESS]
+    waste = [s.multiplier[key] for s in rows if s.label == WASTED]
     return auc(prog, waste), len(prog), len(waste)
 
 

@@ -21,10 +21,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentgym_opsd.evaluation.credit_quality import TurnScore, split_auc
+from agentgym_opsd.evaluation.credit_quality import EVIDENCE, TurnScore, evidence_auc, split_auc
 from agentgym_opsd.files import atomic_write_lines
 
-__all__ = ["ENV_ORDER", "env_key", "merge_env_record", "plot_evidence_variants", "variant_summary"]
+__all__ = ["ENV_ORDER", "env_key", "evidence_key", "merge_env_record", "plot_evidence_variants", "variant_summary"]
 
 ENV_ORDER = ("alfworld", "webshop", "searchqa")
 """The environments in reading order (the keys of the record)."""
@@ -39,19 +39,30 @@ def _num(x: float) -> float | None:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
+def evidence_key(variant: str) -> str:
+    """Where a variant's raw e_k sits in `TurnScore.multiplier`, beside its AgentOPSD multiplier."""
+    return f"{variant}/{EVIDENCE}"
+
+
 def variant_summary(scores: Sequence[TurnScore], variant: str, forms: Sequence[str]) -> dict[str, Any]:
     """One variant's numbers: valid-turn AUC won / lost with their progress and wasted counts, the all-turn
-    AUCs, and `rows_own_form` / `rows_paper_fallback` (rows judged in the variant's form / by the paper's sum;
-    `forms` has one entry per row)."""
+    AUCs, `evidence_auc_won` / `evidence_auc_lost` (the raw e_k's valid-turn AUC before the estimator, every
+    row including A_seq = 0 groups: `credit_quality.evidence_auc`), and `rows_own_form` /
+    `rows_paper_fallback` (rows judged in the variant's form / by the paper's sum; one entry per row)."""
     valid = [s for s in scores if s.valid]
     won, won_p, won_w = split_auc(valid, variant, won=True)
     lost, lost_p, lost_w = split_auc(valid, variant, won=False)
     own = sum(f != "paper" for f in forms) if variant.split("-")[0] != "paper" else len(forms)
+    e_won, e_won_p, e_won_w = evidence_auc(valid, won=True, key=evidence_key(variant))
+    e_lost, e_lost_p, e_lost_w = evidence_auc(valid, won=False, key=evidence_key(variant))
     return {
         "auc_won": _num(won), "auc_lost": _num(lost),
         "won_progress": won_p, "won_wasted": won_w, "lost_progress": lost_p, "lost_wasted": lost_w,
         "auc_won_all_turns": _num(split_auc(scores, variant, won=True)[0]),
         "auc_lost_all_turns": _num(split_auc(scores, variant, won=False)[0]),
+        "evidence_auc_won": _num(e_won), "evidence_auc_lost": _num(e_lost),
+        "evidence_counts": {"won_progress": e_won_p, "won_wasted": e_won_w,
+                            "lost_progress": e_lost_p, "lost_wasted": e_lost_w},
         "rows_own_form": own, "rows_paper_fallback": len(forms) - own,
     }
 

@@ -261,19 +261,29 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
 # ---- the benchmark's record --------------------------------------------------------------------------------
 def test_evidence_record_keeps_environments_and_controls(tmp_path) -> None:
     from agentgym_opsd.evaluation.credit_quality import TurnScore
-    from agentgym_opsd.evaluation.evidence_variants import env_key, merge_env_record, variant_summary
+    from agentgym_opsd.evaluation.evidence_variants import (
+        env_key,
+        evidence_key,
+        merge_env_record,
+        variant_summary,
+    )
 
     assert [env_key(e) for e in ("ALFWorld-v0:easy", "WebShop-v0:train", "SearchQA-v0")] == \
         ["alfworld", "webshop", "searchqa"]
-    scores = [TurnScore(True, 3, "progress", True, 1.0, {"choice": 1.2}),
-              TurnScore(True, 3, "wasted", True, 1.0, {"choice": 0.9}),
-              TurnScore(True, 3, "wasted", False, 1.0, {"choice": 1.5}),  # invalid: out of the valid-turn AUC
-              TurnScore(False, 2, "wasted", True, -1.0, {"choice": 1.1}),
-              TurnScore(False, 2, "progress", True, -1.0, {"choice": 0.8})]
-    summary = variant_summary(scores, "choice", ("choice", "choice", "paper", "choice", "paper"))
+    e = evidence_key("choice")
+    scores = [TurnScore(True, 3, "progress", True, 1.0, {"choice": 1.2, e: 0.4}),
+              TurnScore(True, 3, "wasted", True, 1.0, {"choice": 0.9, e: -0.3}),
+              TurnScore(True, 3, "wasted", False, 1.0, {"choice": 1.5, e: 2.0}),  # invalid: out of the valid-turn AUC
+              TurnScore(False, 2, "wasted", True, -1.0, {"choice": 1.1, e: 0.2}),
+              TurnScore(False, 2, "progress", True, -1.0, {"choice": 0.8, e: 0.1}),
+              TurnScore(False, 2, "wasted", True, 0.0, {e: -0.5})]  # A_seq = 0: no credit, e_k still counts
+    summary = variant_summary(scores, "choice", ("choice", "choice", "paper", "choice", "paper", "choice"))
     assert (summary["auc_won"], summary["won_progress"], summary["won_wasted"]) == (1.0, 1, 1)
     assert (summary["auc_lost"], summary["lost_progress"], summary["lost_wasted"]) == (1.0, 1, 1)
     assert summary["auc_won_all_turns"] == 0.5 and summary["rows_paper_fallback"] == 2
+    # raw e_k: the progress turn above the wasted one in the won trajectory, between the two lost wasted ones
+    assert (summary["evidence_auc_won"], summary["evidence_auc_lost"]) == (1.0, 0.5)
+    assert summary["evidence_counts"] == {"won_progress": 1, "won_wasted": 1, "lost_progress": 1, "lost_wasted": 2}
     path = tmp_path / "evidence_variants.json"
     merge_env_record(path, "searchqa", {"paper": summary})
     merge_env_record(path, "alfworld", {"paper": summary})
