@@ -190,7 +190,7 @@ def render_evidence_variants() -> str:
     behind it, how many rows each form judged itself, and what its passes cost per training step."""
     data = _load("evidence_variants.json")
     lines = ["| env, policy | evidence | AUC won | AUC lost | won progress : wasted | lost progress : wasted "
-             "| rows in its form / paper fallback |", "|---|---|---|---|---|---|---|"]
+             "| raw e_k AUC won / lost | rows in its form / paper fallback |", "|---|---|---|---|---|---|---|---|"]
     costs = []
     for env, label in EVIDENCE_ENVS + tuple((k, k) for k in data if k not in dict(EVIDENCE_ENVS)):
         if env not in data:
@@ -205,7 +205,8 @@ def render_evidence_variants() -> str:
                     continue
                 lines.append(f"| {row_label} | `{variant}` | {_auc(v['auc_won'])} | {_auc(v['auc_lost'])} "
                              f"| {v['won_progress']} : {v['won_wasted']} | {v['lost_progress']} : "
-                             f"{v['lost_wasted']} | {v['rows_own_form']} / {v['rows_paper_fallback']} |")
+                             f"{v['lost_wasted']} | {_auc(v.get('evidence_auc_won'))} / {_auc(v.get('evidence_auc_lost'))} "
+                             f"| {v['rows_own_form']} / {v['rows_paper_fallback']} |")
         run = record["run"]
         per_step = run["seconds_per_step"]
         choice = (f"choice pass {per_step['choice_pass']:.1f} s ({run['choice_set_size_mean']:.1f} choices of "
