@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DTYPE_CHOICES", "cpu_bf16_support", "resolve_dtype", "is_low_precision"]
+__all__ = ["DTYPE_CHOICES", "cpu_bf16_support", "resolve_device", "resolve_dtype", "is_low_precision"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,13 @@ def cpu_bf16_support() -> tuple[bool, str]:
     if not flags:
         return False, "cannot read the CPU's flags (/proc/cpuinfo)"
     return False, "the CPU has no native bf16 (neither amx_bf16 nor avx512_bf16: bf16 would be emulated)"
+
+
+def resolve_device(device: str) -> torch.device:
+    """`trainer.device` as a torch device: `auto` is the GPU when one is visible, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device | str = "cpu") -> str:

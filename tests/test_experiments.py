@@ -138,6 +138,21 @@ def test_a_before_run_is_redone_only_when_what_decides_its_numbers_changed(tmp_p
             aside, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY])
 
 
+def test_a_before_run_saved_with_the_resolved_dtype_is_not_stale(tmp_path, monkeypatch) -> None:
+    """A run saves `model.dtype: auto` resolved (config.yaml says float32 or bfloat16), while the study's spec
+    still says auto: the same settings, so the before run is kept, not moved aside and run again."""
+    from agentgym_opsd.models.precision import resolve_dtype
+
+    spec = BeforeSpec("tiny", "cpu-tiny", (*TINY, "model.dtype=auto"))
+    runner = ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
+    old = tmp_path / "runs" / "before" / "tiny"
+    _fake_before(old, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY,
+                                   f"model.dtype={resolve_dtype('auto')}"])
+    monkeypatch.setattr(runner, "_start", lambda *a, **k: pytest.fail("the before run was started again"))
+    assert runner.before(spec)["val/success_rate"] == 0.5
+    assert not old.with_name("tiny.stale-1").exists()
+
+
 def test_a_run_from_another_warm_start_than_its_before_gets_no_result(tmp_path) -> None:
     from agentgym_opsd.trainer.experiments import same_warm_start
 

@@ -22,13 +22,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.files import atomic_write_text, to_json
+from agentgym_opsd.models.precision import resolve_device, resolve_dtype
 from agentgym_opsd.trainer.config import Config, load_config
 
 __all__ = ["BEFORE_SETTINGS", "BeforeSpec", "ExperimentRunner", "RunSpec", "before_settings", "credit_check",
@@ -50,7 +51,9 @@ _NOT_BEFORE = ("env.outcome", "warm_start.cache")
 
 
 def before_settings(cfg: Config) -> dict[str, Any]:
-    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys."""
+    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys; `model.dtype: auto` resolved as the trainer resolves
+    it (a run's saved config.yaml holds the resolved name, so `auto` would never match it)."""
+    cfg = replace(cfg, model=replace(cfg.model, dtype=resolve_dtype(cfg.model.dtype, resolve_device(cfg.trainer.device))))
     out: dict[str, Any] = {}
     data = asdict(cfg)
     for path in BEFORE_SETTINGS:

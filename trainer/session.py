@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from agentgym_opsd.models.backends import RolloutBackend
-from agentgym_opsd.models.precision import resolve_dtype
+from agentgym_opsd.models.precision import resolve_device, resolve_dtype
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
@@ -137,8 +137,7 @@ class RunSession:
             raise ConfigError(str(exc)) from None
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out / "checkpoints"
-        self.device = torch.device("cuda" if cfg.trainer.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if cfg.trainer.device == "auto" else cfg.trainer.device))
+        self.device = resolve_device(cfg.trainer.device)
         # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where native), once, here: the
         # model, the reference, the rollout engine, the warm-start cache key and config.yaml all see the result.
         resolved = resolve_dtype(cfg.model.dtype, self.device)
