@@ -144,11 +144,11 @@ def _mean_auc(rows: list[dict], part: str | None = None) -> dict[str, float | No
     `part="evidence"`: the AUC of the self-teacher's raw e_k on the same turns."""
     out: dict[str, float | None] = {}
     for outcome in ("success", "failure"):
-        values = []
-        for r in rows:
-            record = (r.get("credit_auc") or {}) if part is None else (r.get("credit_auc") or {}).get(part) or {}
-            if (record.get(outcome) or {}).get("auc") is not None:
-                values.append(record[outcome]["auc"])
+        records = [r.get("credit_auc") or {} for r in rows]
+        if part is not None:
+            records = [record.get(part) or {} for record in records]
+        values = [record[outcome]["auc"] for record in records
+                  if outcome in record and record[outcome]["auc"] is not None]
         out[outcome] = sum(values) / len(values) if values else None
     return out
 

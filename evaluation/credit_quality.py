@@ -69,12 +69,17 @@ def horizon_bucket(horizon: int, edges: Sequence[int]) -> str:
     return f"{lo}+"
 
 
+def _progress_and_wasted(scores: Sequence[TurnScore], key: str, *, won: bool) -> tuple[list[float], list[float]]:
+    """The `key` scores of the progress and of the wasted turns of won (or lost) trajectories that have one."""
+    rows = [s for s in scores if s.won == won and s.label is not None and key in s.multiplier]
+    return ([s.multiplier[key] for s in rows if s.label == PROGRESS],
+            [s.multiplier[key] for s in rows if s.label == WASTED])
+
+
 def split_auc(scores: Sequence[TurnScore], estimator: str, *, won: bool) -> tuple[float, int, int]:
     """(AUC, progress turns, wasted turns) in won (progress should score higher) or lost trajectories
     (wasted should score higher: a larger multiplier on a negative A_seq is more blame)."""
-    rows = [s for s in scores if s.won == won and s.label is not None and estimator in s.multiplier]
-    prog = [s.multiplier[estimator] for s in rows if s.label == PROGRESS]
-    waste = [s.multiplier[estimator] for s in rows if s.label == WASTED]
+    prog, waste = _progress_and_wasted(scores, estimator, won=won)
     value = auc(prog, waste) if won else auc(waste, prog)
     return value, len(prog), len(waste)
 
@@ -140,9 +145,7 @@ def evidence_auc(scores: Sequence[TurnScore], *, won: bool, key: str = EVIDENCE)
     it into credit: P(e_progress > e_wasted) in won *and* in lost trajectories (a teacher that knows the task
     should prefer the turns that made progress whatever the outcome). Beside `split_auc` of the estimator it
     separates what the teacher saw from what the estimator made of it. `key`: where the scores hold e_k."""
-    rows = [s for s in scores if s.won == won and s.label is not None and key in s.multiplier]
-    prog = [s.multiplier[key] for s in rows if s.label == PROGRESS]
-    waste = [s.multiplier[key] for s in rows if s.label == WASTED]
+    prog, waste = _progress_and_wasted(scores, key, won=won)
     return auc(prog, waste), len(prog), len(waste)
 
 

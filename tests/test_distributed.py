@@ -18,7 +18,6 @@ pickle are refused before DeepSpeed reads anything; a checkpoint of 2 ranks does
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_metrics import comparable, metrics_lines
 from safetensors.torch import load_file
 
 from agentgym_opsd.records import load_jsonl
@@ -173,20 +173,12 @@ def runs(tmp_path_factory) -> dict[int, tuple[Path, float]]:
     return done
 
 
-def _metrics(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _comparable(line: dict) -> dict:
-    return {k: v for k, v in line.items() if not k.startswith(("seconds_", "memory/"))}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [0, 2, 3])
 def test_two_ranks_split_the_tasks_and_stay_in_step(runs, zero) -> None:
     out, seconds = runs[zero]
     print(f"ZeRO-{zero}: 2-rank launch {seconds:.1f} s")
-    lines = _metrics(out)
+    lines = metrics_lines(out)
     assert [x["step"] for x in lines] == [1, 2] and all(x["ranks"] == 2.0 for x in lines)
     assert ("val/success_rate" in lines[1]) == (zero == 3)
     assert all(math.isfinite(x["loss"]) and math.isfinite(x["grad_norm"]) for x in lines)
@@ -224,7 +216,7 @@ def test_the_loss_is_the_token_mean_over_both_ranks(runs, zero, toy_env_ids, tmp
         union = load_jsonl(out / "trajectories" / "step_000001.jsonl")
         assert len(union) == 4 and sum(t.metadata["rank"] for t in union) == 2
         single = trainer.step_on(union)
-        two = _metrics(out)[0]
+        two = metrics_lines(out)[0]
         for key in ("loss", "policy_loss", "kl", "entropy", "grad_norm", "num_rows", "response_tokens",
                     "success_rate", "invalid_action_rate", "turns_mean"):
             assert two[key] == pytest.approx(single[key], rel=1e-4, abs=1e-7), key
@@ -286,9 +278,9 @@ def test_kill_both_ranks_then_resume_auto_ends_on_the_uninterrupted_weights(runs
     assert ckpt.latest_checkpoint(out / "checkpoints").name == "step_000001"
     _finish(_torchrun(script, [*args, "--resume", "auto"]))
     print(f"ZeRO-3 kill + resume: {time.perf_counter() - t0:.1f} s")
-    a, b = _metrics(out), _metrics(straight)
+    a, b = metrics_lines(out), metrics_lines(straight)
     assert [x["step"] for x in a] == [1, 2]
-    assert [_comparable(x) for x in a] == [_comparable(x) for x in b]
+    assert [comparable(x) for x in a] == [comparable(x) for x in b]
     wa = load_file(str(out / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
     wb = load_file(str(straight / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
