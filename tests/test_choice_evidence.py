@@ -27,7 +27,7 @@ from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.parsers import make_parser
 from agentgym_opsd.policies import PolicyOutput
 from agentgym_opsd.records import Turn
-from agentgym_opsd.trainer.choice_logprobs import choice_logprobs, pack_choices
+from agentgym_opsd.trainer.choice_logprobs import choice_logprobs, pack_choices, score_continuations
 from agentgym_opsd.trainer.config import ConfigError, load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs
 from agentgym_opsd.trainer.teacher_evidence import argument_token_mask, turn_choice_set
@@ -60,6 +60,24 @@ def test_prefix_cached_choice_scores_equal_full_sequences(tiny, temperature, max
     for prompt, row_choices, scores in zip(prompts, choices, got, strict=True):
         want = _full_sequence_scores(model, tok, prompt, row_choices, temperature)
         torch.testing.assert_close(scores, want, atol=1e-5, rtol=0)
+
+
+def test_replies_on_the_choice_cache_equal_the_teacher_forced_pass(tiny) -> None:
+    model, tok = tiny
+    g = torch.Generator().manual_seed(5)
+    ids = lambda n: torch.randint(5, 1000, (n,), generator=g).tolist()  # noqa: E731
+    system = ids(30)
+    prompts = [system + ids(4), system + ids(6), ids(7)]
+    choices = [[ids(2), ids(3)], [], [ids(1)]]
+    replies = [ids(9), ids(4), None]
+    got = score_continuations(model, prompts, choices, replies, temperature=0.8, max_tokens=5)
+    want = batched_response_logprobs(model, prompts[:2], replies[:2], pad_id=tok.pad_token_id, temperature=0.8)
+    for reply, expected in zip(got.replies[:2], want, strict=True):
+        torch.testing.assert_close(reply, expected, atol=1e-5, rtol=0)
+    assert got.replies[2] is None and got.choices[1].numel() == 0
+    # the reply beside them changes no choice's score
+    for with_reply, alone in zip(got.choices, choice_logprobs(model, prompts, choices, temperature=0.8), strict=True):
+        torch.testing.assert_close(with_reply, alone, atol=1e-6, rtol=0)
 
 
 def test_packed_choices_see_the_context_and_only_their_own_earlier_tokens() -> None:
@@ -250,6 +268,9 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
                                                                trainer.trained.temperature), 0)
                        for p in (row.teacher_prompt_ids, row.prompt_ids)]
             assert float(ev.evidence[i]) == pytest.approx(float(by_side[0][chosen] - by_side[1][chosen]), abs=1e-5)
+        # the judged rows' replies were teacher-forced on the choice pass's cache: the teacher pass's numbers
+        for folded, full in zip(ev.teacher, trainer.teacher_logprobs(batch, logprobs.old), strict=True):
+            torch.testing.assert_close(folded, full, atol=1e-5, rtol=0)
         lines = credit_lines(trajs, record, estimator=cfg.algorithm.estimator, step=1)
         forms = [turn["evidence_form"] for line in lines for turn in line["turns"]]
         assert sorted(forms) == sorted(ev.forms)

@@ -17,11 +17,16 @@ prompt once per choice; here the prompt runs once and every choice is scored aga
 
 Same numbers as scoring each full sequence on its own (`tests/test_choice_evidence.py`, to 1e-5), at the
 cost of one prompt pass plus the choices' own tokens.
+
+The teacher side of a turn also needs its sampled reply teacher-forced under the c+ prompt (the paper's e_k,
+recorded beside the choice evidence). `score_continuations` takes the reply as one more continuation of the
+same cache, so for those rows the teacher pass does not run the long prompt a second time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,7 +35,7 @@ from torch import Tensor
 from agentgym_opsd.models.hf_policy import cache_kwarg
 from agentgym_opsd.trainer.logprobs import shared_prefix_groups
 
-__all__ = ["choice_logprobs", "pack_choices"]
+__all__ = ["ChoicePass", "choice_logprobs", "pack_choices", "score_continuations"]
 
 
 def pack_choices(choices: Sequence[Sequence[int]], context_len: int, dtype: torch.dtype = torch.float32,
@@ -76,31 +81,96 @@ def _chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return chunks
 
 
-def _score_choices(model: torch.nn.Module, cache: Any, context_len: int, first: Tensor,
-                   choices: Sequence[Sequence[int]], *, temperature: float, max_tokens: int,
-                   device: torch.device | str) -> Tensor:
-    """(choices,) Σ_t log π(c_t | context, c_<t) of each choice; `first` (vocab,) is the log-distribution
-    after the context (it scores each choice's first token); the cache holds `context_len` positions."""
+def _continuation_logprobs(model: torch.nn.Module, cache: Any, context_len: int, first: Tensor,
+                           continuations: Sequence[Sequence[int]], *, temperature: float, max_tokens: int,
+                           device: torch.device | str) -> list[Tensor]:
+    """Per continuation, (tokens,) float32 log π(c_t | context, c_<t); `first` (vocab,) is the log-distribution
+    after the context (it scores each continuation's first token); the cache holds `context_len` positions."""
     dtype = next(model.parameters()).dtype
-    out = torch.zeros(len(choices), dtype=torch.float64)
-    for chunk in _chunks([len(c) for c in choices], max_tokens):
-        group = [choices[i] for i in chunk]
+    out: list[Tensor] = [torch.zeros(0) for _ in continuations]
+    for chunk in _chunks([len(c) for c in continuations], max_tokens):
+        group = [continuations[i] for i in chunk]
         ids, positions, mask = pack_choices(group, context_len, dtype=dtype)
         logits = model(input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask.to(device),
                        use_cache=True, **{cache_kwarg(model): cache}).logits[0]  # (T, vocab)
-        _truncate(cache, context_len)  # the choices' keys must not stay in the context of the next chunk
+        _truncate(cache, context_len)  # the continuations' keys must not stay in the context of the next chunk
         logp = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
         start = 0
         for i, c in zip(chunk, group, strict=True):
             n = len(c)
-            # token 0 is predicted by the context's last position; token t > 0 by the choice's position t − 1
-            inner = logp[start:start + n - 1].gather(-1, torch.tensor(c[1:], dtype=torch.long)[:, None]).sum()
-            out[i] = float(first[c[0]]) + float(inner)
+            # token 0 is predicted by the context's last position; token t > 0 by the continuation's t − 1
+            inner = logp[start:start + n - 1].gather(-1, torch.tensor(c[1:], dtype=torch.long)[:, None])[:, 0]
+            out[i] = torch.cat([first[c[0]].reshape(1), inner])
             start += n
     return out
 
 
+@dataclass(frozen=True)
+class ChoicePass:
+    """What one choice pass scored: per prompt, its choices' sequence log-probs ((choices,) float64) and, where
+    a reply was given, the reply's per-token log-probs ((tokens,) float32): the sampled response teacher-forced
+    on the same KV cache, so the teacher pass need not run that prompt a second time."""
+
+    choices: list[Tensor]
+    replies: list[Tensor | None]
+
+
 @torch.no_grad()
+def score_continuations(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    choices: Sequence[Sequence[Sequence[int]]],
+    replies: Sequence[Sequence[int] | None] | None = None,
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 2048,
+    device: torch.device | str = "cpu",
+) -> ChoicePass:
+    """Every prompt once, its choices (and its reply, when `replies[i]` is given) as continuations of its KV
+    cache, at `temperature` (no grad). `choices[i]` are the token ids of prompt i's choices (each non-empty);
+    at most `max_tokens` continuation tokens run in one forward pass."""
+    from transformers import DynamicCache
+
+    replies = list(replies) if replies is not None else [None] * len(prompts)
+    if not len(prompts) == len(choices) == len(replies):
+        raise ValueError(f"{len(prompts)} prompts, {len(choices)} choice lists and {len(replies)} replies")
+    if any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token: its last position scores the first choice token")
+    if any(not c for row in choices for c in row) or any(r is not None and not r for r in replies):
+        raise ValueError("every choice and reply needs at least one token")
+    scores: list[Tensor] = [torch.zeros(0, dtype=torch.float64) for _ in prompts]
+    reply_logprobs: list[Tensor | None] = [None] * len(prompts)
+    was_training = model.training
+    model.eval()
+    try:
+        for prefix_len, idx in shared_prefix_groups(prompts):
+            cache = DynamicCache()
+            if prefix_len:
+                prefix = torch.tensor([list(prompts[idx[0]][:prefix_len])], dtype=torch.long, device=device)
+                model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+            for i in idx:
+                reply = replies[i]
+                continuations = [*choices[i], *([reply] if reply is not None else [])]
+                if not continuations:
+                    continue
+                suffix = list(prompts[i][prefix_len:])
+                positions = torch.arange(prefix_len, prefix_len + len(suffix), device=device)[None, :]
+                logits = model(input_ids=torch.tensor([suffix], dtype=torch.long, device=device),
+                               position_ids=positions, use_cache=True, logits_to_keep=1,
+                               **{cache_kwarg(model): cache}).logits[0, -1]
+                first = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
+                got = _continuation_logprobs(model, cache, len(prompts[i]), first, continuations,
+                                             temperature=temperature, max_tokens=max_tokens, device=device)
+                n = len(choices[i])
+                scores[i] = torch.tensor([float(t.double().sum()) for t in got[:n]], dtype=torch.float64)
+                if reply is not None:
+                    reply_logprobs[i] = got[n]
+                _truncate(cache, prefix_len)  # back to the shared prefix for the group's next row
+    finally:
+        model.train(was_training)
+    return ChoicePass(scores, reply_logprobs)
+
+
 def choice_logprobs(
     model: torch.nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -111,37 +181,6 @@ def choice_logprobs(
     device: torch.device | str = "cpu",
 ) -> list[Tensor]:
     """Per prompt, a (choices,) float64 tensor of each choice's sequence log-prob Σ_t log π(c_t | prompt,
-    c_<t) at `temperature` (no grad). `choices[i]` are the token ids of prompt i's choices (each non-empty);
-    at most `max_tokens` choice tokens run in one forward pass."""
-    from transformers import DynamicCache
-
-    if len(prompts) != len(choices):
-        raise ValueError(f"{len(prompts)} prompts but {len(choices)} choice lists")
-    if any(not p for p in prompts):
-        raise ValueError("every prompt needs at least one token: its last position scores the first choice token")
-    if any(not c for row in choices for c in row):
-        raise ValueError("every choice needs at least one token")
-    results: list[Tensor] = [torch.zeros(0, dtype=torch.float64) for _ in prompts]
-    was_training = model.training
-    model.eval()
-    try:
-        for prefix_len, idx in shared_prefix_groups(prompts):
-            cache = DynamicCache()
-            if prefix_len:
-                prefix = torch.tensor([list(prompts[idx[0]][:prefix_len])], dtype=torch.long, device=device)
-                model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
-            for i in idx:
-                if not choices[i]:
-                    continue
-                suffix = list(prompts[i][prefix_len:])
-                positions = torch.arange(prefix_len, prefix_len + len(suffix), device=device)[None, :]
-                logits = model(input_ids=torch.tensor([suffix], dtype=torch.long, device=device),
-                               position_ids=positions, use_cache=True, logits_to_keep=1,
-                               **{cache_kwarg(model): cache}).logits[0, -1]
-                first = torch.log_softmax(logits.float() / temperature, dim=-1).cpu()
-                results[i] = _score_choices(model, cache, len(prompts[i]), first, choices[i],
-                                            temperature=temperature, max_tokens=max_tokens, device=device)
-                _truncate(cache, prefix_len)  # back to the shared prefix for the group's next row
-    finally:
-        model.train(was_training)
-    return results
+    c_<t) at `temperature` (no grad; `score_continuations` without replies)."""
+    return score_continuations(model, prompts, choices, temperature=temperature, max_tokens=max_tokens,
+                               device=device).choices

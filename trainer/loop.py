@@ -39,6 +39,7 @@ recomputed ones are the consistent reference for the trainer's own forward pass)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -281,13 +282,18 @@ class Trainer:
         reads no evidence: its teacher is the student itself, so every gap (and e_k) is exactly 0."""
         if not self.cfg.algorithm.needs_teacher:
             return TeacherEvidence.none(logprobs.old)
-        teacher = self.teacher_logprobs(batch, logprobs.old)
-        return self.session.evidence_maker(batch, trajs, teacher, logprobs.old)
+        teacher_pass = functools.partial(self.teacher_logprobs, batch, logprobs.old)
+        return self.session.evidence_maker(batch, trajs, logprobs.old, teacher_pass)
 
-    def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor]) -> list[Tensor]:
-        """Teacher-forced log-probs under the c+ prompt; rows without c+ reuse the student's (gap 0)."""
-        idx = [i for i, r in enumerate(batch.rows) if r.teacher_prompt_ids is not None]
+    def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor],
+                         given: dict[int, Tensor] | None = None) -> list[Tensor]:
+        """Teacher-forced log-probs under the c+ prompt; rows without c+ reuse the student's (gap 0), rows in
+        `given` (scored by the choice pass on its own cache) are not run again."""
+        given = given or {}
+        idx = [i for i, r in enumerate(batch.rows) if r.teacher_prompt_ids is not None and i not in given]
         out = list(student)
+        for i, t in given.items():
+            out[i] = t
         if idx:
             prompts = [batch.rows[i].teacher_prompt_ids for i in idx]
             responses = [batch.rows[i].response_ids for i in idx]

@@ -41,7 +41,7 @@ from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.choice_logprobs import choice_logprobs
+from agentgym_opsd.trainer.choice_logprobs import score_continuations
 from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
@@ -275,10 +275,10 @@ class RunSession:
 
     @functools.cached_property
     def evidence_maker(self) -> EvidenceMaker:
-        """e_k in the configured form (`trainer/teacher_evidence.py`); choices are scored at the rollout
-        temperature with each prompt's KV cache shared by its choices."""
+        """e_k in the configured form (`trainer/teacher_evidence.py`); choices (and, on the teacher side, the
+        sampled reply) are scored at the rollout temperature with each prompt's KV cache shared by them."""
         t = self.cfg.teacher
-        score = functools.partial(choice_logprobs, self.model, temperature=self.trained.temperature,
+        score = functools.partial(score_continuations, self.model, temperature=self.trained.temperature,
                                   max_tokens=self.trained.micro_batch_tokens, device=self.device)
         return EvidenceMaker(t.evidence, self.tokenizer, score, lambda traj: self.env_of(traj).runner.parser,
                              choice_norm=t.choice_norm)

@@ -35,6 +35,7 @@ from agentgym_opsd.credit.evidence import (
 from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.parsers import ActionParser
 from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.trainer.choice_logprobs import ChoicePass
 from agentgym_opsd.trainer.phases import TeacherEvidence
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
@@ -43,8 +44,13 @@ __all__ = ["ChoiceSet", "EvidenceMaker", "argument_token_mask", "row_turns", "tu
 _PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")
 """A free-text slot in an admissible action (`search[<your query>]`): the agent writes its own text there."""
 
-ChoiceScorer = Callable[[list[list[int]], list[list[list[int]]]], list[Tensor]]
-"""(prompts, per prompt the token ids of its choices) -> per prompt (choices,) sequence log-probs."""
+ChoiceScorer = Callable[[list[list[int]], list[list[list[int]]], list[list[int] | None] | None], ChoicePass]
+"""(prompts, per prompt the token ids of its choices, per prompt a reply to teacher-force or None) ->
+the choices' sequence log-probs and the replies' per-token log-probs (`trainer/choice_logprobs.py`)."""
+
+TeacherPass = Callable[[dict[int, Tensor]], list[Tensor]]
+"""The paper's teacher pass (`Trainer.teacher_logprobs`) given the rows already scored: every row's response
+teacher-forced under its c+ prompt (a row without c+: the student's own log-probs)."""
 
 
 @dataclass(frozen=True)
@@ -134,12 +140,14 @@ class EvidenceMaker:
     parser_of: Callable[[Trajectory], ActionParser]
     choice_norm: str = "sum"
 
-    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory] | None, teacher: list[Tensor],
-                 student: list[Tensor]) -> TeacherEvidence:
+    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory] | None, student: list[Tensor],
+                 teacher_pass: TeacherPass) -> TeacherEvidence:
+        """The rows' evidence in this form. The choice form scores each judged turn's sampled reply on the
+        teacher's choice-pass cache too, so `teacher_pass` runs only the rows the choice pass did not cover."""
         spec = evidence_form(self.form)
-        gaps = [t - s for t, s in zip(teacher, student, strict=True)]
         masks: list[Tensor | None] | None = None
         choices: list[ChoiceScores | None] | None = None
+        folded: dict[int, Tensor] = {}
         if spec.needs_arguments or spec.needs_choices:
             if trajectories is None:
                 raise ValueError(f"teacher.evidence={self.form} reads each row's turn: pass the step's trajectories")
@@ -148,21 +156,32 @@ class EvidenceMaker:
                 masks = [argument_token_mask(self.tokenizer, self.parser_of(traj), row.response_ids)
                          for row, (traj, _) in zip(batch.rows, turns, strict=True)]
             if spec.needs_choices:
-                choices = self.choice_scores(batch, turns)
+                choices, folded = self._choice_pass(batch, turns, fold_replies=True)
+        teacher = teacher_pass(folded)
+        gaps = [t - s for t, s in zip(teacher, student, strict=True)]
         result = compute_evidence(self.form, EvidenceInputs(gaps, masks, choices), choice_norm=self.choice_norm)
         return TeacherEvidence(teacher, gaps, result.evidence, result.forms)
 
     def choice_scores(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]]) -> list[ChoiceScores | None]:
-        """Per row, its choices scored under the student's and the teacher's prompt (None: no choice set).
-        One `score_choices` call per side, so each side's prompts share their own prefix (the teacher's holds
-        the skill block); a row without a teacher prompt (no c+) is its own teacher: evidence 0."""
+        """Per row, its choices scored under the student's and the teacher's prompt (None: no choice set)."""
+        return self._choice_pass(batch, turns, fold_replies=False)[0]
+
+    def _choice_pass(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]], *, fold_replies: bool,
+                     ) -> tuple[list[ChoiceScores | None], dict[int, Tensor]]:
+        """The rows' choice scores and, with `fold_replies`, the teacher's per-token log-probs of each judged
+        row's reply (row -> tensor). One scorer call per side, so each side's prompts share their own prefix
+        (the teacher's holds the skill block); a row without a teacher prompt (no c+) is its own teacher:
+        evidence 0."""
         sets = [turn_choice_set(turn, self.parser_of(traj)) for traj, turn in turns]
         ids = {i: [text_ids(self.tokenizer, text) for text in s.texts] for i, s in enumerate(sets) if s is not None}
         judged = [i for i in ids if batch.rows[i].teacher_prompt_ids is not None]
-        student = self._score([batch.rows[i].prompt_ids for i in ids], [ids[i] for i in ids])
-        teacher = self._score([batch.rows[i].teacher_prompt_ids or [] for i in judged], [ids[i] for i in judged])
-        by_row = dict(zip(ids, student, strict=True))
-        teacher_by_row = dict(zip(judged, teacher, strict=True))
+        replies = [list(batch.rows[i].response_ids) or None for i in judged] if fold_replies else None
+        student = self._score([batch.rows[i].prompt_ids for i in ids], [ids[i] for i in ids], None)
+        teacher = self._score([batch.rows[i].teacher_prompt_ids or [] for i in judged], [ids[i] for i in judged],
+                              replies)
+        by_row = dict(zip(ids, student.choices, strict=True))
+        teacher_by_row = dict(zip(judged, teacher.choices, strict=True))
+        folded = {i: r for i, r in zip(judged, teacher.replies, strict=True) if r is not None}
         out: list[ChoiceScores | None] = []
         for i, choice_set in enumerate(sets):
             if choice_set is None:
@@ -170,7 +189,10 @@ class EvidenceMaker:
                 continue
             lengths = torch.tensor([len(c) for c in ids[i]], dtype=torch.long)
             out.append(ChoiceScores(teacher_by_row.get(i, by_row[i]), by_row[i], lengths, choice_set.chosen))
-        return out
+        return out, folded
 
-    def _score(self, prompts: list[list[int]], choices: list[list[list[int]]]) -> list[Tensor]:
-        return self.score_choices([list(p) for p in prompts], choices) if prompts else []
+    def _score(self, prompts: list[list[int]], choices: list[list[list[int]]],
+               replies: list[list[int] | None] | None) -> ChoicePass:
+        if not prompts:
+            return ChoicePass([], [])
+        return self.score_choices([list(p) for p in prompts], choices, replies)
