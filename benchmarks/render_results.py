@@ -228,14 +228,19 @@ def render_headline() -> str:
         return f"{_pct(arm[f'{split}_before'])} → {_pct(arm[f'{split}_after']['mean'])}%"
 
     alf, alf_grpo = study["alfworld/agentopsd"], study["alfworld/grpo"]
+
+    def seeds(key: str) -> str:
+        n = len(study[key]["seeds"])
+        return "one seed" if n == 1 else f"{n} seeds"
     return (
         f"On ALFWorld (`cpu-small`: SmolLM2-135M, {len(alf['seeds'])} RL seeds of 6 steps from one cached warm "
         f"start) AgentOPSD took held-out success {move('alfworld/agentopsd', 'valid')} and pool success "
         f"{move('alfworld/agentopsd', 'pool')}; GRPO {move('alfworld/grpo', 'valid')} and "
         f"{move('alfworld/grpo', 'pool')} (95% intervals "
         f"{_ci(alf['valid_after']['episodes_ci'])} and {_ci(alf_grpo['valid_after']['episodes_ci'])} held out). "
-        f"GRPO on Search-QA ({len(study['searchqa/grpo']['seeds'])} seeds, 12 steps): pool "
-        f"{move('searchqa/grpo', 'pool')}; on WebShop (one seed, 10 steps): pool {move('webshop/grpo', 'pool')}. "
+        f"GRPO on Search-QA ({seeds('searchqa/grpo')}, 12 steps): pool "
+        f"{move('searchqa/grpo', 'pool')}; on WebShop ({seeds('webshop/grpo')}, 10 steps): pool "
+        f"{move('webshop/grpo', 'pool')}. "
         f"No row of a lost rollout got a positive advantage in any run "
         f"({sum(arm['lost_rows_positive'] for arm in study.values()):,} of "
         f"{sum(arm['lost_rows'] for arm in study.values()):,} rows).")

@@ -74,7 +74,9 @@ def make_run(run_dir: Path, estimator: str = "agentopsd-token") -> dict:
     result = credit.estimate(estimator, inputs, return_details=True)
     advantages = result.token_advantages(mask, dtype=torch.float32)
     student = [torch.zeros_like(g) for g in gaps]
-    record = StepRecord(batch, PolicyLogProbs(student), TeacherEvidence(gaps, gaps, evidence),
+    judged = TeacherEvidence(gaps, gaps, evidence) if credit.ESTIMATORS[estimator].needs_teacher else \
+        TeacherEvidence.none(student)
+    record = StepRecord(batch, PolicyLogProbs(student), judged,
                         BatchAdvantages(advantages, seq, torch.zeros(len(batch)), result))
     by_id = {t.traj_id: t for t in trajs}
     token_text = [[w + " " for w in by_id[r.traj_id].turns[r.turn_id].response_text.split(" ")] for r in batch.rows]
@@ -97,6 +99,16 @@ def test_credit_lines_join_the_trajectories(tmp_path):
             "tokens"} <= set(first)
     assert lines[0]["estimator"] == "agentopsd-token" and len(first["token_gaps"]) == len(first["tokens"])
     assert first["delta_belief"] == pytest.approx(first["belief"] - first["prior"], abs=1e-5)
+
+
+def test_a_run_without_a_teacher_records_no_evidence(tmp_path):
+    """GRPO's e_k is 0 by construction: written as evidence it would score as a chance-level teacher (AUC 0.5)."""
+    from agentgym_opsd.evaluation.credit_quality import run_credit_auc
+
+    made = make_run(tmp_path / "run", estimator="grpo")
+    assert all("evidence" not in turn for line in made["lines"] for turn in line["turns"])
+    result = run_credit_auc(tmp_path / "run")
+    assert result is not None and result["estimator"] == "grpo" and "evidence" not in result
 
 
 def test_page_is_self_contained_and_escaped(tmp_path):

@@ -24,14 +24,15 @@ def _num(x: float) -> float | None:
 def credit_lines(trajectories: Sequence[Trajectory], record: StepRecord, *, estimator: str, step: int,
                  token_text: list[list[str]] | None = None,
                  env_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """One JSON object per trajectory (all of them, in order), keyed by `traj_id` and each turn's `turn`
-    index so it joins with `trajectories/step_N.jsonl`; `env_id` says which environment the trajectory's rows
+    """One JSON object per trajectory (all of them, in order), keyed by `traj_id` and each turn's `turn` index
+    so it joins with `trajectories/step_N.jsonl`; `env_id` says which environment the trajectory's rows
     came from (`env_ids`, one per trajectory: the trainer's env spec, e.g. `ALFWorld-v0:easy`; else the
-    trajectory's registered id). Per turn: `evidence` e_k and `evidence_form`, the form it was computed in
-    (`teacher.evidence`, or "paper" where the turn had no choice to judge), the estimator's details
-    (`prior` B_0, `belief` B_k, `delta_belief` ΔB_k, `weight` w_k; GiGPO's `step_return`, `step_advantage`,
-    `anchor_size`) and `advantage` Ã_k (the mean over the turn's tokens: the value itself for a turn-level
-    estimator, penalty term included). A token-level estimator adds `token_gaps` and `tokens` per turn."""
+    trajectory's registered id). Per turn: `evidence` e_k (only where a teacher ran) and `evidence_form`,
+    the form it was computed in (`teacher.evidence`, or "paper" where the turn had no choice to judge), the
+    estimator's details (`prior` B_0, `belief` B_k, `delta_belief` ΔB_k, `weight` w_k; GiGPO's
+    `step_return`, `step_advantage`, `anchor_size`) and `advantage` Ã_k (the mean over the turn's tokens:
+    the value itself for a turn-level estimator, penalty term included). A token-level estimator adds
+    `token_gaps` and `tokens` per turn."""
     batch = record.batch
     rows_of: dict[int, list[int]] = {}
     for row, ti in enumerate(batch.traj_index.tolist()):
@@ -50,7 +51,9 @@ def credit_lines(trajectories: Sequence[Trajectory], record: StepRecord, *, esti
         turns = []
         for row in rows_of.get(ti, []):
             adv = record.credit.tokens[row]
-            entry: dict[str, Any] = {"turn": batch.rows[row].turn_id, "evidence": _num(evidence[row])}
+            entry: dict[str, Any] = {"turn": batch.rows[row].turn_id}
+            if record.evidence.judged:  # GRPO's e_k is 0 by construction, not a teacher's judgement
+                entry["evidence"] = _num(evidence[row])
             if forms is not None:
                 entry["evidence_form"] = forms[row]
             entry.update({k: v[row] if isinstance(v[row], int) else _num(v[row]) for k, v in details.items()})

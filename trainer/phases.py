@@ -14,6 +14,7 @@ where it is written, not an assert at run time.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -38,12 +39,14 @@ class PolicyLogProbs:
 class TeacherEvidence:
     """Per row, the teacher's log-prob of each response token (under the prompt with `c+`; the student's own
     where a row has no teacher prompt), the gaps teacher − student, e_k (rows,), and per row the evidence
-    form e_k was computed with (`teacher.evidence`, or "paper" where a row fell back; None: all "paper")."""
+    form e_k was computed with (`teacher.evidence`, or "paper" where a row fell back; None: all "paper").
+    `judged` is False where no teacher ran (`none`): its zeros are not evidence and are not recorded as such."""
 
     teacher: list[Tensor]
     gaps: list[Tensor]
     evidence: Tensor
     forms: tuple[str, ...] | None = None
+    judged: bool = True
 
     @classmethod
     def summed(cls, teacher: list[Tensor], student: list[Tensor]) -> TeacherEvidence:
@@ -54,7 +57,7 @@ class TeacherEvidence:
     @classmethod
     def none(cls, student: list[Tensor]) -> TeacherEvidence:
         """No teacher pass (GRPO reads no evidence): the teacher is the student, every gap and e_k exactly 0."""
-        return cls.summed(list(student), student)
+        return dataclasses.replace(cls.summed(list(student), student), judged=False)
 
 
 @dataclass(frozen=True)
