@@ -70,6 +70,7 @@ STUDY_ARMS: list[tuple[str, str, str | None]] = [
     ("searchqa/grpo", "Search-QA / GRPO", None),
     ("searchqa/agentopsd-hint", "Search-QA / AgentOPSD (`hint`)", "searchqa/grpo"),
     ("webshop/grpo", "WebShop / GRPO (`outcome=score`), action history, title-aware expert (10 steps)", None),
+    ("webshop/agentopsd-hint", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same (10 steps)", "webshop/grpo"),
     ("webshop/grpo-no-action-history", "WebShop / GRPO (`outcome=score`), no action history, target-only expert", None),
     ("webshop/agentopsd-hint-no-action-history", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same",
      "webshop/grpo-no-action-history"),
