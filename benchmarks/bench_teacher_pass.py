@@ -85,13 +85,16 @@ def main() -> None:
         table.add_row(name, f"{statistics.mean(len(p) for p in prompts):.0f}", f"{med:.2f}", f"{med / base:.2f}x")
     Console().print(table)
     if "teacher (plain)" in results:
-        print(f"max |plain - prefix-cache| teacher log-prob: {_max_diff(results['teacher (plain)'], results['teacher (prefix cache)']):.2e}")
+        prefix_diff = _max_diff(results["teacher (plain)"], results["teacher (prefix cache)"])
+        print(f"max |plain - prefix-cache| teacher log-prob: {prefix_diff:.2e}")
     judged = [c for c in choices if c]
     two = statistics.median(times["choices, then teacher (prefix cache)"])
     one = statistics.median(times["choices with the reply folded in"])
+    fold_diff = _max_diff(results["choices with the reply folded in"].replies,
+                          results["choices, then teacher (prefix cache)"][1])
     print(f"{sum(map(len, judged)) / max(len(judged), 1):.1f} choices per turn on {len(judged)} of {len(choices)} "
           f"rows; folding the reply into the choice pass: {two / one:.2f}x faster, max |folded - teacher pass| "
-          f"reply log-prob {_max_diff(results['choices with the reply folded in'].replies, results['choices, then teacher (prefix cache)'][1]):.2e}")
+          f"reply log-prob {fold_diff:.2e}")
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
