@@ -418,6 +418,7 @@ def load_policy_model(
     dtype: str = "float32",
     lora: LoraSettings | None = None,
     trainable: bool = True,
+    float32_head: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer (pad token set, left padding, chat template present).
 
@@ -426,6 +427,8 @@ def load_policy_model(
     `HF_HUB_OFFLINE=1`). `dtype`: `float32` (CPU default), `bfloat16`, `float16` or `auto`. `lora`: add fresh
     LoRA adapters (ignored with an error if the folder already holds an adapter: that one is loaded instead).
     `trainable=False` returns the model in eval mode with gradients off (reference / evaluation use).
+    `float32_head`: a bf16 / fp16 model computes its logits in float32 (`models.precision.float32_lm_head`), so
+    the sampler's and the trainer's log-probs do not differ by the logits' rounding.
     """
     name = str(name_or_path)
     adapter_dir: Path | None = None
@@ -454,6 +457,10 @@ def load_policy_model(
     elif lora is not None:
         model = apply_lora(model, lora)
 
+    if float32_head:
+        from agentgym_opsd.models.precision import float32_lm_head
+
+        float32_lm_head(model)
     if trainable:
         model.train()
     else:

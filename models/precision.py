@@ -1,12 +1,17 @@
-"""Which floating-point format the model computes in: `model.dtype: auto` resolved once per machine.
+"""Which floating-point format the model computes in, and how bf16 keeps the numbers that sampled.
 
-bfloat16 pays only where the hardware multiplies in it faster than in float32: a CUDA GPU that reports bf16
-support, or an x86 CPU with AMX-BF16 (Sapphire Rapids and later, with AMX enabled), whose tile units oneDNN
-uses for bf16 matmuls. AVX512-BF16 alone is not enough: its dot-product instruction has the same peak as
-float32 FMAs, and on the development machine (avx512_bf16, no AMX) oneDNN's bf16 matmul ran at 80 GFLOP/s
-per thread against MKL float32's 150, and every phase of a `cpu-small` step was 1.4-1.7x slower in bf16
-(`benchmarks/results/precision.json`). So on the CPU `auto` is bf16 with AMX and float32 otherwise, with one
-log line that says why.
+`model.dtype: auto` is decided by measurement, never by CPU flags: two machines with the same flags
+(`avx512_bf16`, no AMX) ran bf16 matmuls at 0.5x float32 (an Intel part) and 4.4x (an AMD EPYC), so only timing
+the model's own matmul shapes in both formats tells. `probe_bf16` does that in a second or two, and the result
+is cached per machine (CPU model name, flags, torch version, threads; for a GPU its name and capability) in
+`$AGENTGYM_OPSD_CACHE/precision_probe.json`. bf16 is chosen where it is at least `BF16_MIN_SPEEDUP` times
+faster; the log line gives both figures.
+
+bf16 on the logits: a logit near 20 has a bf16 resolution of 0.125, so a hidden state that differs in its
+last bit between the sampler (one decode step, KV cache) and the trainer (the whole sequence) can move a
+token's log-prob by a tenth of a nat. `float32_lm_head` makes the output projection compute and return
+float32 from the bf16 hidden state (MiniMax-M1's fix for its training/inference mismatch); the log-softmax
+after it is already float32 everywhere (`trainer/logprobs.py`, `models/hf_policy.py`).
 
 Training in bf16 always keeps float32 master weights and optimiser state (DeepSpeed's bf16 optimiser, or
 `trainer.engine.TorchEngine`'s master copy): an AdamW update of lr 2e-5 is far below bf16's resolution
@@ -16,41 +21,143 @@ Training in bf16 always keeps float32 master weights and optimiser state (DeepSp
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
+import statistics
+import time
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor
 
-__all__ = ["DTYPE_CHOICES", "cpu_bf16_support", "resolve_device", "resolve_dtype", "is_low_precision"]
+from agentgym_opsd.files import atomic_write_text, cache_dir
+
+__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "ProbeResult", "float32_lm_head", "has_float32_lm_head",
+           "is_low_precision", "machine_key", "precision_summary", "probe_bf16", "probe_matmuls", "resolve_device",
+           "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+BF16_MIN_SPEEDUP = 1.3
+"""bf16 is `auto`'s choice where the probe's matmuls run at least this much faster than in float32: below it
+the gain does not pay for the extra rounding (and timing noise alone is ~10%)."""
+DEFAULT_DIMS = (576, 1536)
+"""(hidden, intermediate) of SmolLM2-135M, the embedded model: the probe's shapes when the caller gives none."""
+PROBE_FILE = "precision_probe.json"
 
 
-def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+@dataclass(frozen=True)
+class ProbeResult:
+    """GFLOP/s of the probe's matmuls in each format on this machine."""
+
+    float32_gflops: float
+    bfloat16_gflops: float
+    key: str = ""
+
+    @property
+    def speedup(self) -> float:
+        return self.bfloat16_gflops / self.float32_gflops if self.float32_gflops > 0 else 0.0
+
+    @property
+    def bf16_pays(self) -> bool:
+        return self.speedup >= BF16_MIN_SPEEDUP
+
+    def describe(self) -> str:
+        return (f"bf16 {self.bfloat16_gflops:.0f} vs float32 {self.float32_gflops:.0f} GFLOP/s on the model's "
+                f"matmul shapes ({self.speedup:.2f}x; bf16 where >= {BF16_MIN_SPEEDUP}x)")
+
+
+def _cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, str]:
+    """(model name, flags) of the first CPU in /proc/cpuinfo ('' where unreadable)."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return set()
+        return "", ""
+    name = flags = ""
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not name:
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = " ".join(sorted(value.split()))
+    return name, flags
 
 
-@functools.cache
-def cpu_bf16_support() -> tuple[bool, str]:
-    """(faster, reason): whether bf16 matmuls beat float32 on this CPU (AMX-BF16), and the one-line why."""
-    flags = _cpu_flags()
-    if "amx_bf16" in flags:
-        return True, "the CPU has AMX-BF16 (oneDNN's bf16 matmuls run on its tile units)"
-    if "avx512_bf16" in flags:
-        return False, ("the CPU has avx512_bf16 but no AMX: its bf16 matmuls are no faster than float32 "
-                       "(measured 1.4-1.7x slower per phase, benchmarks/results/precision.json)")
-    if not flags:
-        return False, "cannot read the CPU's flags (/proc/cpuinfo)"
-    return False, "the CPU has no native bf16 (neither amx_bf16 nor avx512_bf16: bf16 would be emulated)"
+def machine_key(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS) -> str:
+    """What the probe's answer depends on: the processor (model name and flags, or the GPU's name and
+    capability), torch's version, the thread count and the shapes."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        hardware = f"{torch.cuda.get_device_name(index)} sm{''.join(map(str, torch.cuda.get_device_capability(index)))}"
+    else:
+        name, flags = _cpu_info()
+        hardware = f"{name or 'unknown CPU'} flags:{hashlib.sha1(flags.encode()).hexdigest()[:12]}"
+    return f"{device.type}|{hardware}|torch {torch.__version__}|threads {torch.get_num_threads()}|dims {list(dims)}"
+
+
+def probe_matmuls(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS, *, tokens: int = 512,
+                  seconds: float = 0.6) -> ProbeResult:
+    """Time the decoder's matmul shapes (tokens x hidden by hidden x hidden / intermediate, and back) in
+    float32 and bf16, interleaved so that a load change hits both alike; the median of each format's rounds."""
+    device = torch.device(device)
+    hidden, intermediate = dims
+    shapes = [(tokens, hidden, hidden), (tokens, hidden, intermediate), (tokens, intermediate, hidden)]
+    flops = sum(2 * m * k * n for m, k, n in shapes)
+    gen = torch.Generator().manual_seed(0)
+    operands = {dt: [(torch.randn(m, k, generator=gen).to(device, dt), torch.randn(k, n, generator=gen).to(device, dt))
+                     for m, k, n in shapes] for dt in (torch.float32, torch.bfloat16)}
+
+    def run(dt: torch.dtype) -> float:
+        t0 = time.perf_counter()
+        for a, b in operands[dt]:
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    for dt in operands:  # warm-up: first calls pick kernels and fault pages in
+        run(dt)
+    times: dict[torch.dtype, list[float]] = {dt: [] for dt in operands}
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times[torch.float32]) < 3:
+        for dt in operands:
+            times[dt].append(run(dt))
+    return ProbeResult(flops / statistics.median(times[torch.float32]) / 1e9,
+                       flops / statistics.median(times[torch.bfloat16]) / 1e9, machine_key(device, dims))
+
+
+def probe_bf16(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS, *,
+               probe: Callable[..., ProbeResult] | None = None, cache: Path | None = None) -> ProbeResult:
+    """This machine's `ProbeResult`, measured once and then read from the cache file (one entry per key)."""
+    key = machine_key(device, dims)
+    path = cache if cache is not None else cache_dir(PROBE_FILE)
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        entries = {}
+    if not isinstance(entries, dict):
+        entries = {}
+    hit = entries.get(key)
+    if isinstance(hit, dict):
+        try:
+            return ProbeResult(float(hit["float32_gflops"]), float(hit["bfloat16_gflops"]), key)
+        except (KeyError, TypeError, ValueError):
+            pass  # a damaged entry is measured again
+    result = (probe or probe_matmuls)(device, dims)
+    result = ProbeResult(result.float32_gflops, result.bfloat16_gflops, key)
+    entries[key] = {k: v for k, v in asdict(result).items() if k != "key"}
+    try:
+        atomic_write_text(path, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:  # a read-only cache costs a probe per run, nothing else
+        log.warning("cannot cache the precision probe in %s: %s", path, exc)
+    return result
 
 
 def resolve_device(device: str) -> torch.device:
@@ -60,21 +167,21 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device | str = "cpu") -> str:
-    """The concrete dtype name for `dtype` on `device`: `auto` is bfloat16 where the hardware computes in it
-    natively, else float32 (logged once, with the reason); any other name is returned unchanged."""
+def resolve_dtype(dtype: str, device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS) -> str:
+    """The concrete dtype name for `dtype` on `device`: `auto` is bfloat16 where the probe measures it at least
+    `BF16_MIN_SPEEDUP` times faster than float32, else float32 (logged once, with both figures); any other
+    name is returned unchanged."""
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"model.dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
     if dtype != "auto":
         return dtype
     device = torch.device(device)
-    if device.type == "cuda":
-        ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        why = "the GPU supports bf16" if ok else "the GPU does not support bf16"
-    else:
-        ok, why = cpu_bf16_support()
-    chosen = "bfloat16" if ok else "float32"
-    _note(f"model.dtype=auto -> {chosen}: {why}")
+    if device.type == "cuda" and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
+        _note("model.dtype=auto -> float32: the GPU does not support bf16")
+        return "float32"
+    result = probe_bf16(device, tuple(dims))
+    chosen = "bfloat16" if result.bf16_pays else "float32"
+    _note(f"model.dtype=auto -> {chosen}: {result.describe()}")
     return chosen
 
 
@@ -88,3 +195,46 @@ def is_low_precision(dtype: str | torch.dtype) -> bool:
     if isinstance(dtype, str):
         return dtype in ("bfloat16", "float16")
     return dtype in (torch.bfloat16, torch.float16)
+
+
+# ---- the float32 LM head ---------------------------------------------------------------------------------
+def _float32_head_forward(self: torch.nn.Linear, hidden: Tensor) -> Tensor:
+    """`Linear.forward` computed and returned in float32. Without gradients (sampling, π_old, teacher) the
+    float32 copy of the weight is kept until the weight changes (`_version` counts in-place updates), so a
+    decode step does not convert 28M weights again; with gradients the conversion is part of the graph."""
+    weight, bias = self.weight, self.bias
+    if torch.is_grad_enabled() and weight.requires_grad:
+        w32 = weight.float()
+    else:
+        stamp = (weight.data_ptr(), weight._version, weight.device)
+        cached = getattr(self, "_float32_weight", None)
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, weight.detach().float())
+            self._float32_weight = cached
+        w32 = cached[1]
+    return torch.nn.functional.linear(hidden.float(), w32, bias.float() if bias is not None else None)
+
+
+def float32_lm_head(model: torch.nn.Module) -> bool:
+    """Make `model`'s output projection return float32 logits from float32 arithmetic (its weight stays where
+    it is, tied or not, so checkpoints, PEFT and ZeRO see the same module). True when a head was found; a
+    float32 model is left alone (nothing to gain)."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, torch.nn.Linear) or not is_low_precision(head.weight.dtype):
+        return False
+    head.forward = types.MethodType(_float32_head_forward, head)  # type: ignore[method-assign]
+    head._float32_head = True  # type: ignore[attr-defined]
+    return True
+
+
+def has_float32_lm_head(model: torch.nn.Module) -> bool:
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return bool(getattr(head, "_float32_head", False))
+
+
+def precision_summary(model: Any) -> dict[str, Any]:
+    """The model's compute dtype and whether its head is float32 (for logs and result files)."""
+    param = next(model.parameters())
+    return {"dtype": str(param.dtype).removeprefix("torch."), "float32_lm_head": has_float32_lm_head(model)}

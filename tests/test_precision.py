@@ -3,6 +3,7 @@ bf16 step gives the float32 step's log-probs (within bf16 rounding) and its adva
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -26,26 +27,118 @@ def test_explicit_dtypes_pass_through_and_bad_names_are_refused() -> None:
         load_config("cpu-tiny", ["model.dtype=half"])
 
 
-@pytest.mark.parametrize(("flags", "expected"), [("fpu avx512f avx512_bf16 avx512_vnni", "float32"),
-                                                  ("fpu avx512_bf16 amx_bf16 amx_tile", "bfloat16"),
-                                                  ("fpu sse4_2 avx2 avx512f", "float32"),
-                                                  ("", "float32")])
-def test_auto_follows_the_cpu_flags(monkeypatch, flags, expected) -> None:
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: set(flags.split()))
-    precision.cpu_bf16_support.cache_clear()
-    try:
-        assert resolve_dtype("auto", "cpu") == expected
-        ok, why = precision.cpu_bf16_support()
-        assert ok == (expected == "bfloat16") and why
-    finally:
-        precision.cpu_bf16_support.cache_clear()
+def _stub_probe(f32: float, bf16: float, calls: list[int]):
+    def probe(device, dims):
+        calls.append(1)
+        return precision.ProbeResult(f32, bf16)
+    return probe
 
 
-def test_cpu_flags_are_read_from_cpuinfo(tmp_path) -> None:
+@pytest.mark.parametrize(("f32", "bf16", "expected"), [(198.0, 883.0, "bfloat16"),   # AMD EPYC family 26
+                                                       (309.0, 145.0, "float32"),    # the Intel part
+                                                       (100.0, 125.0, "float32")])   # below the 1.3x bar
+def test_auto_follows_the_measured_speed_not_the_flags(monkeypatch, tmp_path, f32, bf16, expected) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(precision, "probe_matmuls", _stub_probe(f32, bf16, calls))
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path))
+    assert resolve_dtype("auto", "cpu") == expected
+    assert resolve_dtype("auto", "cpu") == expected
+    assert len(calls) == 1  # the second call read the cache
+    entries = json.loads((tmp_path / precision.PROBE_FILE).read_text())
+    (key, entry), = entries.items()
+    assert key == precision.machine_key("cpu") and entry == {"float32_gflops": f32, "bfloat16_gflops": bf16}
+
+
+def test_probe_cache_is_per_machine_and_survives_damage(monkeypatch, tmp_path) -> None:
+    cache = tmp_path / "probe.json"
+    calls: list[int] = []
+    probe = _stub_probe(100.0, 300.0, calls)
+    assert precision.probe_bf16("cpu", probe=probe, cache=cache).bf16_pays
+    monkeypatch.setattr(precision, "_cpu_info", lambda: ("Another CPU", "fpu avx2"))
+    assert precision.probe_bf16("cpu", probe=_stub_probe(300.0, 100.0, calls), cache=cache).speedup < 1
+    assert len(json.loads(cache.read_text())) == 2 and len(calls) == 2  # both machines' figures side by side
+    cache.write_text("{not json")
+    assert precision.probe_bf16("cpu", probe=probe, cache=cache).speedup == 3.0 and len(calls) == 3
+
+
+def test_the_real_probe_measures_both_formats() -> None:
+    result = precision.probe_matmuls("cpu", (64, 128), tokens=64, seconds=0.05)
+    assert result.float32_gflops > 0 and result.bfloat16_gflops > 0 and "GFLOP/s" in result.describe()
+
+
+def test_cpu_info_is_read_from_cpuinfo(tmp_path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx512_bf16 amx_bf16\n\n")
-    assert precision._cpu_flags(cpuinfo) == {"fpu", "avx512_bf16", "amx_bf16"}
-    assert precision._cpu_flags(tmp_path / "missing") == set()
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512_bf16\n\nprocessor\t: 1\n")
+    assert precision._cpu_info(cpuinfo) == ("AMD EPYC", "avx512_bf16 fpu")
+    assert precision._cpu_info(tmp_path / "missing") == ("", "")
+
+
+def test_float32_head_gives_float32_logits_and_trains_the_tied_weight() -> None:
+    from agentgym_opsd.models.loading import load_policy_model
+
+    model, _ = load_policy_model("tiny-random", dtype="bfloat16")
+    head = model.get_output_embeddings()
+    assert precision.has_float32_lm_head(model) and head.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        hidden = model.model(input_ids=ids).last_hidden_state
+    assert logits.dtype == torch.float32
+    expected = hidden.float() @ head.weight.detach().float().t()
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert not torch.equal(logits, (hidden @ head.weight.detach().t()).float())  # the bf16 head rounds
+    model(input_ids=ids).logits.sum().backward()
+    assert head.weight.grad is not None and head.weight.grad.dtype == torch.bfloat16
+    fp32, _ = load_policy_model("tiny-random", dtype="float32")
+    assert not precision.has_float32_lm_head(fp32)  # nothing to gain there
+
+
+def test_tis_weights_for_a_known_gap() -> None:
+    from agentgym_opsd.trainer.tis import SamplerCorrection
+
+    old = [torch.tensor([math.log(0.3), math.log(0.6), math.log(0.9)]), torch.tensor([-1.0])]
+    sampled = [[math.log(0.2), math.log(0.6), math.log(0.3)], []]  # row 2: the sampler's numbers are missing
+    c = SamplerCorrection.compute(old, sampled, cap=2.0, enabled=True)
+    assert torch.allclose(c.weights[0], torch.tensor([1.5, 1.0, 2.0]))  # 0.9 / 0.3 = 3 is cut at the cap
+    assert torch.equal(c.weights[1], torch.ones(1))
+    m = c.metrics()
+    ratios = torch.tensor([1.5, 1.0, 3.0])
+    assert m["tis/mismatch_k3"] == pytest.approx(float((ratios - 1 - ratios.log()).mean()))
+    assert m["tis/weight_mean"] == pytest.approx(4.5 / 3) and m["tis/weight_max"] == pytest.approx(3.0)
+    assert m["tis/clipped_fraction"] == pytest.approx(1 / 3) and m["tis/on"] == 1.0
+    off = SamplerCorrection.compute(old, sampled, cap=2.0, enabled=False)
+    assert all(torch.equal(w, torch.ones_like(w)) for w in off.weights) and off.metrics()["tis/on"] == 0.0
+    with pytest.raises(ValueError, match="tis_cap"):
+        SamplerCorrection.compute(old, sampled, cap=1.0, enabled=True)
+
+
+def test_tis_is_on_where_the_sampler_differs() -> None:
+    from agentgym_opsd.trainer.tis import tis_enabled
+
+    assert not tis_enabled("auto", backend="hf", low_precision=False, reuses_sampler=False)
+    assert tis_enabled("auto", backend="hf", low_precision=True, reuses_sampler=False)
+    assert tis_enabled("auto", backend="vllm", low_precision=False, reuses_sampler=False)
+    assert not tis_enabled("on", backend="vllm", low_precision=True, reuses_sampler=True)  # weights would be 1
+    assert tis_enabled("on", backend="hf", low_precision=False, reuses_sampler=False)
+    assert not tis_enabled("off", backend="vllm", low_precision=True, reuses_sampler=False)
+    with pytest.raises(ConfigError, match="algorithm.tis_cap"):
+        load_config("cpu-tiny", ["algorithm.tis_cap=0.5"])
+    with pytest.raises(ConfigError, match="algorithm.tis"):
+        load_config("cpu-tiny", ["algorithm.tis=maybe"])
+
+
+def test_tis_weights_scale_each_tokens_policy_term() -> None:
+    from agentgym_opsd.trainer.losses import clipped_policy_loss
+
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    adv, mask = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
+    weights = torch.tensor([[2.0, 0.5]])
+    plain, _ = clipped_policy_loss(logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.2)
+    weighted, _ = clipped_policy_loss(logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.2,
+                                      tis_weights=weights)
+    assert float(plain.detach()) == pytest.approx(0.0) and float(weighted.detach()) == pytest.approx(-2.0 + 0.5)
+    (grad,) = torch.autograd.grad(weighted, logp)
+    assert torch.allclose(grad, -adv * weights)  # d(-r A w)/dlogp at r = 1
 
 
 def _tiny_linear(dtype: torch.dtype) -> torch.nn.Module:
@@ -144,7 +237,9 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
         assert torch.equal(torch.sign(tok_a[clear]), torch.sign(tok_b[clear].to(tok_a.dtype)))
 
         metrics = bf16.step_on(trajs)
+        # π_old in the update's packed layout: the update's first forward rounds exactly alike
         assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND
+        assert metrics["tis/on"] == 1.0 and math.isfinite(metrics["tis/mismatch_k3"])
         assert metrics["logprob_gap/mean"] <= metrics["logprob_gap/max"]
         assert all(torch.isfinite(p).all() for p in bf16.model.parameters())
     finally:

@@ -38,6 +38,7 @@ __all__ = [
     "bucket_micro_batches",
     "collate",
     "pack",
+    "packed_batched_response_logprobs",
     "packed_response_logprobs",
     "prefix_shared_response_logprobs",
     "response_logprobs",
@@ -294,6 +295,34 @@ def batched_response_logprobs(
         for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
             mb = collate(idx, prompts, responses, pad_id).to(device)
             logp, _ = response_logprobs(model, mb, temperature=temperature)
+            _store_rows(results, idx, logp.cpu(), responses)
+    finally:
+        model.train(was_training)
+    return [t if t is not None else torch.zeros(0) for t in results]
+
+
+@torch.no_grad()
+def packed_batched_response_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 4096,
+    max_rows: int = 16,
+    device: torch.device | str = "cpu",
+) -> list[Tensor]:
+    """`batched_response_logprobs` in the update's packed layout (no grad): the same kernels and shapes as the
+    update's forward pass, so that in bf16 π_old and the update's first forward round alike and the PPO ratio
+    starts at 1 (the padded layout's other matmul shapes round differently: `benchmarks/bench_precision.py`)."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    results: list[Tensor | None] = [None] * len(prompts)
+    was_training = model.training
+    model.eval()
+    try:
+        for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=False):
+            pb = pack(idx, prompts, responses).to(device)
+            logp, _ = packed_response_logprobs(model, pb, temperature=temperature)
             _store_rows(results, idx, logp.cpu(), responses)
     finally:
         model.train(was_training)

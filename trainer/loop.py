@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.advantages import BatchAdvantages, batch_advantages
@@ -263,17 +264,20 @@ class Trainer:
 
     def logprobs(self, batch: TurnBatch) -> PolicyLogProbs:
         """The log-prob phase: π_old of every response token and the KL reference's."""
-        old = self.old_logprobs(batch)
-        return PolicyLogProbs(old, self.reference.logprobs(batch.prompt_ids, batch.response_ids))
+        old, from_sampler = self.old_logprobs(batch)
+        return PolicyLogProbs(old, self.reference.logprobs(batch.prompt_ids, batch.response_ids), from_sampler)
 
-    def old_logprobs(self, batch: TurnBatch) -> list[Tensor]:
-        """π_old of every response token: the sampler's own numbers when they are trustworthy (HF backend,
-        `recompute_old_logprobs=False`), else a teacher-forced pass of the trainer model."""
+    def old_logprobs(self, batch: TurnBatch) -> tuple[list[Tensor], bool]:
+        """π_old of every response token, and whether it is the sampler's own numbers: those where they are
+        the trainer's numbers too (HF backend in float32, `recompute_old_logprobs=False`), else a teacher-forced
+        pass of the trainer model in the update's layout (in bf16 the update's first forward then rounds
+        exactly alike, and TIS corrects for the sampler)."""
         reuse = (not self.cfg.algorithm.recompute_old_logprobs and self.cfg.rollout.backend == "hf"
+                 and not is_low_precision(self.cfg.model.dtype)
                  and all(len(r.sample_logprobs) == len(r.response_ids) for r in batch.rows))
         if reuse:
-            return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows]
-        return self.trained.logprobs(batch.prompt_ids, batch.response_ids)
+            return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows], True
+        return self.trained.logprobs(batch.prompt_ids, batch.response_ids, packed=self.session.packed_update), False
 
     def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs,
                 trajs: list[Trajectory] | None = None) -> TeacherEvidence:

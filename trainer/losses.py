@@ -18,9 +18,9 @@ __all__ = ["LossTerms", "StartDrift", "clipped_policy_loss", "kl_k3", "policy_ob
 
 START_RATIO_BOUND = 0.05
 """|r - 1| that the PPO ratio of a token may show before the first optimiser step of an update (where it is 1
-in exact arithmetic): the log-prob of the sampler (or of the no-grad recomputation) and of the update's own
-forward pass differ only by float rounding; bf16 on the CPU stays well inside it
-(`benchmarks/results/precision.json`); `tests/test_precision.py` holds the trainer to it."""
+in exact arithmetic). π_old is the trainer's own pass in the update's packed layout, so in bf16 too it rounds
+as the update's first forward does (deviation 0 in `benchmarks/results/precision.json`); reusing the sampler's
+numbers as π_old (float32 only) differs by float rounding. `tests/test_precision.py` holds the trainer to it."""
 
 
 def clipped_policy_loss(
@@ -32,13 +32,15 @@ def clipped_policy_loss(
     clip_low: float,
     clip_high: float,
     clip_ratio_c: float = 0.0,
+    tis_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sum over tokens of −min(r·A, clip(r, 1−clip_low, 1+clip_high)·A) and the number of clipped tokens.
 
     `advantages` is (rows, R) (a turn's advantage broadcast over its tokens, or per token). With
     `clip_ratio_c` > 1 (dual clip, verl's `clip_ratio_c`) a token with A < 0 loses at most `clip_ratio_c·|A|`:
     a ratio that has run far above 1 on a bad action no longer drives an unbounded update. A token counts as
-    clipped when either clip chose the branch whose gradient is zero.
+    clipped when either clip chose the branch whose gradient is zero. `tis_weights` (rows, R), no gradient:
+    each token's term times its truncated importance weight π_old / π_sampler (`trainer/tis.py`).
     """
     ratio = torch.exp(logp - old_logp)
     unclipped = -ratio * advantages
@@ -50,6 +52,8 @@ def clipped_policy_loss(
         capped = (advantages < 0) & (per_token > cap)
         per_token = torch.where(capped, cap, per_token)
         was_clipped = was_clipped | capped
+    if tis_weights is not None:
+        per_token = per_token * tis_weights.detach()
     return (per_token * mask).sum(), (was_clipped & mask.bool()).sum()
 
 
@@ -85,11 +89,12 @@ def policy_objective(
     entropy_coef: float,
     num_tokens: int,
     clip_ratio_c: float = 0.0,
+    tis_weights: Tensor | None = None,
 ) -> LossTerms:
     """Micro-batch contribution to the token-mean loss: (policy + kl_coef·KL − entropy_coef·H) / num_tokens."""
     mask = mask.to(logp.dtype)
     policy, clipped = clipped_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
-                                          clip_ratio_c=clip_ratio_c)
+                                          clip_ratio_c=clip_ratio_c, tis_weights=tis_weights)
     kl = kl_k3(logp, ref_logp, mask) if ref_logp is not None and kl_coef > 0 else logp.new_zeros(())
     ent = (entropy * mask).sum() if entropy is not None else logp.new_zeros(())
     loss = (policy + kl_coef * kl - entropy_coef * ent) / max(num_tokens, 1)

@@ -29,10 +29,12 @@ __all__ = ["PolicyLogProbs", "StepRecord", "TeacherEvidence"]
 @dataclass(frozen=True)
 class PolicyLogProbs:
     """Per row, the log-prob of each response token under π_old (the rollout policy) and under the KL
-    reference (None when the KL term is off)."""
+    reference (None when the KL term is off). `from_sampler`: π_old is the sampler's own numbers (no
+    recomputation), so there is no sampler/trainer mismatch left to correct (`trainer/tis.py`)."""
 
     old: list[Tensor]
     reference: list[Tensor] | None = None
+    from_sampler: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,11 @@ from torch import Tensor
 
 from agentgym_opsd.records import ChatMessage
 from agentgym_opsd.trainer.checkpoint import CheckpointError
-from agentgym_opsd.trainer.logprobs import batched_response_logprobs, prefix_shared_response_logprobs
+from agentgym_opsd.trainer.logprobs import (
+    batched_response_logprobs,
+    packed_batched_response_logprobs,
+    prefix_shared_response_logprobs,
+)
 
 __all__ = ["TrainedModel"]
 
@@ -46,13 +50,19 @@ class TrainedModel:
         return chat_prompt_ids(self.tokenizer, messages)
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]],
-                 model: torch.nn.Module | None = None, *, shared_prefix: bool = False) -> list[Tensor]:
+                 model: torch.nn.Module | None = None, *, shared_prefix: bool = False,
+                 packed: bool = False) -> list[Tensor]:
         """Teacher-forced log-probs of each response token (no grad), by `model` (default: the trained one).
-        `shared_prefix`: prompts that share a prefix (the teacher's c+ system message) encode it once."""
+        `shared_prefix`: prompts that share a prefix (the teacher's c+ system message) encode it once.
+        `packed`: in the update's packed layout (π_old: in bf16 it then rounds as the update's forward does)."""
+        model = model if model is not None else self.model
+        if packed:
+            return packed_batched_response_logprobs(model, prompts, responses, temperature=self.temperature,
+                                                    max_tokens=self.micro_batch_tokens,
+                                                    max_rows=self.micro_batch_rows, device=self.device)
         score = prefix_shared_response_logprobs if shared_prefix else batched_response_logprobs
-        return score(model if model is not None else self.model, prompts, responses, pad_id=self.pad_id,
-                     temperature=self.temperature, max_tokens=self.micro_batch_tokens,
-                     max_rows=self.micro_batch_rows, device=self.device)
+        return score(model, prompts, responses, pad_id=self.pad_id, temperature=self.temperature,
+                     max_tokens=self.micro_batch_tokens, max_rows=self.micro_batch_rows, device=self.device)
 
     def save(self, folder: Path) -> None:
         """save_pretrained of the full weights (the trained adapter only, with LoRA); collective."""

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import Config
@@ -32,12 +33,13 @@ from agentgym_opsd.trainer.logprobs import (
 )
 from agentgym_opsd.trainer.losses import StartDrift, policy_objective
 from agentgym_opsd.trainer.phases import PolicyLogProbs
+from agentgym_opsd.trainer.tis import TIS_KEYS, SamplerCorrection, tis_enabled
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
 __all__ = ["PPOUpdate", "UPDATE_KEYS", "pad_left"]
 
 UPDATE_KEYS = ("loss", "policy_loss", "kl", "entropy", "clip_fraction", "approx_kl", "grad_norm", "optimizer_steps")
-"""The update's metrics (besides StartDrift's, `trainer/losses.py`)."""
+"""The update's metrics (besides StartDrift's, `trainer/losses.py`, and the sampler correction's, `trainer/tis.py`)."""
 
 
 def pad_left(rows: list[Tensor], width: int) -> Tensor:
@@ -91,7 +93,11 @@ class PPOUpdate:
         old, ref, token_advantages = logprobs.old, logprobs.reference, advantages.tokens
         global_rows = int(dist.all_reduce([len(rows)])[0])
         if not global_rows:
-            return {**dict.fromkeys(UPDATE_KEYS, 0.0), **StartDrift().metrics()}
+            return {**dict.fromkeys(UPDATE_KEYS, 0.0), **StartDrift().metrics(), **dict.fromkeys(TIS_KEYS, 0.0)}
+        correction = SamplerCorrection.compute(
+            old, [r.sample_logprobs for r in rows], cap=a.tis_cap,
+            enabled=tis_enabled(a.tis, backend=self.cfg.rollout.backend, low_precision=is_low_precision(
+                self.cfg.model.dtype), reuses_sampler=logprobs.from_sampler))
         prompts, responses = batch.prompt_ids, batch.response_ids
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
         sums = dict.fromkeys(("policy", "kl", "entropy", "clipped", "approx_kl", "tokens"), 0.0)
@@ -122,7 +128,9 @@ class PPOUpdate:
                     pad_left([token_advantages[i] for i in idx], width).to(self.device), mask,
                     entropy=entropy, ref_logp=pad_left([ref[i] for i in idx], width).to(self.device) if ref else None,
                     clip_low=a.clip_low, clip_high=a.clip_high, clip_ratio_c=a.clip_ratio_c, kl_coef=a.kl_coef,
-                    entropy_coef=a.entropy_coef, num_tokens=int(num_tokens))
+                    entropy_coef=a.entropy_coef, num_tokens=int(num_tokens),
+                    tis_weights=pad_left([correction.weights[i] for i in idx], width).to(self.device)
+                    if correction.enabled else None)
                 self.engine.backward(terms.loss * self.world if self.world > 1 else terms.loss,
                                      is_last=k == n_micro - 1)
                 if not grad_norms:  # before the first optimiser step π_θ is the policy that sampled the rows
@@ -143,7 +151,8 @@ class PPOUpdate:
                 "entropy": sums["entropy"] / tokens, "clip_fraction": sums["clipped"] / tokens,
                 "approx_kl": sums["approx_kl"] / tokens, "grad_norm": float(np.nanmean(grad_norms)),
                 "optimizer_steps": float(len(grad_norms)),
-                **drift.metrics(dist.all_reduce if self.world > 1 else None)}
+                **drift.metrics(dist.all_reduce if self.world > 1 else None),
+                **correction.metrics(dist.all_reduce if self.world > 1 else None)}
 
     def _logprobs(self, idx: list[int], prompts: list, responses: list) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
