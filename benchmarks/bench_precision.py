@@ -8,8 +8,12 @@ For each dtype a fresh `cpu-small` trainer (SmolLM2-135M-Instruct, no warm start
 - teacher   the self-teacher pass (c+ prompts) on those trajectories;
 - update    the PPO update on them (the preset's mini-batches, micro-batching and trainable layers);
 - sft_step  one warm-start step on 8 oracle demonstration rows.
-Numerics: the sampler's log-probs vs the log-prob pass on the same tokens (per dtype, on its own rollouts),
-the bf16 pass vs the float32 pass on the shared trajectories, and the PPO ratio's start deviation.
+Numerics: the sampler's log-probs vs the trainer's π_old pass on the same tokens (per dtype, on its own
+rollouts; the pass in the update's packed layout, as the trainer runs it), the bf16 pass vs the float32 pass on
+the shared trajectories, the PPO ratio's start deviation, and the sampler correction's figures (TIS).
+
+`precision.json` keeps one record per CPU model (`lscpu`'s model name): a run replaces its own machine's record
+and leaves the others, so the machines' numbers sit side by side.
 
     python benchmarks/bench_precision.py                       # -> benchmarks/results/precision.json / .png
     python benchmarks/bench_precision.py --config cpu-tiny --out /tmp/p.json   # fast check of the script
@@ -37,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_roofline import make_trainer, measure_peak_flops, sft_rows  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
-from agentgym_opsd.models.precision import cpu_bf16_support  # noqa: E402
+from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, probe_matmuls  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
 from agentgym_opsd.trainer.phases import PolicyLogProbs  # noqa: E402
 
@@ -89,11 +93,13 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         # the sampler's numbers against this dtype's own teacher-forced pass, on its own rollouts
         own_batch = trainer.score(copy.deepcopy(own))
         sampled = [torch.tensor(r.sample_logprobs) for r in own_batch.rows]
-        recomputed = trainer.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids)
+        packed = trainer.session.packed_update
+        recomputed = trainer.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids, packed=packed)
         sampler_gap = gap_stats(sampled, recomputed)
 
         batch = trainer.score(copy.deepcopy(trajs))
-        logprobs_s, old = timed(lambda: trainer.trained.logprobs(batch.prompt_ids, batch.response_ids), args.repeats)
+        logprobs_s, old = timed(lambda: trainer.trained.logprobs(batch.prompt_ids, batch.response_ids,
+                                                                 packed=packed), args.repeats)
         teacher_s, _ = timed(lambda: trainer.teacher_logprobs(batch, old), args.repeats)
         logprobs = PolicyLogProbs(old)
         advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
@@ -121,12 +127,35 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
             "sampler_vs_pass": sampler_gap,
             "update_start": {k: update_metrics[k] for k in ("logprob_gap/mean", "logprob_gap/max",
                                                             "ppo/start_ratio_max_dev")},
+            "tis": {k: v for k, v in update_metrics.items() if k.startswith("tis/")},
             "old_logprobs": [t.clone() for t in old],
             "trajs": own,
             "dtype_resolved": str(next(trainer.model.parameters()).dtype),
         }
     finally:
         trainer.close()
+
+
+def cpu_model() -> str:
+    """`lscpu`'s model name (what `/proc/cpuinfo` calls it), with the CPU family where the name is generic."""
+    info: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+        if not line.strip():
+            break
+    name = info.get("model name", "unknown CPU")
+    return f"{name} (family {info['cpu family']})" if "cpu family" in info else name
+
+
+def read_machines(path: Path) -> dict[str, Any]:
+    """The per-CPU records already in `path` (an older single-machine file becomes its CPU's record)."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "machines" in data:
+        return dict(data["machines"])
+    return {data.get("cpu", "Intel Xeon (avx512_bf16 + avx512_fp16, no AMX; the record of the first bench)"): data}
 
 
 def plot(record: dict[str, Any], path: Path) -> None:
@@ -146,7 +175,8 @@ def plot(record: dict[str, Any], path: Path) -> None:
         ax.text(i + 0.2, bf16[i], f"{record['phases'][n]['speedup']:.1f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), names)
     ax.set_ylabel("seconds (median)")
-    ax.set_title(f"{record['config']}: float32 vs bfloat16 per phase ({record['threads']} threads)")
+    ax.set_title(f"{record['config']}: float32 vs bfloat16 per phase, {record['cpu']} ({record['threads']} threads)",
+                 fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -160,8 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "precision.json")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    supported, why = cpu_bf16_support()
-    print(f"model.dtype=auto here: {'bfloat16' if supported else 'float32'} ({why})", file=sys.stderr)
+    cpu = cpu_model()
+    probe = probe_matmuls("cpu")
+    print(f"{cpu}: {probe.describe()} -> model.dtype=auto picks "
+          f"{'bfloat16' if probe.bf16_pays else 'float32'}", file=sys.stderr)
     load_before = os.getloadavg()
     peaks = {dt: {threads: max(measure_peak_flops_at(threads, getattr(torch, dt)).values()) / 1e9
                   for threads in (1, torch.get_num_threads())} for dt in ("float32", "bfloat16")}
@@ -170,7 +202,10 @@ def main(argv: list[str] | None = None) -> None:
         bf16 = measure("bfloat16", args, fp32["trajs"], tmp)
     record: dict[str, Any] = {
         "config": args.config, "overrides": args.overrides, "repeats": args.repeats,
-        "threads": torch.get_num_threads(), "cpu_bf16": {"supported": supported, "why": why},
+        "cpu": cpu, "threads": torch.get_num_threads(),
+        "probe": {"float32_gflops": probe.float32_gflops, "bfloat16_gflops": probe.bfloat16_gflops,
+                  "speedup": probe.speedup, "bar": BF16_MIN_SPEEDUP,
+                  "auto_picks": "bfloat16" if probe.bf16_pays else "float32"},
         "matmul_peak_gflops": peaks,  # best torch.mm of 512-2048 squares, per dtype and thread count
         "load_avg_before_after": [load_before[0], os.getloadavg()[0]],
         "phases": {p: {"fp32_s": fp32["phases"][p], "bf16_s": bf16["phases"][p],
@@ -182,13 +217,16 @@ def main(argv: list[str] | None = None) -> None:
         "sampler_vs_pass": {"fp32": fp32["sampler_vs_pass"], "bf16": bf16["sampler_vs_pass"]},
         "update_start": {"fp32": fp32["update_start"], "bf16": bf16["update_start"],
                          "bound": START_RATIO_BOUND},
+        "tis": {"fp32": fp32["tis"], "bf16": bf16["tis"]},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     step_fp32 = sum(fp32["phases"][p] for p in PHASES if p != "sft_step")
     step_bf16 = sum(bf16["phases"][p] for p in PHASES if p != "sft_step")
     record["rl_step"] = {"fp32_s": step_fp32, "bf16_s": step_bf16, "speedup": step_fp32 / step_bf16}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+    machines = read_machines(args.out)
+    machines[cpu] = record
+    args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
     render_pages()  # the docs' precision table follows the new JSON
     plot(record, args.out.with_suffix(".png"))
 

@@ -138,25 +138,37 @@ def render_main_job() -> str:
 
 
 def render_precision() -> str:
-    data = _load("precision.json")
-    lines = ["| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |", "|---|---:|---:|---:|"]
-    phases = dict(data["phases"], **{"RL step": data["rl_step"]})
-    for phase, row in phases.items():
-        lines.append(f"| {phase} | {row['fp32_s']:.1f} | {row['bf16_s']:.1f} | {row['speedup']:.2f}× |")
-    peak = data["matmul_peak_gflops"]
-    gap = data["sampler_vs_pass"]
-    start = data["update_start"]
-    lines += [
-        "",
-        f"Matmul peak at 1 / 2 threads: float32 {peak['float32']['1']:.0f} / {peak['float32']['2']:.0f} GFLOP/s, "
-        f"bfloat16 {peak['bfloat16']['1']:.0f} / {peak['bfloat16']['2']:.0f}. Sampler vs log-prob pass gap "
-        f"(nats per token, mean / max): float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}, "
-        f"bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}. PPO start ratio's deviation from 1: "
-        f"float32 {start['fp32']['ppo/start_ratio_max_dev']:.0e}, bfloat16 "
-        f"{start['bf16']['ppo/start_ratio_max_dev']:.2f} (bound {start['bound']}). {data['threads']} threads, "
-        f"{data['repeats']} repeats.",
-    ]
-    return "\n".join(lines)
+    """One table per CPU model in `precision.json` (each machine's record of `bench_precision.py`)."""
+    lines: list[str] = []
+    for cpu, data in _load("precision.json")["machines"].items():
+        probe = data.get("probe")
+        picks = (f"`model.dtype=auto` picks **{probe['auto_picks']}** (probe: bf16 {probe['bfloat16_gflops']:.0f} vs "
+                 f"float32 {probe['float32_gflops']:.0f} GFLOP/s, {probe['speedup']:.2f}×)" if probe else
+                 "recorded before the probe: `model.dtype=auto` picks **float32** here")
+        lines += [f"**{cpu}**: {picks}.", "", "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |",
+                  "|---|---:|---:|---:|"]
+        phases = dict(data["phases"], **{"RL step": data["rl_step"]})
+        for phase, row in phases.items():
+            lines.append(f"| {phase} | {row['fp32_s']:.1f} | {row['bf16_s']:.1f} | {row['speedup']:.2f}× |")
+        peak = data["matmul_peak_gflops"]
+        gap = data["sampler_vs_pass"]
+        start = data["update_start"]
+        tis = data.get("tis", {}).get("bf16")
+        lines += [
+            "",
+            f"Matmul peak at 1 / 2 threads: float32 {peak['float32']['1']:.0f} / {peak['float32']['2']:.0f} GFLOP/s, "
+            f"bfloat16 {peak['bfloat16']['1']:.0f} / {peak['bfloat16']['2']:.0f}. Sampler vs log-prob pass gap "
+            f"(nats per token, mean / max): float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}, "
+            f"bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}. PPO start ratio's deviation from 1: "
+            f"float32 {start['fp32']['ppo/start_ratio_max_dev']:.0e}, bfloat16 "
+            f"{start['bf16']['ppo/start_ratio_max_dev']:.2f} (bound {start['bound']})."
+            + (f" TIS in bf16: mismatch k3 {tis['tis/mismatch_k3']:.4f}, weight mean {tis['tis/weight_mean']:.3f} / "
+               f"max {tis['tis/weight_max']:.2f}, {100 * tis['tis/clipped_fraction']:.2f}% of tokens at the cap."
+               if tis else "")
+            + f" {data['threads']} threads, {data['repeats']} repeats.",
+            "",
+        ]
+    return "\n".join(lines).rstrip()
 
 
 def render_credit_quality() -> str:
