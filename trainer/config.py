@@ -437,6 +437,8 @@ class TrainerConfig:
     keep_checkpoints: int = _f(2, "how many recent checkpoints to keep")
     eval_every: int = _f(0, "validate every N steps (0 = never)")
     eval_episodes: int = _f(32, "validation episodes")
+    eval_batch_episodes: int = _f(32, "validation plays this many episodes side by side, their turns generated in "
+                                      "one batch (held-out episodes, and the pool check's games x copies)")
     eval_temperature: float = _f(0.4, "validation sampling temperature (paper: 0.4)")
     eval_at_start: bool = _f(False, "also validate before the first RL step (after the warm start)")
     eval_pool_rollouts: int = _f(0, "validation also samples every game of the training pool (env.num_train_tasks) "
@@ -467,6 +469,7 @@ class TrainerConfig:
         _check_positive("trainer.keep_checkpoints", self.keep_checkpoints)
         _check_nonneg("trainer.eval_every", self.eval_every)
         _check_nonneg("trainer.eval_pool_rollouts", self.eval_pool_rollouts)
+        _check_positive("trainer.eval_batch_episodes", self.eval_batch_episodes)
         if not 0 <= self.eval_temperature:
             raise ConfigError(f"trainer.eval_temperature: expected >= 0, got {self.eval_temperature}")
 
@@ -745,6 +748,7 @@ _LIMITS: dict[str, tuple[int | float, str]] = {
     "trainer.eval_every": (_STEPS, "as trainer.total_steps"),
     "trainer.eval_episodes": (1_000_000, "validation plays these one pool at a time; more adds no precision"),
     "trainer.eval_pool_rollouts": (1_024, "as rollout.group_size"),
+    "trainer.eval_batch_episodes": (4_096, "each is a live environment copy"),
 }
 _EPISODES_PER_STEP = 65_536  # B x G environments run at once; the largest recipes run a few thousand
 

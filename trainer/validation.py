@@ -76,7 +76,7 @@ class Validation:
 
         t = self.cfg.trainer
         specs = self.env_specs()
-        num_envs = min(t.eval_episodes, next(iter(self.train_runners.values())).pool.num_envs)
+        num_envs = min(t.eval_episodes, t.eval_batch_episodes)
         for spec in specs:
             if spec not in self._runners:
                 self._runners[spec] = self.make_runner(spec, num_envs)
@@ -106,9 +106,11 @@ class Validation:
         t0 = time.perf_counter()
         per_env: dict[str, list[Trajectory]] = {}
         tasks = [TaskSpec(TRAIN_SEED_LIMIT + i, {"task_index": i}) for i in range(self.cfg.env.num_train_tasks)]
+        # whole games side by side, up to eval_batch_episodes episodes (never fewer than one game's copies)
+        per_call = max(min(self.cfg.trainer.eval_batch_episodes // copies, len(tasks)), 1)
         with self.generating():
-            for k, (spec, runner) in enumerate(self.train_runners.items()):
-                per_call = max(runner.pool.num_envs // copies, 1)
+            for k, spec in enumerate(self.train_runners):
+                runner = self._pool_runner(spec, per_call * copies)
                 trajs = per_env.setdefault(spec, [])
                 for start in range(0, len(tasks), per_call):  # group ids unique over the calls (group_diversity)
                     first = k * len(tasks) + start
@@ -121,6 +123,17 @@ class Validation:
             for spec, trajs in per_env.items():
                 out.update(_pool_rates(trajs, f"pool/{spec}/"))
         return out
+
+    def _pool_runner(self, spec: str, num_envs: int) -> RolloutRunner:
+        """The pool check's runner of a training environment: the training runner when it is large enough,
+        else one of its own with `num_envs` environments (built once, made like the training one)."""
+        train = self.train_runners[spec]
+        if train.pool.num_envs >= num_envs:
+            return train
+        key = f"pool:{spec}"
+        if key not in self._runners:
+            self._runners[key] = self.make_runner(spec, num_envs)
+        return self._runners[key]
 
     def close(self) -> None:
         for runner in self._runners.values():
