@@ -132,3 +132,34 @@ def test_pool_diversity_counts_one_group_per_game(tmp_path, toy_env_ids, monkeyp
     # the pool is played a few games per call: every game must still be its own group (4 groups of 2)
     assert sorted({t.group_id for t in seen}) == [0, 1, 2, 3] and len(seen) == 8
     assert out["pool/episodes"] == 8
+
+
+@pytest.mark.parametrize("batch", [2, 4, 32])
+def test_pool_check_plays_eval_batch_episodes_side_by_side(tmp_path, toy_env_ids, batch) -> None:
+    """Whatever the batch, every game is played `eval_pool_rollouts` times as its own group; a batch larger
+    than the training pool gets a runner of its own."""
+    from agentgym_opsd.trainer.loop import Trainer
+
+    cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
+                                   "trainer.tensorboard=false", "env.num_train_tasks=6", "trainer.eval_pool_rollouts=2",
+                                   f"trainer.eval_batch_episodes={batch}"])
+    trainer = Trainer(cfg)
+    validation = trainer.session.validation
+    calls: list[int] = []
+    try:
+        train_runner = validation.train_runners["ToyCounter-v0"]
+        real_run = type(train_runner).run
+
+        def counting_run(runner, policy, tasks, **kw):
+            calls.append(len(tasks) * kw["group_size"])
+            return real_run(runner, policy, tasks, **kw)
+
+        type(train_runner).run = counting_run
+        try:
+            out = validation.pool(trainer.policy)
+        finally:
+            type(train_runner).run = real_run
+    finally:
+        trainer.close()
+    assert out["pool/episodes"] == 12 and sum(calls) == 12
+    assert max(calls) == min(max(batch // 2, 1) * 2, 12)  # whole games, up to the batch
