@@ -419,8 +419,8 @@ class TrainerConfig:
     total_steps: int = _f(150, "RL training steps")
     output_dir: str = _f("runs/agentopsd", "metrics, trajectories, TensorBoard events and checkpoints go here (for a "
                                            "config file that leaves it unset, base included: runs/<file name>)")
-    overwrite: bool = _f(False, "a new run (no --resume) may replace the run already in output_dir, deleting its "
-                                "files; without it such a folder is refused")
+    overwrite: bool = _f(False, "a new run (no --resume) may replace the run already in output_dir, deleting the "
+                                "old run's files (others are kept); without it such a folder is refused")
     seed: int = _f(0, "seeds python, numpy, torch and the task order")
     backend: str = _f("deepspeed", "optimiser backend: deepspeed | torch (plain single process)")
     device: str = _f("auto", "auto | cpu | cuda")
