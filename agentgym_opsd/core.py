@@ -3,7 +3,9 @@
 Observations and actions are strings. `reset(seed=..., options=...)` picks a task deterministically from
 the seed (or from `options["task_index"]` / `options["task_id"]`), `step(action)` returns the gymnasium
 5-tuple. Malformed actions are answered with an observation and `info["action_valid"] = False`, never
-raised. Every environment also offers `oracle_action()`: the next action of an expert from the current
+raised. An action that is not a `str` at all (None, a number, bytes, a list, a dict) is the caller's bug, not
+the agent's move: `step` raises TypeError naming its type before the turn counts (the action space holds
+strings only, and Gymnasium leaves what happens outside it to the environment). Every environment also offers `oracle_action()`: the next action of an expert from the current
 state (demonstrations, tests and the oracle policy use it).
 """
 
@@ -52,6 +54,12 @@ environment cannot enumerate its actions (Search-QA); `score` is partial credit 
 # Observations and actions are free text; gymnasium's Text space needs a charset and a max length. We accept
 # any Unicode text (the env answers unknown characters as an invalid action), so the space is permissive.
 _MAX_TEXT = 1_000_000
+
+
+def _preview(value: Any) -> str:
+    """A short repr of a refused action (it may be huge)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class TextSpace(gym.spaces.Text):
@@ -136,13 +144,14 @@ class TextEnv(gym.Env[str, str]):
         return observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not isinstance(action, str):  # before anything changes: the episode goes on after the caller's fix
+            raise TypeError(f"{type(self).__name__}.step: the action must be a str (the text the agent "
+                            f"played), got {type(action).__name__} {_preview(action)}")
         if self._ended:
             # Gymnasium leaves this undefined; an agent loop that keeps talking must get an answer, not a crash.
             info = {**self._task_info, ADMISSIBLE_ACTIONS: [], ACTION_VALID: False, WON: self._won,
                     SCORE: self._score, MAX_TURNS: self.max_turns}
             return "The episode has ended. Call reset() to start a new one.", 0.0, True, False, info
-        if not isinstance(action, str):
-            action = "" if action is None else str(action)
         observation, reward, terminated, step_info = self._step_action(action)
         self._turn += 1
         self._won = bool(step_info.pop(WON, self._won))

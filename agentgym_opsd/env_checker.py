@@ -4,8 +4,9 @@ What every environment of agentgym-opsd must do (the conformance suite runs this
 pass Gymnasium's own `check_env`; put the standard `INFO_KEYS` in `info` on reset and on every step; give the
 same episode for the same seed (observation, task and, played with the same actions, every step); have an
 oracle that wins the task within the turn limit; answer a bad action (empty, garbage, very long, control
-characters) with an observation, `action_valid=False`, no reward and no end, instead of raising; refuse a
-`task_index` outside `[0, num_tasks)` instead of wrapping it to another task.
+characters) with an observation, `action_valid=False`, no reward and no end, instead of raising; raise
+TypeError for an action that is not a string (None, 5, bytes, a list, a dict), leaving the episode as it was;
+refuse a `task_index` outside `[0, num_tasks)` instead of wrapping it to another task.
 
     from agentgym_opsd import check_env, make
     check_env(make("MyEnv-v0"))  # raises EnvCheckError naming what is wrong
@@ -23,10 +24,13 @@ from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 from agentgym_opsd.core import ACTION_VALID, ADMISSIBLE_ACTIONS, INFO_KEYS, TASK_ID, WON, TextEnv
 
-__all__ = ["BAD_ACTIONS", "EnvCheckError", "check_env"]
+__all__ = ["BAD_ACTIONS", "NON_STRING_ACTIONS", "EnvCheckError", "check_env"]
 
 BAD_ACTIONS = ("", "   ", "x" * 10_000, "ünïcødé ✓ 行動", "go\x00to\x1b[31m")
 """Actions no environment should accept (unless it lists them as admissible), each answered, never raised."""
+
+NON_STRING_ACTIONS: tuple[Any, ...] = (None, 5, 1.5, True, b"look", ["look"], {"action": "look"})
+"""Values that are not actions at all: `step` raises TypeError for each (a caller's bug, not an agent's move)."""
 
 
 class EnvCheckError(AssertionError):
@@ -50,6 +54,7 @@ def check_env(env: gym.Env, *, seed: int = 123, skip_gymnasium: bool = False) ->
     _check_seeded_reset(env, name, seed)
     _check_oracle_episode(env, name, seed)
     _check_bad_actions(env, name, seed)
+    _check_non_string_actions(env, name, seed)
     _check_task_index_range(env, name)
     env.reset(seed=seed)
 
@@ -122,6 +127,23 @@ def _check_bad_actions(env: gym.Env, name: str, seed: int) -> None:
         if problems:
             raise EnvCheckError(f"{name}: the bad action {action[:40]!r} got {', '.join(problems)}; a bad action "
                                 "is answered, not rewarded, and does not end the episode")
+
+
+def _check_non_string_actions(env: gym.Env, name: str, seed: int) -> None:
+    env.reset(seed=seed)
+    for action in NON_STRING_ACTIONS:
+        try:
+            env.step(action)
+        except TypeError:
+            continue
+        except Exception as exc:
+            raise EnvCheckError(f"{name}: step({action!r}) raised {type(exc).__name__}: {exc}; an action that is "
+                                "not a str is a TypeError") from exc
+        raise EnvCheckError(f"{name}: step({action!r}) was played; an action that is not a str is a TypeError "
+                            "(TextEnv.step raises it: an override of step must keep that)")
+    if env.unwrapped.turn != 0:
+        raise EnvCheckError(f"{name}: refused non-string actions counted as turns ({env.unwrapped.turn}); the "
+                            "TypeError must leave the episode as it was")
 
 
 def _check_task_index_range(env: gym.Env, name: str) -> None:

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentgym_opsd.files import atomic_write_lines, to_json
+from agentgym_opsd.strict_json import loads_strict
 
 __all__ = ["OUTCOMES", "Turn", "Trajectory", "save_jsonl", "load_jsonl", "append_jsonl", "INVALID_KINDS", "classify_invalid",
-           "groups_of", "invalid_rates", "check_fields", "read_json_lines", "NUMBER_OR_NULL", "EpisodeSummary",
+           "groups_of", "invalid_rates", "check_fields", "require_fields", "read_json_lines", "NUMBER_OR_NULL", "EpisodeSummary",
            "summarize"]
 
 INVALID_KINDS = ("no_tag", "not_admissible", "truncated")
@@ -211,6 +212,13 @@ def check_fields(where: str, record: Mapping[str, Any], types: Mapping[str, tupl
                                     f"{type(item).__name__} {_preview.repr(item)}")
 
 
+def require_fields(where: str, record: Mapping[str, Any], names: Iterable[str]) -> None:
+    """Each of `names` is a field of `record`; otherwise a ValueError naming `where` and the first missing one."""
+    missing = [name for name in names if name not in record]
+    if missing:
+        raise ValueError(f"{where} has no field {missing[0]!r}" + (f" (nor {missing[1:]})" if missing[1:] else ""))
+
+
 def _is_one_of(value: Any, allowed: tuple[type, ...]) -> bool:
     return isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool))
 
@@ -322,17 +330,20 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def read_json_lines(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, Any]]:
+def read_json_lines(path: str | os.PathLike[str], what: str, *,
+                    max_string_chars: int | None = None) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) of each non-blank line of a JSON-lines file. A line that is not UTF-8, not
-    JSON, nested deeper than the parser's recursion allows, or holding a lone surrogate (text no file or page
-    can be written with) is a ValueError `PATH:LINE: not a <what> (why)`."""
+    JSON, nested deeper than the parser's recursion allows, holding a lone surrogate (text no file or page
+    can be written with), a number JSON cannot hold (NaN, Infinity, 1e999, an integer of over 4,300 digits:
+    `strict_json.loads_strict`, naming the field) or a string over `max_string_chars` is a ValueError
+    `PATH:LINE: not a <what> (why)`."""
     with Path(path).open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
             try:
                 text = raw.decode("utf-8")
-                value = json.loads(text)
+                value = loads_strict(text, max_string_chars=max_string_chars)
                 if _SURROGATE_ESCAPE.search(text):
                     json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError on a lone one
             except RecursionError:

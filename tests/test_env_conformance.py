@@ -122,3 +122,31 @@ def test_check_env_refuses_what_is_not_a_text_env() -> None:
 
     with pytest.raises(EnvCheckError, match="TextEnv"):
         check_env(gym.make("CartPole-v1"))
+
+
+@pytest.mark.parametrize("action", [None, 5, 1.5, True, b"look", bytearray(b"look"), ["look"], {"action": "look"},
+                                    ("look",), object()])
+def test_a_non_string_action_is_a_type_error_and_the_episode_goes_on(env, action):
+    """Issue 45, hole 8: such actions were played as '' or str(action). A TypeError naming the type, before the
+    turn counts; the next real action plays as if the bad call never happened."""
+    first = env.reset(seed=5)
+    oracle = env.unwrapped.oracle_action()
+    with pytest.raises(TypeError, match=rf"step: the action must be a str .*got {type(action).__name__}"):
+        env.step(action)
+    assert env.unwrapped.turn == 0
+    played = env.step(oracle)
+    fresh = make(env.spec.id, **CONFORMANCE_KWARGS.get(env.spec.id, {}))
+    try:
+        assert fresh.reset(seed=5) == first
+        assert fresh.step(oracle) == played
+    finally:
+        fresh.close()
+
+
+def test_check_env_names_a_step_that_plays_a_non_string_action():
+    class Lenient(CounterEnv):
+        def step(self, action):
+            return super().step(str(action))
+
+    with pytest.raises(EnvCheckError, match=r"step\(None\) was played; an action that is not a str is a TypeError"):
+        check_env(Lenient(), skip_gymnasium=True)

@@ -409,3 +409,77 @@ def test_a_page_that_cannot_be_written_leaves_no_file(good_run, tmp_path, capsys
     assert main([str(good_run), "--out", str(page)]) == 2
     assert "surrogate" in capsys.readouterr().err
     assert not page.exists() and not list(tmp_path.iterdir())  # not even the temporary file
+
+
+# ---- issue 45, hole 6: non-finite numbers, huge integers, missing fields, oversized strings -------------------
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" * 400 + ".0"])
+@pytest.mark.parametrize(("folder", "key", "field"), [
+    ("credit", '"evidence": ', "turns[0].evidence"), ("credit", '"seq_advantage": ', "seq_advantage"),
+    ("trajectories", '"reward": ', "turns[0].reward"),
+])
+def test_a_number_json_cannot_hold_is_refused_naming_its_field(good_run, tmp_path, capsys, token, folder, key, field):
+    def edit(text: str) -> str:
+        start = text.index(key) + len(key)
+        end = min(i for i in (text.find(",", start), text.find("}", start)) if i > 0)
+        return text[:start] + token + text[end:]
+
+    _assert_clean_error(*_inspect_with(good_run, folder, 0, edit, tmp_path, capsys), folder, 1, field)
+
+
+@pytest.mark.parametrize(("folder", "key", "field"), [
+    ("credit", '"step": ', "step"), ("trajectories", '"group_id": ', "group_id"),
+])
+def test_an_integer_over_4300_digits_is_refused_naming_its_field(good_run, tmp_path, capsys, folder, key, field):
+    def edit(text: str) -> str:
+        start = text.index(key) + len(key)
+        return text[:start] + "9" * 5000 + text[text.index(",", start):]
+
+    code, err, page = _inspect_with(good_run, folder, 0, edit, tmp_path, capsys)
+    _assert_clean_error(code, err, page, folder, 1, f"field '{field}'")
+    assert "5000 digits" in err
+
+
+@pytest.mark.parametrize(("folder", "remove", "field"), [
+    ("credit", ("turns",), "'turns'"), ("credit", ("estimator",), "'estimator'"), ("credit", ("won",), "'won'"),
+    ("credit", ("turns", 0, "belief"), "'belief'"), ("credit", ("turns", 0, "advantage"), "'advantage'"),
+    ("credit", ("turns", 1, "tokens"), "'tokens'"), ("trajectories", ("turns",), "'turns'"),
+    ("trajectories", ("won",), "'won'"), ("trajectories", ("turns", 0, "observation"), "'observation'"),
+])
+def test_a_missing_field_is_refused_naming_it(good_run, tmp_path, capsys, folder, remove, field):
+    def edit(text: str) -> str:
+        record = json.loads(text)
+        *parents, key = remove
+        target = record
+        for step in parents:
+            target = target[step]
+        del target[key]
+        return json.dumps(record)
+
+    _assert_clean_error(*_inspect_with(good_run, folder, 0, edit, tmp_path, capsys), folder, 1, field)
+
+
+def test_a_turn_without_the_details_its_line_has_is_refused(good_run, tmp_path, capsys):
+    """AgentOPSD writes B_0, B_k, ΔB_k and w_k for every turn: a turn with none of them was cut out."""
+    def edit(text: str) -> str:
+        line = json.loads(text)
+        for key in ("prior", "belief", "delta_belief", "weight"):
+            del line["turns"][1][key]
+        return json.dumps(line)
+
+    _assert_clean_error(*_inspect_with(good_run, "credit", 0, edit, tmp_path, capsys), "credit", 1, "turns[1]")
+
+
+@pytest.mark.parametrize("folder", ["credit", "trajectories"])
+def test_a_string_over_the_bound_is_refused_naming_its_field(good_run, tmp_path, capsys, folder):
+    from agentgym_opsd.inspector.page import MAX_STRING_CHARS
+
+    key = "task_type" if folder == "credit" else "task_text"
+
+    def edit(text: str) -> str:
+        return json.dumps({**json.loads(text), key: "a" * (MAX_STRING_CHARS + 1)})
+
+    code, err, page = _inspect_with(good_run, folder, 0, edit, tmp_path, capsys)
+    _assert_clean_error(code, err, page, folder, 1, f"field '{key}'")
+    assert f"at most {MAX_STRING_CHARS}" in err

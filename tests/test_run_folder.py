@@ -7,6 +7,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
+from agentgym_opsd.trainer.checkpoint import is_run_entry
 from agentgym_opsd.trainer.cli import main
 
 TOY = ["--config", "cpu-tiny", "env.id=ToyCounter-v0", "trainer.total_steps=1", "trainer.tensorboard=false",
@@ -39,12 +42,51 @@ def test_rerun_into_a_run_folder_is_refused_and_loses_nothing(tmp_path, toy_env_
 def test_overwrite_true_replaces_the_old_run_entirely(tmp_path, toy_env_ids) -> None:
     out = tmp_path / "R"
     assert main([*TOY, f"trainer.output_dir={out}"]) == 0
-    (out / "notes-from-the-old-run.txt").write_text("old")
+    (out / "metrics.20200101-000000.jsonl").write_text("{}\n")  # an older run's metrics, set aside
+    (out / ".checkpoints.123.0badc0de.tmp").mkdir()  # a save killed mid-write
     assert main([*TOY, f"trainer.output_dir={out}", "algorithm.estimator=grpo", "trainer.overwrite=true"]) == 0
     assert "estimator: grpo" in (out / "config.yaml").read_text()
-    assert not (out / "notes-from-the-old-run.txt").exists()
     assert not list(out.glob("metrics.*.jsonl"))  # no old metrics set aside: the old run is gone, as asked
+    assert not (out / ".checkpoints.123.0badc0de.tmp").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_overwrite_true_keeps_what_is_not_the_runs(tmp_path, toy_env_ids, caplog) -> None:
+    """Issue 45, hole 1: a user's files beside the run survive `trainer.overwrite=true`, and the log names them."""
+    out = tmp_path / "R"
+    assert main([*TOY, f"trainer.output_dir={out}"]) == 0
+    (out / "notes.txt").write_text("my notes")
+    (out / "mydata").mkdir()
+    (out / "mydata" / "a.csv").write_text("x,y\n1,2\n")
+    (out / ".gitkeep").write_text("")
+    with caplog.at_level("WARNING", logger="agentgym_opsd.trainer.checkpoint"):
+        assert main([*TOY, f"trainer.output_dir={out}", "algorithm.estimator=grpo", "trainer.overwrite=true"]) == 0
+    assert (out / "notes.txt").read_text() == "my notes"
+    assert (out / "mydata" / "a.csv").read_text() == "x,y\n1,2\n"
+    assert (out / ".gitkeep").is_file()
+    assert "estimator: grpo" in (out / "config.yaml").read_text()
+    kept = [r.getMessage() for r in caplog.records if "kept what is not a run's" in r.getMessage()]
+    assert kept and ".gitkeep, mydata, notes.txt" in kept[0]
+
+
+def test_every_entry_a_run_writes_is_one_overwrite_deletes(tmp_path, toy_env_ids) -> None:
+    """`RUN_ENTRIES` is the one list of a run's names: a writer that adds a top-level entry without adding it
+    there would have it survive an overwrite (and be mixed into the next run)."""
+    out = tmp_path / "R"
+    assert main([*TOY, f"trainer.output_dir={out}", "trainer.tensorboard=true", "trainer.eval_every=1",
+                 "trainer.eval_episodes=2"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert {"config.yaml", "metrics.jsonl", "checkpoints", "trajectories", "tensorboard"} <= set(names)
+    assert [n for n in names if not is_run_entry(n)] == []
+
+
+@pytest.mark.parametrize(("name", "ours"), [
+    ("config.yaml", True), ("metrics.20240101-120000.jsonl", True), (".config.yaml.4242.deadbeef.tmp", True),
+    (".warm_start.7.0123abcd.tmp", True), ("notes.txt", False), ("mydata", False), (".gitkeep", False),
+    (".notes.txt.4242.deadbeef.tmp", False), ("Config.yaml", False), ("checkpoints-backup", False),
+])
+def test_is_run_entry(name: str, ours: bool) -> None:
+    assert is_run_entry(name) is ours
 
 
 def test_a_new_folder_and_an_empty_one_need_no_flag(tmp_path, toy_env_ids) -> None:

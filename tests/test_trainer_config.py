@@ -182,21 +182,72 @@ def test_the_bounds_leave_room_for_real_gpu_recipes() -> None:
         load_config("cpu-tiny", ["rollout.group_size=1024", "rollout.tasks_per_step=128"])
 
 
-def test_every_count_has_a_bound() -> None:
-    """A new integer (or size) field comes with its bound in `_LIMITS`; each bound names a real field."""
+def _numeric_fields() -> list[tuple[str, object]]:
+    """(`section.key`, its dataclass field) of every int and float config key."""
     import dataclasses
     import typing
 
-    from agentgym_opsd.trainer.config import _LIMITS, Config
+    from agentgym_opsd.trainer.config import Config
 
-    numeric = set()
+    out = []
     for section in dataclasses.fields(Config):
         cls = typing.get_type_hints(Config)[section.name]
         if dataclasses.is_dataclass(cls):
-            numeric |= {f"{section.name}.{name}" for name, tp in typing.get_type_hints(cls).items() if tp is int}
-    choices = {"deepspeed.zero_stage"}  # a closed set of values, checked as such
-    assert numeric - choices <= set(_LIMITS), sorted(numeric - choices - set(_LIMITS))
-    defaults = Config().to_dict()
-    for key in _LIMITS:
-        section, name = key.split(".")
-        assert name in defaults[section], key
+            hints = typing.get_type_hints(cls)
+            out += [(f"{section.name}.{f.name}", f) for f in dataclasses.fields(cls) if hints[f.name] in (int, float)]
+    return out
+
+
+def test_every_numeric_key_has_a_documented_range(capsys) -> None:
+    """A new int or float key comes with its `Range` (or is a credit hyper-parameter, checked by CreditConfig),
+    and `--help-config` shows it."""
+    fields = _numeric_fields()
+    assert len(fields) > 40
+    unranged = [key for key, f in fields if "range" not in f.metadata and "range_text" not in f.metadata]
+    assert unranged == []
+    assert main(["--help-config"]) == 0
+    out = capsys.readouterr().out
+    for key, _ in fields:
+        assert re.search(rf"^  {re.escape(key)} \(.*\[range: [^]]+\]$", out, re.M), key
+
+
+def _outside(within) -> list[float]:
+    """Values just outside a range, below and above (NaN-free; beyond every special value)."""
+    lo = within.lo if within.lo_open else within.lo - max(1, abs(within.lo))
+    hi = within.hi if within.hi_open else within.hi + max(1, within.hi)
+    return [v for v in (lo, hi) if all(v != special for special, _ in within.special)]
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (key, value) for key, f in _numeric_fields() if "range" in f.metadata for value in _outside(f.metadata["range"])
+])
+def test_a_value_outside_its_range_is_refused_at_load_naming_the_key(key: str, value: float) -> None:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: expected (at (most|least)|[<>]) "):
+        load_config("cpu-tiny", [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("override", [  # issue 45, hole 7: each of these passed
+    "env.history_turns=-5", "env.max_prompt_chars=-1", "env.invalid_action_penalty=-7", "env.reward_scale=1e308",
+    "rollout.vllm_gpu_memory_utilization=1.5", "model.lora_dropout=1", "optim.weight_decay=-0.1",
+    "algorithm.entropy_coef=-1", "trainer.eval_episodes=0", "trainer.seed=-1", "warm_start.lr=0",
+])
+def test_values_that_make_no_sense_are_refused_naming_the_key(override: str) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: expected "):
+        load_config("cpu-tiny", [override])
+
+
+def test_the_special_values_keep_their_meaning() -> None:
+    cfg = load_config("cpu-tiny", ["env.history_turns=-1", "env.invalid_action_penalty=-1", "algorithm.clip_ratio_c=0",
+                                   "warm_start.seed=-1", "env.max_prompt_chars=0", "env.invalid_action_penalty=0"])
+    assert (cfg.env.history_turns, cfg.algorithm.clip_ratio_c, cfg.warm_start.seed) == (-1, 0, -1)
+
+
+def test_overrides_work_on_either_side_of_print_config(capsys) -> None:
+    assert main(["--config", "cpu-tiny", "trainer.total_steps=3", "--print-config", "algorithm.lam=0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  total_steps: 3\n" in out and "\n  lam: 0.3\n" in out
+    assert main(["--print-config", "env.history_turns=-5", "--config", "cpu-tiny"]) == 2
+    assert "env.history_turns: expected at least 0" in capsys.readouterr().err

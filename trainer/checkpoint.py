@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import hashlib
 import json
 import logging
@@ -51,6 +52,7 @@ import math
 import os
 import pickle
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +73,8 @@ __all__ = [
     "RUN_MARKERS",
     "check_run_folder",
     "holds_run",
+    "is_run_entry",
+    "RUN_ENTRIES",
     "refuse_or_clear_run_folder",
     "TrainerState",
     "capture_rng",
@@ -182,10 +186,33 @@ def holds_run(folder: Path) -> bool:
     return folder.is_dir() and any(p.name in RUN_MARKERS for p in folder.iterdir())
 
 
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.*.jsonl", "training_curves.png", "checkpoints", "warm_start",
+               "trajectories", "credit", "tensorboard", "wandb", "wandb_run_id", "mlruns", "mlflow_run_id",
+               "vllm_init_model")
+"""Every name a run writes at the top of its folder (glob patterns): what `trainer.overwrite=true` deletes, and
+nothing else. A writer that adds a name adds it here (`tests/test_run_folder.py` checks a run's folder against
+this list)."""
+
+
+_TMP_NAME = re.compile(r"\.(?P<name>.+)\.\d+\.[0-9a-f]{8}\.tmp")
+
+
+def is_run_entry(name: str) -> bool:
+    """True for a name the run writes (`RUN_ENTRIES`), or the temporary `.NAME.PID.ID.tmp` of one (a writer
+    killed mid-write leaves it; `files._tmp_path`)."""
+    if tmp := _TMP_NAME.fullmatch(name):
+        name = tmp["name"]
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_ENTRIES)
+
+
 def refuse_or_clear_run_folder(folder: Path, *, overwrite: bool, clear: bool) -> None:
     """A fresh run (no `--resume`) never silently replaces an earlier one: a folder that holds a run is refused
-    (the message names the ways on), unless `overwrite`, and then (`clear`: on the rank that writes) its
-    entries are deleted first, so no file of the old run is mixed into the new one."""
+    (the message names the ways on), unless `overwrite`, and then (`clear`: on the rank that writes) the old
+    run's entries (`RUN_ENTRIES`) are deleted first, so no file of the old run is mixed into the new one.
+
+    Anything else in the folder (a user's notes, data) is not the run's: it is kept and named in the log. Kept,
+    not refused: `overwrite` asks to replace the run, and the folder already passed `check_run_folder`, so the
+    user chose it knowing what else it holds; refusing would only make them move their files first."""
     if not holds_run(folder):
         return
     if not overwrite:
@@ -193,9 +220,16 @@ def refuse_or_clear_run_folder(folder: Path, *, overwrite: bool, clear: bool) ->
         raise ValueError(f"trainer.output_dir: {folder} already holds a training run ({shown}); a new run would "
                          "replace it. Continue it with --resume auto, choose another trainer.output_dir, or pass "
                          "trainer.overwrite=true to delete it and start over")
-    if clear:
-        for entry in folder.iterdir():
+    if not clear:
+        return
+    entries = sorted(folder.iterdir())
+    for entry in entries:
+        if is_run_entry(entry.name):
             remove_path(entry)
+    foreign = [p.name for p in entries if not is_run_entry(p.name)]
+    if foreign:
+        shown = ", ".join(foreign[:10]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 10 else "")
+        log.warning("trainer.overwrite: deleted the old run in %s; kept what is not a run's: %s", folder, shown)
 
 
 @dataclass

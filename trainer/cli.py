@@ -48,7 +48,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_arg_parser().parse_args(argv)
+    # intermixed: overrides may stand before and after the flags (`key=v --print-config key2=v2`)
+    args = build_arg_parser().parse_intermixed_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # this project never downloads weights
     if args.local_rank is not None:

