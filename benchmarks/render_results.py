@@ -176,8 +176,8 @@ def render_study_answer() -> str:
     episodes_needed = [r["episodes_for_target"] for _, r, _ in held]
     return (
         f"**The answer so far.** Paired with GRPO on the same RL seeds and the same held-out episodes, "
-        f"{len(held)} arms: {verdict} (helps / hurts needs a t interval over at least three seeds that excludes "
-        f"0). The largest held-out difference is {best[0]}, {_diff_ci(best[1])} points on "
+        f"{len(held)} rows (environment × arm): {verdict} (helps / hurts needs a t interval over at least three "
+        f"seeds that excludes 0). The largest held-out difference is {best[0]}, {_diff_ci(best[1])} points on "
         f"{_seeds(len(best[1]['seeds']))} of {best[1]['episodes']} episodes; the lowest {worst[0]}, "
         f"{_diff_ci(worst[1])} on {_seeds(len(worst[1]['seeds']))}. "
         + (f"Where the self-teacher's raw e_k AUC (won / lost) is recorded: {auc_text}. " if teacher else "")
