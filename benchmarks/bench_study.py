@@ -3,6 +3,8 @@
     python benchmarks/bench_study.py --plan                     # list every run and whether it finished
     python benchmarks/bench_study.py --only alfworld --parallel 2
     python benchmarks/bench_study.py --report-only              # rebuild study.json and the figures
+    python benchmarks/bench_study.py --only webshop --arms grpo agentopsd-hint --seeds 0 1 2 --steps 10 \
+        --eval-episodes 96                                      # arms `grpo-eval96`, `agentopsd-hint-eval96`
 
 Every run is `python -m agentgym_opsd.train` from its environment's cached warm start (one "before" run per
 environment: warm start + before-evaluations, shared by all its arms and seeds; `warm_start.seed=0`), with
@@ -16,11 +18,16 @@ privileged `goal` hint), `agentopsd-choice` (the skills teacher judging the chos
 ones, `teacher.evidence=choice`), `gigpo`, λ ∈ {0.25, 1.0} beside the default 0.5, and the learning rate 5e-5 beside the
 recipe's 2e-5 for GRPO and AgentOPSD; WebShop and Search-QA
 (`cpu-small-webshop`, `cpu-small-searchqa`): `grpo` and `agentopsd-hint` (WebShop also `agentopsd-choice`).
+`--eval-episodes N` (default 48) evaluates on N held-out episodes instead: its runs are the arms `<arm>-evalN`
+from their own before run (`<config>-evalN`), so they never mix with, or overwrite, the 48-episode results; the
+first 48 of the N episodes are today's 48 (same tasks, same reset seeds).
 Report per arm: pool and held-out success after (mean over seeds; 95% interval from the pooled episodes and a
-t-interval over seeds), the paired difference to GRPO per seed, invalid actions, RL minutes, and
-the share of lost-rollout rows with a positive advantage (must be 0). Writes `benchmarks/results/study.json`
-and `study_curves.png` (success per step, entropy, λ sensitivity, and horizon: held-out gain per task type against
-the type's mean expert plan length).
+t-interval over seeds), the paired difference to its GRPO baseline (`baseline_arm`: same seed, same before run)
+per seed and its 95% interval with what a ±3-point answer would need (`agentgym_opsd.evaluation.paired`),
+invalid actions, RL minutes, and the share of lost-rollout rows with a positive advantage (must be 0). Writes
+`benchmarks/results/study.json`, `study_forest.png` (`study_forest.py`: the paired differences) and
+`study_curves.png` (per environment: training-batch success and entropy per step, the band the range over
+seeds; λ sensitivity; horizon: held-out gain per task type against the type's mean expert plan length).
 """
 
 from __future__ import annotations
@@ -28,16 +35,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
 from render_results import render_pages  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
+from study_forest import draw_forest
 
 from agentgym_opsd.core import TASK_TYPE
+from agentgym_opsd.credit import estimator_spec
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.evaluation.paired import SeedPair, paired_difference, t_quantile_975
 from agentgym_opsd.files import atomic_write_text
 from agentgym_opsd.registry import make
 from agentgym_opsd.trainer.experiments import (
@@ -52,7 +63,8 @@ from agentgym_opsd.trainer.experiments import (
 
 RESULTS = Path(__file__).parent / "results"
 STUDY = RESULTS / "study"
-EVAL = ("trainer.eval_episodes=48", "trainer.eval_pool_rollouts=4", "warm_start.seed=0")
+EVAL_EPISODES = 48
+EVAL = (f"trainer.eval_episodes={EVAL_EPISODES}", "trainer.eval_pool_rollouts=4", "warm_start.seed=0")
 HINT = ("teacher.context=hint", "teacher.hint_level=goal")
 ARMS: dict[str, dict[str, tuple[str, ...]]] = {
     "alfworld": {
@@ -75,17 +87,42 @@ ARMS: dict[str, dict[str, tuple[str, ...]]] = {
 CONFIGS = {"alfworld": "cpu-small", "webshop": "cpu-small-webshop", "searchqa": "cpu-small-searchqa"}
 SEEDS = {"alfworld": (0, 1, 2), "webshop": (0,), "searchqa": (0,)}
 ALFWORLD_HELD_OUT = "ALFWorld-v0:easy_valid"
+# The arm an arm's paired difference is taken against where it is not `grpo`: runs from another warm start pair
+# with the GRPO run of that warm start (`--eval-episodes` arms keep their `-evalN` tag on both sides).
+BASELINES = {"agentopsd-hint-no-action-history": "grpo-no-action-history"}
+EVAL_TAG = re.compile(r"-eval\d+$")
+TARGET_HALF_WIDTH = 0.03  # "a ±3-point answer": what the study reports it would need
 
 
-def study_specs(envs: list[str], seeds: dict[str, tuple[int, ...]], steps: int) -> list[RunSpec]:
+def eval_tag(eval_episodes: int) -> str:
+    """The arm and before-run suffix of an evaluation on `eval_episodes` held-out episodes ("" for the default)."""
+    if eval_episodes < 1:
+        raise ValueError(f"--eval-episodes: expected >= 1, got {eval_episodes}")
+    return "" if eval_episodes == EVAL_EPISODES else f"-eval{eval_episodes}"
+
+
+def baseline_arm(arm: str) -> str:
+    """The arm whose run of the same seed and the same before run `arm`'s paired difference is taken against."""
+    tag = match.group(0) if (match := EVAL_TAG.search(arm)) else ""
+    return BASELINES.get(arm.removesuffix(tag), "grpo") + tag
+
+
+def study_specs(envs: list[str], seeds: dict[str, tuple[int, ...]], steps: int, eval_episodes: int = EVAL_EPISODES,
+                arms: list[str] | None = None) -> list[RunSpec]:
+    """The runs of `envs` × `ARMS` (only `arms` when given, by their names without the `-evalN` tag) × seeds."""
     out = []
     steps_kv = (f"trainer.total_steps={steps}", f"trainer.eval_every={steps}") if steps else ()
+    tag = eval_tag(eval_episodes)
+    evaluation = (f"trainer.eval_episodes={eval_episodes}", *EVAL[1:])
     for env in envs:
-        before = BeforeSpec(CONFIGS[env], CONFIGS[env], EVAL)
+        before = BeforeSpec(CONFIGS[env] + tag, CONFIGS[env], evaluation)
         for seed in seeds[env]:
             for arm, overrides in ARMS[env].items():
-                out.append(RunSpec(f"{env}/{arm}/seed{seed}", before, (*overrides, f"trainer.seed={seed}", *steps_kv),
-                                   {"env": env, "arm": arm, "seed": seed}))
+                if arms and arm not in arms:
+                    continue
+                labels = {"env": env, "arm": arm + tag, "seed": seed, **({"eval_episodes": eval_episodes} if tag else {})}
+                out.append(RunSpec(f"{env}/{arm}{tag}/seed{seed}", before,
+                                   (*overrides, f"trainer.seed={seed}", *steps_kv), labels))
     return out
 
 
@@ -101,7 +138,7 @@ def _pooled(rows: list[dict], when: str, key: str) -> dict:
 
 
 def _t95(dof: int) -> float:
-    return {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}.get(dof, 1.96 + 2.4 / max(dof, 1))
+    return t_quantile_975(dof)
 
 
 def summarize(results: list[dict]) -> dict:
@@ -112,7 +149,8 @@ def summarize(results: list[dict]) -> dict:
     for (env, arm), rows in sorted(by_arm.items()):
         rows.sort(key=lambda r: r["labels"]["seed"])
         # paired only with the GRPO run of the same seed *and the same before run* (warm start)
-        grpo = {(r["labels"]["seed"], r["before_run"]): r for r in by_arm.get((env, "grpo"), [])}
+        base = baseline_arm(arm)
+        grpo = {(r["labels"]["seed"], r["before_run"]): r for r in by_arm.get((env, base), [])}
         pairs = [(r, g) for r in rows if (g := grpo.get((r["labels"]["seed"], r["before_run"])))]
         paired = {key: [r["after"][key]["success"] - g["after"][key]["success"] for r, g in pairs]
                   for key in ("valid", "pool")}
@@ -121,6 +159,8 @@ def summarize(results: list[dict]) -> dict:
             "pool_before": rows[0]["before"]["pool"]["success"], "valid_before": rows[0]["before"]["valid"]["success"],
             "pool_after": _pooled(rows, "after", "pool"), "valid_after": _pooled(rows, "after", "valid"),
             "paired_diff_to_grpo": paired,
+            "baseline": f"{env}/{base}" if pairs and base != arm else None,
+            "paired": _paired_intervals(pairs, by_arm[(env, base)]) if pairs and base != arm else None,
             "valid_score": {when: _mean_score(rows, when) for when in ("before", "after")},
             "invalid_after": sum(r["after"]["valid"]["invalid_action_rate"] for r in rows) / len(rows),
             "rl_minutes": sum(r["rl_minutes"] for r in rows) / len(rows),
@@ -128,9 +168,34 @@ def summarize(results: list[dict]) -> dict:
             "lost_rows": sum(r["failed_rows"] for r in rows),
             "credit_auc": _mean_auc(rows),
             "evidence_auc": _mean_auc(rows, "evidence"),
+            "teacher": _reads_teacher(rows),
             "valid_by_task_type": {"before": _by_task_type(rows, "before"), "after": _by_task_type(rows, "after")},
         }
     return table
+
+
+def _paired_intervals(pairs: list[tuple[dict, dict]], baseline_rows: list[dict]) -> dict[str, dict]:
+    """Held-out and pool: the paired difference to the baseline with its 95% interval and what a ±3-point
+    answer would need; the baseline's seeds on the same before run give the spread when one seed is paired."""
+    before_run = pairs[0][0]["before_run"]
+    out = {}
+    for key in ("valid", "pool"):
+        seed_pairs = [SeedPair(r["labels"]["seed"], _wins(r["after"][key]), r["after"][key]["episodes"],
+                               _wins(g["after"][key]), g["after"][key]["episodes"]) for r, g in pairs]
+        base_rates = [g["after"][key]["success"] for g in baseline_rows if g["before_run"] == before_run]
+        out[key] = paired_difference(seed_pairs, target=TARGET_HALF_WIDTH, baseline_rates=base_rates).to_json()
+    return out
+
+
+def _reads_teacher(rows: list[dict]) -> bool:
+    """Whether the arm's estimator (its runs' `algorithm.estimator` override) reads the self-teacher's evidence."""
+    names = {o.partition("=")[2] for r in rows for o in r["overrides"] if o.startswith("algorithm.estimator=")}
+    return any(estimator_spec(name).needs_teacher for name in names)
+
+
+def _wins(rate: dict) -> int:
+    """Episodes won in a result's `{"success", "episodes"}` record."""
+    return round(rate["success"] * rate["episodes"])
 
 
 def _mean_score(rows: list[dict], when: str) -> float | None:
@@ -218,13 +283,12 @@ def report(table: dict, results: list[dict]) -> None:
         t.add_column(col, justify="right")
     for name, a in table.items():
         p, v = a["pool_after"], a["valid_after"]
-        diffs = a["paired_diff_to_grpo"]["valid"]
         t.add_row(name, str(len(a["seeds"])),
                   f"{100 * a['pool_before']:.1f} -> {100 * p['mean']:.1f} [{100 * p['episodes_ci'][0]:.0f}, "
                   f"{100 * p['episodes_ci'][1]:.0f}]",
                   f"{100 * a['valid_before']:.1f} -> {100 * v['mean']:.1f} [{100 * v['episodes_ci'][0]:.0f}, "
                   f"{100 * v['episodes_ci'][1]:.0f}]",
-                  " ".join(f"{100 * d:+.0f}" for d in diffs) if a["arm"] != "grpo" else "-",
+                  _paired_text(a) if a["paired"] else "-",
                   " -> ".join(_f2(a.get("valid_score", {}).get(w)) for w in ("before", "after")),
                   f"{100 * a['invalid_after']:.1f}%", " / ".join(_f2(a["credit_auc"][k]) for k in ("success", "failure")),
                   " / ".join(_f2(a["evidence_auc"][k]) for k in ("success", "failure")),
@@ -233,8 +297,16 @@ def report(table: dict, results: list[dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "study.json").write_text(json.dumps(table, indent=2) + "\n")
     render_pages()  # the docs' and README's tables follow the new JSON
+    draw_forest(table)
     if results:
         plot(table, results)
+
+
+def _paired_text(arm: dict) -> str:
+    """Per-seed held-out differences, then their mean and 95% interval, in points."""
+    held_out = arm["paired"]["valid"]
+    per_seed = " ".join(f"{100 * d:+.0f}" for d in held_out["per_seed"])
+    return f"{per_seed} = {100 * held_out['mean']:+.1f} [{100 * held_out['low']:+.0f}, {100 * held_out['high']:+.0f}]"
 
 
 def _f2(value: float | None) -> str:
@@ -242,29 +314,61 @@ def _f2(value: float | None) -> str:
 
 
 def plot(table: dict, results: list[dict]) -> None:
+    """`study_curves.png`: per environment, training-batch success and entropy per step (mean over seeds, the
+    band their range); below, ALFWorld's λ sensitivity and horizon panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
-    arms = sorted({(r["labels"]["env"], r["labels"]["arm"]) for r in results})
-    for i, (env, arm) in enumerate(arms):
-        runs = [r for r in results if (r["labels"]["env"], r["labels"]["arm"]) == (env, arm)]
-        steps = min(len(r["per_step"]) for r in runs)
-        for ax, key in ((axes[0], "success_rate"), (axes[1], "entropy")):
-            ys = [sum((r["per_step"][k].get(key) or 0.0) for r in runs) / len(runs) for k in range(steps)]
-            ax.plot(range(1, steps + 1), ys, color=f"C{i % 10}", ls=ENV_LINESTYLE.get(env, "-"), label=f"{env}/{arm}")
-    axes[0].set_title("training-batch success per step (mean over seeds)")
-    axes[1].set_title("entropy (nats/token)")
-    axes[0].legend(fontsize=7)
-    _plot_lambda(axes[2], results)
-    _plot_horizon(axes[3], table)
+    envs = [env for env in ENV_TITLES if any(r["labels"]["env"] == env for r in results)]
+    arms = sorted({r["labels"]["arm"] for r in results} - set(SWEEP_ARMS))
+    colors = {arm: f"C{i % 10}" for i, arm in enumerate(arms)}  # an arm keeps its colour in every panel
+    fig, axes = plt.subplots(3, max(len(envs), 2), figsize=(5.2 * max(len(envs), 2), 11), squeeze=False)
+    for col, env in enumerate(envs):
+        runs_by_arm: dict[str, list[dict]] = {}
+        for r in results:
+            if r["labels"]["env"] == env and r["labels"]["arm"] not in SWEEP_ARMS:
+                runs_by_arm.setdefault(r["labels"]["arm"], []).append(r)
+        for arm, runs in sorted(runs_by_arm.items()):
+            label = f"{arm} ({seeds_text(sorted(r['labels']['seed'] for r in runs))})"
+            for ax, key in ((axes[0][col], "success_rate"), (axes[1][col], "entropy")):
+                _plot_band(ax, runs, key, color=colors[arm], label=label)
+        axes[0][col].set_title(f"{ENV_TITLES[env]}: training-batch success per step", fontsize=9)
+        axes[1][col].set_title(f"{ENV_TITLES[env]}: entropy (nats/token)", fontsize=9)
+        axes[1][col].set_xlabel("RL step")
+        axes[0][col].legend(fontsize=6)
+    for ax in [*axes[0][len(envs):], *axes[1][len(envs):], *axes[2][2:]]:
+        ax.set_axis_off()
+    _plot_lambda(axes[2][0], results)
+    _plot_horizon(axes[2][1], table)
+    fig.suptitle("The study's runs: line = mean over seeds, band = range over seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(RESULTS / "study_curves.png", dpi=110)
+    plt.close(fig)
 
 
-ENV_LINESTYLE = {"alfworld": "-", "searchqa": "--", "webshop": ":"}  # more arms than colours: the env by line
+def _plot_band(ax, runs: list[dict], key: str, *, color: str, label: str) -> None:
+    """The mean over `runs` of `per_step[key]` per step, with the range over the runs shaded (one run: no band)."""
+    steps = min(len(r["per_step"]) for r in runs)
+    xs = range(1, steps + 1)
+    per_step = [[r["per_step"][k].get(key) for r in runs] for k in range(steps)]
+    per_step = [[v for v in values if v is not None] or [math.nan] for values in per_step]
+    ax.plot(xs, [statistics.fmean(v) for v in per_step], color=color, label=label, lw=1.2)
+    if len(runs) > 1:
+        ax.fill_between(xs, [min(v) for v in per_step], [max(v) for v in per_step], color=color, alpha=0.15, lw=0)
+
+
+def seeds_text(seeds: list[int]) -> str:
+    """"seed 0", "seeds 0 and 1", "seeds 0, 1 and 2"."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return f"seeds {', '.join(map(str, seeds[:-1]))} and {seeds[-1]}"
+
+
+ENV_TITLES = {"alfworld": "ALFWorld", "searchqa": "Search-QA", "webshop": "WebShop"}
+SWEEP_ARMS = ("agentopsd-lam0.25", "agentopsd-lam1.0", "grpo-lr5e-5", "agentopsd-lr5e-5")
+"""Hyper-parameter arms: in the λ panel and the tables, not among the curves (nine arms in one panel hide each other)."""
 LAMBDA_ARMS = ((0.25, "agentopsd-lam0.25"), (0.5, "agentopsd"), (1.0, "agentopsd-lam1.0"))
 
 
@@ -286,7 +390,7 @@ def _plot_lambda(ax, results: list[dict]) -> None:
         if all(s in grpo for s in seeds):
             ax.axhline(100 * statistics.fmean(grpo[s]["after"][key]["success"] for s in seeds), ls="--",
                        color=f"C{i}", lw=0.8, label=f"GRPO {label}")
-    ax.set_title(f"λ sensitivity: ALFWorld success after (%), seed {','.join(map(str, seeds))}", fontsize=9)
+    ax.set_title(f"λ sensitivity: ALFWorld success after (%), {seeds_text(seeds)}", fontsize=9)
     ax.set_xlabel("λ")
     ax.legend(fontsize=7)
 
@@ -314,18 +418,21 @@ def _plot_horizon(ax, table: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", choices=sorted(ARMS), default=sorted(ARMS))
-    ap.add_argument("--arms", nargs="+", default=None, help="only these arms")
+    ap.add_argument("--arms", nargs="+", default=None, help="only these arms (names without the -evalN tag)")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds of every environment")
     ap.add_argument("--steps", type=int, default=0, help="RL steps per run (0 = the preset's total_steps)")
     ap.add_argument("--out", default="runs/study")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--cores", type=int, default=None,
                     help="torch threads shared by this runner's processes (default: all; 1 beside another run)")
+    ap.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES,
+                    help=f"held-out episodes per evaluation; other than {EVAL_EPISODES}, the runs are the arms "
+                         "<arm>-evalN from their own before run, beside the 48-episode ones")
     ap.add_argument("--plan", action="store_true", help="list the runs and whether each finished")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     seeds = {env: tuple(args.seeds) if args.seeds else s for env, s in SEEDS.items()}
-    specs = [s for s in study_specs(args.only, seeds, args.steps) if not args.arms or s.labels["arm"] in args.arms]
+    specs = study_specs(args.only, seeds, args.steps, args.eval_episodes, args.arms)
     runner = ExperimentRunner(Path(args.out), STUDY, parallel=args.parallel, cores=args.cores)
     if args.plan:
         pending = {s.name for s in runner.pending(specs)}

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["RENDERERS", "render_pages", "render_text", "main"]
+__all__ = ["RENDERERS", "paired_rows", "render_pages", "render_text", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -56,49 +56,57 @@ def _auc(x: float | None) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
-# The study's arms in reading order: (key in study.json, label, the arm its paired difference is taken against).
-STUDY_ARMS: list[tuple[str, str, str | None]] = [
-    ("alfworld/grpo", "ALFWorld / GRPO", None),
-    ("alfworld/agentopsd", "ALFWorld / AgentOPSD (`skills`)", "alfworld/grpo"),
-    ("alfworld/agentopsd-hint", "ALFWorld / AgentOPSD (`hint`)", "alfworld/grpo"),
-    ("alfworld/agentopsd-choice", "ALFWorld / AgentOPSD (`skills`, `teacher.evidence=choice`)", "alfworld/grpo"),
-    ("alfworld/gigpo", "ALFWorld / GiGPO", "alfworld/grpo"),
-    ("alfworld/agentopsd-lam0.25", "ALFWorld / AgentOPSD λ 0.25", "alfworld/grpo"),
-    ("alfworld/agentopsd-lam1.0", "ALFWorld / AgentOPSD λ 1.0", "alfworld/grpo"),
-    ("alfworld/grpo-lr5e-5", "ALFWorld / GRPO, lr 5e-5", "alfworld/grpo"),
-    ("alfworld/agentopsd-lr5e-5", "ALFWorld / AgentOPSD, lr 5e-5", "alfworld/grpo"),
-    ("searchqa/grpo", "Search-QA / GRPO", None),
-    ("searchqa/agentopsd-hint", "Search-QA / AgentOPSD (`hint`)", "searchqa/grpo"),
-    ("webshop/grpo", "WebShop / GRPO (`outcome=score`), action history, title-aware expert (10 steps)", None),
-    ("webshop/agentopsd-hint", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same (10 steps)", "webshop/grpo"),
-    ("webshop/grpo-no-action-history", "WebShop / GRPO (`outcome=score`), no action history, target-only expert", None),
-    ("webshop/agentopsd-hint-no-action-history", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same",
-     "webshop/grpo-no-action-history"),
-    ("webshop/grpo-title-expert", "WebShop / GRPO, title-searching warm start (8 steps)", None),
+# The study's arms in reading order: (key in study.json, label). Each arm's paired difference is taken against
+# the arm `study.json` names as its `baseline` (`bench_study.baseline_arm`: GRPO of the same seed and before run).
+STUDY_ARMS: list[tuple[str, str]] = [
+    ("alfworld/grpo", "ALFWorld / GRPO"),
+    ("alfworld/agentopsd", "ALFWorld / AgentOPSD (`skills`)"),
+    ("alfworld/agentopsd-hint", "ALFWorld / AgentOPSD (`hint`)"),
+    ("alfworld/agentopsd-choice", "ALFWorld / AgentOPSD (`skills`, `teacher.evidence=choice`)"),
+    ("alfworld/gigpo", "ALFWorld / GiGPO"),
+    ("alfworld/agentopsd-lam0.25", "ALFWorld / AgentOPSD λ 0.25"),
+    ("alfworld/agentopsd-lam1.0", "ALFWorld / AgentOPSD λ 1.0"),
+    ("alfworld/grpo-lr5e-5", "ALFWorld / GRPO, lr 5e-5"),
+    ("alfworld/agentopsd-lr5e-5", "ALFWorld / AgentOPSD, lr 5e-5"),
+    ("searchqa/grpo", "Search-QA / GRPO"),
+    ("searchqa/agentopsd-hint", "Search-QA / AgentOPSD (`hint`)"),
+    ("webshop/grpo", "WebShop / GRPO (`outcome=score`), action history, title-aware expert (10 steps)"),
+    ("webshop/agentopsd-hint", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same (10 steps)"),
+    ("webshop/grpo-eval96", "WebShop / GRPO, the same, 96 held-out episodes"),
+    ("webshop/agentopsd-hint-eval96", "WebShop / AgentOPSD (`hint`), the same, 96 held-out episodes"),
+    ("webshop/grpo-no-action-history", "WebShop / GRPO (`outcome=score`), no action history, target-only expert"),
+    ("webshop/agentopsd-hint-no-action-history", "WebShop / AgentOPSD (`hint`, `outcome=score`), the same"),
+    ("webshop/grpo-title-expert", "WebShop / GRPO, title-searching warm start (8 steps)"),
 ]
+ENV_NAMES = {"alfworld": "ALFWorld", "searchqa": "Search-QA", "webshop": "WebShop"}
 
 
-def _paired(study: dict, key: str, baseline: str | None) -> str:
+def study_arms(study: dict) -> list[tuple[str, str]]:
+    """`STUDY_ARMS` present in `study`, then any other arm under its key (never dropped silently)."""
+    known = dict(STUDY_ARMS)
+    return [(key, label) for key, label in STUDY_ARMS if key in study] + [(k, k) for k in study if k not in known]
+
+
+def paired_rows(study: dict) -> list[tuple[str, dict]]:
+    """The rows of the forest plot and the resolution table: (`env / arm` label, arm) for every arm with a paired
+    difference to its baseline, in reading order."""
+    return [(f"{ENV_NAMES.get(study[key]['env'], study[key]['env'])} / {study[key]['arm']}", study[key])
+            for key, _ in study_arms(study) if study[key].get("paired")]
+
+
+def _paired(arm: dict) -> str:
     """Held-out success of the arm minus its baseline's, per shared RL seed, in points."""
-    if baseline is None:
+    if not arm.get("paired"):
         return "–"
-    arm, base = study[key], study[baseline]
-    base_by_seed = dict(zip(base["seeds"], base["valid_after"]["per_seed"], strict=True))
-    diffs = [100 * (after - base_by_seed[seed])
-             for seed, after in zip(arm["seeds"], arm["valid_after"]["per_seed"], strict=True) if seed in base_by_seed]
-    return ", ".join(_signed(d) for d in diffs) or "–"
+    return ", ".join(_signed(100 * d) for d in arm["paired"]["valid"]["per_seed"]) or "–"
 
 
 def render_study() -> str:
     study = _load("study.json")
-    known = {key for key, _, _ in STUDY_ARMS}
-    arms = STUDY_ARMS + [(key, key, None) for key in study if key not in known]  # never drop an arm silently
     lines = ["| env / arm | seeds | held-out before → after | pool before → after | paired held-out Δ vs GRPO "
              "per seed | invalid (held-out, after) | credit AUC won / lost | teacher e_k AUC won / lost | RL min |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for key, label, baseline in arms:
-        if key not in study:
-            continue
+    for key, label in study_arms(study):
         arm = study[key]
         valid, pool = arm["valid_after"], arm["pool_after"]
         held_out = f"{_pct(arm['valid_before'])} → **{_pct(valid['mean'])}** {_ci(valid['episodes_ci'])}"
@@ -110,8 +118,89 @@ def render_study() -> str:
         lines.append(
             f"| {label} | {len(arm['seeds'])} | {held_out} "
             f"| {_pct(arm['pool_before'])} → **{_pct(pool['mean'])}** {_ci(pool['episodes_ci'])} "
-            f"| {_paired(study, key, baseline)} | {100 * arm['invalid_after']:.1f}% | {auc} "
+            f"| {_paired(arm)} | {100 * arm['invalid_after']:.1f}% | {auc} "
             f"| {arm['rl_minutes']:.0f} |")
+    return "\n".join(lines)
+
+
+def _points(x: float, digits: int = 1) -> str:
+    return _signed(100 * x, digits)
+
+
+def _diff_ci(record: dict) -> str:
+    """"+10.4 [−8, +28]": a paired difference and its 95% interval, in points."""
+    return f"{_points(record['mean'])} [{_points(record['low'], 0)}, {_points(record['high'], 0)}]"
+
+
+def _seeds(n: int) -> str:
+    return "one seed" if n == 1 else f"{n} seeds"
+
+
+def _teacher_auc(arm: dict) -> str:
+    """The self-teacher's raw e_k AUC won / lost; "no teacher" for an estimator without one."""
+    auc = arm.get("evidence_auc") or {}
+    if not arm.get("teacher"):
+        return "no teacher"
+    return "not recorded" if auc.get("success") is None else f"{_auc(auc['success'])} / {_auc(auc.get('failure'))}"
+
+
+def _needs(record: dict) -> str:
+    """Seeds a ±3-point answer needs at the episodes used, with the spread it was computed from."""
+    if record["seeds_for_target"] is None:
+        return "unknown (no spread measured)"
+    return (f"{record['seeds_for_target']} (s = {100 * record['spread']:.1f} points, "
+            f"{record['spread_source']})")
+
+
+def render_study_answer() -> str:
+    """The study section's opening paragraph: what the paired differences to GRPO say, from `study.json`."""
+    rows = paired_rows(_load("study.json"))
+    held = [(label, arm["paired"]["valid"], arm) for label, arm in rows]
+    helps = [label for label, r, _ in held if r["verdict"] == "helps"]
+    hurts = [label for label, r, _ in held if r["verdict"] == "hurts"]
+    undecided = len(held) - len(helps) - len(hurts)
+    told = []
+    if helps:
+        told.append(f"{', '.join(helps)} {'helps' if len(helps) == 1 else 'help'}")
+    if hurts:
+        told.append(f"{', '.join(hurts)} {'hurts' if len(hurts) == 1 else 'hurt'}")
+    verdict = (f"{'; '.join(told)}; the other {undecided} cannot be told apart from GRPO at 95%" if told else
+               f"none of the {len(held)} can be told apart from GRPO at 95%")
+    best = max(held, key=lambda row: row[1]["mean"])
+    worst = min(held, key=lambda row: row[1]["mean"])
+    widths = sorted(held, key=lambda row: row[1]["half_width"])
+    teacher = [(label, r, arm) for label, r, arm in held if (arm.get("evidence_auc") or {}).get("success") is not None]
+    auc_text = "; ".join(f"{label}: {_teacher_auc(arm)}, paired {_diff_ci(r)} ({_seeds(len(r['seeds']))})"
+                         for label, r, arm in teacher)
+    seeds_needed = [r["seeds_for_target"] for _, r, _ in held if r["seeds_for_target"] is not None]
+    episodes_needed = [r["episodes_for_target"] for _, r, _ in held]
+    return (
+        f"**The answer so far.** Paired with GRPO on the same RL seeds and the same held-out episodes, "
+        f"{len(held)} rows (environment × arm): {verdict} (helps / hurts needs a t interval over at least three "
+        f"seeds that excludes 0). The largest held-out difference is {best[0]}, {_diff_ci(best[1])} points on "
+        f"{_seeds(len(best[1]['seeds']))} of {best[1]['episodes']} episodes; the lowest {worst[0]}, "
+        f"{_diff_ci(worst[1])} on {_seeds(len(worst[1]['seeds']))}. "
+        + (f"Where the self-teacher's raw e_k AUC (won / lost) is recorded: {auc_text}. " if teacher else "")
+        + f"The intervals run from ±{100 * widths[0][1]['half_width']:.1f} points ({widths[0][0]}) to "
+        f"±{100 * widths[-1][1]['half_width']:.1f} ({widths[-1][0]}); a ±3-point answer needs "
+        f"{min(seeds_needed)}–{max(seeds_needed)} seeds per arm at the episodes used where a spread is measured, "
+        f"or, the spread between seeds ignored, {min(episodes_needed):,}–{max(episodes_needed):,} held-out "
+        f"episodes per arm (the table below).")
+
+
+def render_study_resolve() -> str:
+    """Per paired row: the held-out and pool differences with 95% intervals, how wide they are, what a ±3-point
+    answer needs and the conclusion the row supports."""
+    rows = paired_rows(_load("study.json"))
+    lines = ["| env / arm | held-out Δ, points [95%] | ± | interval | seeds × episodes | teacher e_k AUC won / lost "
+             "| seeds for ±3 | episodes per arm for ±3 | conclusion | pool Δ [95%] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, arm in rows:
+        held, pool = arm["paired"]["valid"], arm["paired"]["pool"]
+        lines.append(
+            f"| {label} | {_diff_ci(held)} | {100 * held['half_width']:.1f} | {held['method']} "
+            f"| {len(held['seeds'])} × {held['episodes']} | {_teacher_auc(arm)} | {_needs(held)} "
+            f"| {held['episodes_for_target']:,} | **{held['verdict']}** | {_diff_ci(pool)} ({pool['verdict']}) |")
     return "\n".join(lines)
 
 
@@ -262,6 +351,8 @@ def render_headline() -> str:
 RENDERERS: dict[str, Callable[[], str]] = {
     "headline": render_headline,
     "study": render_study,
+    "study_answer": render_study_answer,
+    "study_resolve": render_study_resolve,
     "main_job": render_main_job,
     "precision": render_precision,
     "credit_quality": render_credit_quality,

@@ -6,6 +6,7 @@ links are checked by `mkdocs build --strict` in `.ci/run`."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -73,6 +74,20 @@ def test_results_pages_agree_with_their_json():
     stale = _render_results().render_pages(check=True)
     assert not stale, ("these pages disagree with benchmarks/results/*.json; run "
                        f"`python benchmarks/render_results.py`: {[str(p.relative_to(ROOT)) for p in stale]}")
+
+
+def test_study_forest_is_drawn_from_the_current_study_json(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # study_forest imports render_results as a script does
+    spec = importlib.util.spec_from_file_location("study_forest", ROOT / "benchmarks" / "study_forest.py")
+    forest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(forest)
+    study = json.loads((ROOT / "benchmarks" / "results" / "study.json").read_text(encoding="utf-8"))
+    assert forest.read_stamp() == forest.stamp(study), \
+        "study_forest.png was not drawn from the current study.json; run `python benchmarks/study_forest.py`"
+    rows = forest.forest_data(study)
+    assert rows and all(row["low"] <= row["mean"] <= row["high"] for row in rows)
+    assert "study_forest.png" in (ROOT / "docs" / "results.md").read_text(encoding="utf-8").split("**The study**")[0], \
+        "docs/results.md leads the study section with the forest plot"
 
 
 def test_render_replaces_a_stale_block_and_refuses_an_unknown_one():

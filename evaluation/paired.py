@@ -1,0 +1,181 @@
+"""Paired differences in success between two training arms, and what a study of their size can resolve.
+
+Two arms (say AgentOPSD and GRPO) trained from one warm start with the same RL seeds and evaluated on the same
+held-out episodes form one pair per seed. The result files keep each run's success rate and episode count, not
+its per-episode outcomes, so the interval is built from what is there:
+
+- **three or more seeds**: a t interval over the seeds' paired differences. Each seed's difference carries both
+  noise sources, the RL seed and the episodes, including how strongly the two arms' outcomes on the shared
+  episodes go together (which rates alone cannot tell), so their spread measures the noise of the mean directly.
+- **one or two seeds** (or seeds whose differences are all equal, where the t interval has zero width):
+  Newcombe's interval for the difference of the episodes pooled over the seeds (`success_difference_interval`).
+  It treats the two arms' episodes as independent (wider than a paired count would be: shared episodes
+  correlate) and cannot see the spread between seeds (narrower than the truth, which on WebShop is ten points
+  between two GRPO seeds). So it bounds episode noise only, and such a row never reads "helps" or "hurts".
+
+What a ±`target` answer would need (`seeds_for_target`, `episodes_for_target`):
+- seeds, at the episodes per run used: the smallest k >= 2 with t(0.975, k−1) · s / √k <= target, s the standard
+  deviation of one seed's paired difference: the arm's own when it has two or more paired seeds, else √2 × the
+  baseline's standard deviation across its seeds (two independent draws of that spread);
+- episodes per arm, seed spread ignored: n = z² · (p_a(1−p_a) + p_b(1−p_b)) / target², z = 1.96, the two arms'
+  pooled rates: the size of one evaluation that alone keeps episode noise within the target (independent
+  episodes; a paired count on shared episodes needs fewer).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agentgym_opsd.evaluation.metrics import success_difference_interval
+
+__all__ = ["MIN_SEEDS_FOR_T", "PairedDifference", "SeedPair", "episodes_for_target", "paired_difference",
+           "paired_spread", "seeds_for_target", "t_quantile_975"]
+
+Z_975 = 1.959963984540054
+MIN_SEEDS_FOR_T = 3
+"""Below three seeds the spread of the paired differences has at most one degree of freedom (t = 12.7)."""
+
+# Student's t, 0.975 quantile, degrees of freedom 1..30 (four decimals, as printed in every t table).
+_T_975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
+          2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
+          2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+
+
+def t_quantile_975(dof: int) -> float:
+    """The 0.975 quantile of Student's t with `dof` degrees of freedom (a 95% two-sided interval's multiplier):
+    the table up to 30, then the Cornish–Fisher expansion in 1/dof (within 1e-4 of the exact value there)."""
+    if dof < 1:
+        raise ValueError(f"dof: expected >= 1, got {dof}")
+    if dof <= len(_T_975):
+        return _T_975[dof - 1]
+    z = Z_975
+    g1 = (z ** 3 + z) / 4
+    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
+    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
+    return z + g1 / dof + g2 / dof ** 2 + g3 / dof ** 3
+
+
+@dataclass(frozen=True)
+class SeedPair:
+    """One RL seed's held-out (or pool) wins of the arm and its baseline, on the same episodes."""
+
+    seed: int
+    arm_wins: int
+    arm_episodes: int
+    base_wins: int
+    base_episodes: int
+
+    def __post_init__(self) -> None:
+        for wins, episodes, name in ((self.arm_wins, self.arm_episodes, "arm"),
+                                     (self.base_wins, self.base_episodes, "base")):
+            if episodes < 1 or not 0 <= wins <= episodes:
+                raise ValueError(f"seed {self.seed}: {name}_wins must be in [0, {name}_episodes] with "
+                                 f"{name}_episodes >= 1, got {wins} of {episodes}")
+
+    @property
+    def difference(self) -> float:
+        """Arm minus baseline success rate."""
+        return self.arm_wins / self.arm_episodes - self.base_wins / self.base_episodes
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Arm minus baseline success, paired by seed (rates in [−1, 1]).
+
+    `mean`: mean over seeds of the per-seed differences (`per_seed`); `low`/`high`: its 95% interval by `method`
+    ("t over seeds" or "pooled episodes", module doc); `episodes_low`/`episodes_high`: the pooled-episode
+    interval, also when the t interval is the one used; `verdict`: "helps" / "hurts" when a t interval excludes
+    0, else "cannot tell"; `spread`: one seed's paired-difference standard deviation behind `seeds_for_target`
+    (None when unknown), from `spread_source`; `episodes`: held-out episodes per run (each arm, each seed)."""
+
+    seeds: tuple[int, ...]
+    per_seed: tuple[float, ...]
+    episodes: int
+    mean: float
+    low: float
+    high: float
+    method: str
+    episodes_low: float
+    episodes_high: float
+    verdict: str
+    target: float
+    spread: float | None
+    spread_source: str | None
+    seeds_for_target: int | None
+    episodes_for_target: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "seeds": list(self.seeds), "per_seed": list(self.per_seed),
+                "half_width": self.half_width}
+
+
+def paired_spread(differences: Sequence[float], baseline_rates: Sequence[float]) -> tuple[float | None, str | None]:
+    """The standard deviation of one seed's paired difference and where it came from (module doc); (None, None)
+    when neither the pairs nor the baseline's seeds measure it, or it measures 0."""
+    if len(differences) >= 2:
+        spread, source = statistics.stdev(differences), "paired seeds"
+    elif len(baseline_rates) >= 2:
+        spread, source = math.sqrt(2) * statistics.stdev(baseline_rates), "baseline seeds × √2"
+    else:
+        return None, None
+    return (spread, source) if spread > 0 else (None, None)
+
+
+def seeds_for_target(spread: float | None, target: float) -> int | None:
+    """The fewest seeds k >= 2 with t(0.975, k−1) · spread / √k <= target; None without a spread."""
+    if target <= 0:
+        raise ValueError(f"target: expected > 0, got {target}")
+    if spread is None:
+        return None
+    # t > z, so no k <= (z · spread / target)² suffices: the search starts there
+    k = max(2, math.floor((Z_975 * spread / target) ** 2))
+    while t_quantile_975(k - 1) * spread / math.sqrt(k) > target:
+        k += 1
+    return k
+
+
+def episodes_for_target(rate_a: float, rate_b: float, target: float) -> int:
+    """Episodes per arm for a ±`target` 95% interval of the difference of two independent rates:
+    ⌈z² (p_a(1−p_a) + p_b(1−p_b)) / target²⌉, at least 1."""
+    if target <= 0:
+        raise ValueError(f"target: expected > 0, got {target}")
+    variance = rate_a * (1 - rate_a) + rate_b * (1 - rate_b)
+    return max(1, math.ceil(Z_975 ** 2 * variance / target ** 2 - 1e-9))
+
+
+def paired_difference(pairs: Sequence[SeedPair], *, target: float = 0.03,
+                      baseline_rates: Sequence[float] = ()) -> PairedDifference:
+    """The paired difference of `pairs` with its 95% interval and what a ±`target` answer needs (module doc).
+    `baseline_rates`: the baseline's success per seed (all its seeds), for the spread when there is one pair."""
+    if not pairs:
+        raise ValueError("pairs: expected at least one seed with both arms, got none")
+    if len({p.seed for p in pairs}) != len(pairs):
+        raise ValueError(f"pairs: each seed once, got seeds {[p.seed for p in pairs]}")
+    diffs = [p.difference for p in pairs]
+    k = len(diffs)
+    mean = statistics.fmean(diffs)
+    arm_wins, arm_n = sum(p.arm_wins for p in pairs), sum(p.arm_episodes for p in pairs)
+    base_wins, base_n = sum(p.base_wins for p in pairs), sum(p.base_episodes for p in pairs)
+    episodes_low, episodes_high = success_difference_interval(arm_wins, arm_n, base_wins, base_n)
+    sd = statistics.stdev(diffs) if k >= 2 else 0.0
+    if k >= MIN_SEEDS_FOR_T and sd > 0:
+        half = t_quantile_975(k - 1) * sd / math.sqrt(k)
+        method, low, high = "t over seeds", mean - half, mean + half
+        verdict = "helps" if low > 0 else "hurts" if high < 0 else "cannot tell"
+    else:
+        method, low, high, verdict = "pooled episodes", episodes_low, episodes_high, "cannot tell"
+    spread, source = paired_spread(diffs, baseline_rates)
+    return PairedDifference(
+        seeds=tuple(p.seed for p in pairs), per_seed=tuple(diffs), episodes=min(p.arm_episodes for p in pairs),
+        mean=mean, low=low, high=high, method=method, episodes_low=episodes_low, episodes_high=episodes_high,
+        verdict=verdict, target=target, spread=spread, spread_source=source,
+        seeds_for_target=seeds_for_target(spread, target),
+        episodes_for_target=episodes_for_target(arm_wins / arm_n, base_wins / base_n, target))
