@@ -87,7 +87,7 @@ def update_first_forward(model: torch.nn.Module, prompts: list, responses: list,
 def measure(dtype: torch.dtype, head32: bool, args: argparse.Namespace) -> dict[str, Any]:
     model = make_model(args.layers, dtype, args.device, head32)
     policy = HFPolicy(model, _Tokenizer(), max_new_tokens=args.new_tokens, temperature=1.0, batch_size=args.prompts,
-                      device=args.device, seed=0)
+                      stop_strings=(), seed=0)
     gen = random.Random(0)
     prompts = [[gen.randrange(3, 49152) for _ in range(gen.randrange(args.prompt_tokens // 2, args.prompt_tokens))]
                for _ in range(args.prompts)]
