@@ -63,8 +63,8 @@ from agentgym_opsd.evaluation.evidence_variants import (
 )
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
-from agentgym_opsd.rollout import PROGRESS
 from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.turns import PROGRESS
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior",

@@ -31,7 +31,7 @@ from typing import Any
 
 from agentgym_opsd.files import atomic_write_text
 from agentgym_opsd.records import NUMBER_OR_NULL, Trajectory, Turn, check_fields, groups_of, read_json_lines
-from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
+from agentgym_opsd.turns import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
 
