@@ -74,12 +74,12 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
     overrides = [f"model.dtype={dtype}", "warm_start.epochs=0", "warm_start.steps=0", *args.overrides]
     trainer = make_trainer(args.config, overrides, f"{tmp}/{dtype}")
     try:
-        trainer.reference.setup()
+        trainer.session.reference.setup()
         seed_cursor = trainer.task_cursor
         rollout_s, own, tokens = [], None, 0
         for _ in range(args.repeats):  # the same tasks and sampler seed each time
             trainer.task_cursor = seed_cursor
-            trainer.policy.set_rng_state(torch.Generator().manual_seed(trainer.cfg.trainer.seed).get_state())
+            trainer.session.policy.set_rng_state(torch.Generator().manual_seed(trainer.session.cfg.trainer.seed).get_state())
             t0 = time.perf_counter()
             own = trainer.collect()
             rollout_s.append(time.perf_counter() - t0)
@@ -89,30 +89,30 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         # the sampler's numbers against this dtype's own teacher-forced pass, on its own rollouts
         own_batch = trainer.score(copy.deepcopy(own))
         sampled = [torch.tensor(r.sample_logprobs) for r in own_batch.rows]
-        recomputed = trainer.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids)
+        recomputed = trainer.session.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids)
         sampler_gap = gap_stats(sampled, recomputed)
 
         batch = trainer.score(copy.deepcopy(trajs))
-        logprobs_s, old = timed(lambda: trainer.trained.logprobs(batch.prompt_ids, batch.response_ids), args.repeats)
-        teacher_s, _ = timed(lambda: trainer.teacher_logprobs(batch, old), args.repeats)
+        logprobs_s, old = timed(lambda: trainer.session.trained.logprobs(batch.prompt_ids, batch.response_ids), args.repeats)
+        teacher_s, _ = timed(lambda: trainer.session.evidence_maker.teacher_logprobs(batch, old), args.repeats)
         logprobs = PolicyLogProbs(old)
         advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
-        state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-        engine_state = copy.deepcopy(trainer.engine.state_dict())
+        state = {k: v.detach().clone() for k, v in trainer.session.trained.model.state_dict().items()}
+        engine_state = copy.deepcopy(trainer.session.trained.engine.state_dict())
         update_s, update_metrics = [], {}
         for _ in range(args.repeats + 1):  # every update from the same weights
-            trainer.model.load_state_dict(state)
-            trainer.engine.load_state_dict(copy.deepcopy(engine_state))
+            trainer.session.trained.model.load_state_dict(state)
+            trainer.session.trained.engine.load_state_dict(copy.deepcopy(engine_state))
             t0 = time.perf_counter()
             update_metrics = trainer.update(batch, logprobs, advantages)
             update_s.append(time.perf_counter() - t0)
         rows = sft_rows(trainer, 8)
         from agentgym_opsd.trainer.warm_start import sft_step
 
-        o = trainer.cfg.optim
-        sft_s, _ = timed(lambda: sft_step(trainer.engine, rows, list(range(8)), pad_id=trainer.trained.pad_id,
+        o = trainer.session.cfg.optim
+        sft_s, _ = timed(lambda: sft_step(trainer.session.trained.engine, rows, list(range(8)), pad_id=trainer.session.trained.pad_id,
                                           max_tokens=o.micro_batch_tokens, max_rows=o.micro_batch_rows,
-                                          device=trainer.device), args.repeats)
+                                          device=trainer.session.trained.device), args.repeats)
         return {
             "phases": {"rollout": statistics.median(rollout_s), "logprobs": logprobs_s, "teacher": teacher_s,
                        "update": statistics.median(update_s[1:]), "sft_step": sft_s},
@@ -123,7 +123,7 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
                                                             "ppo/start_ratio_max_dev")},
             "old_logprobs": [t.clone() for t in old],
             "trajs": own,
-            "dtype_resolved": str(next(trainer.model.parameters()).dtype),
+            "dtype_resolved": str(next(trainer.session.trained.model.parameters()).dtype),
         }
     finally:
         trainer.close()

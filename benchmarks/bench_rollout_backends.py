@@ -51,12 +51,12 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
         start_s = time.perf_counter() - t0  # model load (+ for vLLM: saving it, the engine start, its warm-up)
         try:
             out: dict[str, Any] = {"backend": backend, "dtype": dtype, "start_s": start_s, "episodes": {}}
-            cfg = trainer.cfg
+            cfg = trainer.session.cfg
 
             def play(tasks: int) -> tuple[float, list[Any]]:
-                trainer.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tasks_per_step=tasks))
-                trainer.tasks_per_rank, trainer.task_cursor = tasks, 0  # the same tasks, the same sampler seed
-                trainer.policy = trainer.policy.with_sampling(temperature=cfg.rollout.temperature, seed=cfg.trainer.seed)
+                trainer.session.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tasks_per_step=tasks))
+                trainer.session.tasks_per_rank, trainer.task_cursor = tasks, 0  # the same tasks, the same sampler seed
+                trainer.session.policy = trainer.session.policy.with_sampling(temperature=cfg.rollout.temperature, seed=cfg.trainer.seed)
                 t1 = time.perf_counter()
                 trajs = trainer.collect()
                 return time.perf_counter() - t1, trajs
@@ -73,7 +73,7 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
                 sync = []
                 for _ in range(3):
                     t1 = time.perf_counter()
-                    pushed = trainer.policy.sync_weights(trainer.model)
+                    pushed = trainer.session.policy.sync_weights(trainer.session.trained.model)
                     sync.append(time.perf_counter() - t1)
                 out["sync_s"], out["sync_tensors"] = statistics.median(sync), pushed
             out["threads"] = torch.get_num_threads()

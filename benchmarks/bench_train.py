@@ -44,9 +44,9 @@ def main() -> None:
     for estimator in ("grpo", "agentopsd"):
         trainer = Trainer(load_config(args.config, [*base, f"algorithm.estimator={estimator}",
                                                     f"trainer.output_dir={out}/{estimator}"]))
-        trainer.reference.setup()
+        trainer.session.reference.setup()
         trainer.step_on(copy.deepcopy(trajs))  # warm-up (allocator, lazy init)
-        rows[estimator] = [trainer.step_on(copy.deepcopy(trajs)) for _ in range(args.repeats)]
+        rows[estimator] = [trainer.step_on(copy.deepcopy(trajs))[0] for _ in range(args.repeats)]
         trainer.close()
 
     def med(est: str, key: str) -> float:

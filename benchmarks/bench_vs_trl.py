@@ -257,9 +257,9 @@ class OursSide:
             "trainer.eval_every=0", "trainer.eval_at_start=false", "trainer.save_trajectories=false",
             "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_every=0"])
         self.trainer = Trainer(self.cfg)
-        self.trainer.reference.setup()
+        self.trainer.session.reference.setup()
         self.rss = PeakRss()
-        self.drift = WeightDrift(self.trainer.model)
+        self.drift = WeightDrift(self.trainer.session.trained.model)
 
     def describe(self) -> dict[str, Any]:
         a, o = self.cfg.algorithm, self.cfg.optim
@@ -288,10 +288,10 @@ class OursSide:
                 "seconds_update": seconds - m["seconds_rollout"], "seconds_update_only": m["seconds_update"],
                 "peak_rss_gb": self.rss.peak_gb(), "success": m["success_rate"], "episodes": len(recorded),
                 "rows": int(m.get("num_rows", 0)), "optimizer_steps": int(m["optimizer_steps"]),
-                "weights_moved": self.drift.relative(), **token_counts(recorded, trainer.trained.encode)}
+                "weights_moved": self.drift.relative(), **token_counts(recorded, trainer.session.trained.encode)}
 
     def evaluate(self, rollouts: int) -> dict[str, Any]:
-        return pool_success(self.trainer.model, self.trainer.tokenizer, self.cfg, rollouts)
+        return pool_success(self.trainer.session.trained.model, self.trainer.session.trained.tokenizer, self.cfg, rollouts)
 
     def close(self) -> None:
         self.trainer.close()

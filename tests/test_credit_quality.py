@@ -88,8 +88,8 @@ def test_tiny_run_end_to_end(tmp_path, fresh_cache_dir) -> None:
     trainer = bcq.make_trainer("cpu-tiny", ["model.name_or_path=tiny-random", "env.max_turns=8"], str(tmp_path),
                                chunk_tasks=2, group_size=2)
     try:
-        policy = bcq.NoisyOraclePolicy(0.7, trainer.tokenizer, seed=0)
-        trainer.runner.hint_level = "goal"
+        policy = bcq.NoisyOraclePolicy(0.7, trainer.session.trained.tokenizer, seed=0)
+        trainer.session.envs[0].runner.hint_level = "goal"
         run, scores = bcq.run_policy(trainer, "noisy-oracle", policy, num_tasks=2, group_size=2, chunk_tasks=2,
                                      contexts=("skills", "hint"))
     finally:

@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         trainer.close()
-    if not trainer.is_main:  # data parallel: rank 0 reports for all
+    if not trainer.session.is_main:  # data parallel: rank 0 reports for all
         return 0
     if lines:
         last = lines[-1]
         print(f"done: step {last['step']} success_rate {last['success_rate']:.3f} loss {last['loss']:.4f} "
               f"-> {cfg.trainer.output_dir}")
-    for line in learning_summary(trainer.out / "metrics.jsonl"):
+    for line in learning_summary(trainer.session.out / "metrics.jsonl"):
         print(line)
     print(trainer.time_report())
     return 0
