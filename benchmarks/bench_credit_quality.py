@@ -62,7 +62,7 @@ from agentgym_opsd.evaluation.evidence_variants import (
     variant_summary,
 )
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
-from agentgym_opsd.records import Trajectory
+from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer.advantages import batch_advantages
 from agentgym_opsd.turns import PROGRESS
 
@@ -245,7 +245,7 @@ def run_evidence(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_
     per_row = {k.removeprefix("seconds_"): v / max(cost["rows"], 1) for k, v in cost.items() if k.startswith("seconds_")}
     record["run"] = {
         "policy": name, "tasks": num_tasks, "group_size": group_size, "episodes": len(trajs),
-        "success_rate": sum(t.won for t in trajs) / max(len(trajs), 1), "turns": len(scores),
+        "success_rate": summarize(trajs).success_rate, "turns": len(scores),
         "valid_turns": sum(s.valid for s in scores), "seconds_rollout": seconds_rollout, **cost,
         "episodes_per_step": episodes_per_step, "rows_per_step": rows_per_step,
         "seconds_per_step": {k: v * rows_per_step for k, v in per_row.items()},
@@ -314,7 +314,7 @@ def run_policy(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_si
         scores = scores or context_scores
     t2 = time.perf_counter()
     run = PolicyRun(name, num_tasks, group_size, episodes=len(trajs),
-                    success_rate=sum(t.won for t in trajs) / max(len(trajs), 1),
+                    success_rate=summarize(trajs).success_rate,
                     turns=len(scores), labelled_turns=sum(s.label is not None for s in scores),
                     progress_turns=sum(s.label == PROGRESS for s in scores),
                     turns_with_signal=sum(bool(s.multiplier) for s in scores),

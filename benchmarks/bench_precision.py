@@ -38,6 +38,7 @@ from bench_roofline import make_trainer, measure_peak_flops, sft_rows  # noqa: E
 from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import cpu_bf16_support  # noqa: E402
+from agentgym_opsd.records import summarize  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
 from agentgym_opsd.trainer.phases import PolicyLogProbs  # noqa: E402
 
@@ -117,7 +118,7 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
             "phases": {"rollout": statistics.median(rollout_s), "logprobs": logprobs_s, "teacher": teacher_s,
                        "update": statistics.median(update_s[1:]), "sft_step": sft_s},
             "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / statistics.median(rollout_s),
-            "rollout_success": sum(t.won for t in own) / len(own),
+            "rollout_success": summarize(own).success_rate,
             "sampler_vs_pass": sampler_gap,
             "update_start": {k: update_metrics[k] for k in ("logprob_gap/mean", "logprob_gap/max",
                                                             "ppo/start_ratio_max_dev")},

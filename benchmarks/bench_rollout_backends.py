@@ -41,6 +41,8 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_roofline import make_trainer
 
+    from agentgym_opsd.records import summarize
+
     most = max(episodes) // GROUP_SIZE
     overrides = [f"model.dtype={dtype}", f"rollout.backend={backend}", "warm_start.epochs=0", "warm_start.steps=0",
                  "rollout.dynamic_sampling=false", f"rollout.tasks_per_step={most}", f"rollout.group_size={GROUP_SIZE}",
@@ -68,7 +70,7 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
                 trajs = rounds[-1][1]
                 tokens = sum(len(t.response_token_ids) for traj in trajs for t in traj.turns)
                 out["episodes"][str(n)] = {"seconds": median, "tokens": tokens, "tokens_per_s": tokens / median,
-                                           "success": sum(t.won for t in trajs) / len(trajs)}
+                                           "success": summarize(trajs).success_rate}
             if backend == "vllm":
                 sync = []
                 for _ in range(3):
