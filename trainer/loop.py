@@ -1,39 +1,15 @@
-"""The AgentOPSD training loop: collect → score → log-probs → credit → update → log.
+"""The AgentOPSD training loop: collect → score → log-probs → teacher → credit → update → log.
 
-`Trainer(cfg).train()` runs the whole job: an optional supervised warm start on oracle demonstrations,
-then `trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase, in this order, each
-handing the next a frozen value (`trainer/phases.py`), so the order is checked by the types:
+`Trainer(cfg).train()` runs the job: an optional supervised warm start on oracle demonstrations, then
+`trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase in that order, each handing
+the next a frozen value (`trainer/phases.py`), so the order is checked by the types. Everything of the run but
+the step (ranks, resume, the model, environments, rollout backend, validation, metrics, checkpoints) is its
+`RunSession` (`trainer/session.py`), reached as `trainer.session`; the Trainer owns only the run's progress.
 
-1. collect   B tasks × G rollouts through the `EnvPool` with the current weights (batched generation; with
-             dynamic sampling, rounds until B groups have mixed outcomes) -> trajectories;
-2. score     turn rows (`build_turn_batch`): rewards, group success rates, prompt / teacher prompt ids
-             -> `TurnBatch`;
-3. logprobs  π_old (recomputed by the trainer model or the sampler's own), the reference's (KL on)
-             -> `PolicyLogProbs`;
-4. teacher   the same responses under the privileged prompt (no grad; rows without it are skipped, their
-             evidence is exactly 0), the gaps and e_k -> `TeacherEvidence`;
-5. credit    A_seq from the outcomes and per-token advantages (the estimator's reshaping plus the penalty
-             term: `trainer/advantages.py`) -> `BatchAdvantages`;
-6. update    PPO on the step batch (`trainer/update.py`);
-7. log       metrics (`trainer/metrics.py`), trajectories and credit files, periodic validation
-             (`trainer/validation.py`) and atomic checkpoints.
-
-Everything else of the run, built once and saved with each checkpoint, is the `RunSession`
-(`trainer/session.py`): ranks, resume, the model with its engine and tokenizer (`TrainedModel`), the
-environments, the reference policy, the rollout backend, validation and the metrics log.
-
-Data parallel: rank r of W collects tasks `cursor + r·B/W .. cursor + (r+1)·B/W − 1` of the step's B (all G
-copies of a task on one rank, so GRPO groups and the credit, which are per group and per trajectory, are
-computed locally and equal what one process would compute on the union); metrics are reduced across ranks.
-The warm start and validation run identically on every rank (no speed-up, no divergence).
-
-Several environments: each round of B tasks is split between them by weight (`mixed_task_specs`, a function
-of the seed and the cursor, so a resume continues the same sequence); each row is penalised by its own
-environment's value; metrics (`train/<spec>/...`), validation and credit records are per environment.
-
-Old log-probs: the rollout's sampling log-probs are kept in the trajectories, but the ratio uses the
-trainer's recomputation (identical up to float noise for the HF backend; for vLLM the two differ and the
-recomputed ones are the consistent reference for the trainer's own forward pass).
+Data parallel: each rank collects whole groups (all G copies of a task), so GRPO groups and the credit, which
+are per group and per trajectory, equal what one process would compute on the union; metrics are reduced
+across ranks. With several environments each round of B tasks is split between them by weight
+(`mixed_task_specs`, a function of the seed and the cursor, so a resume continues the same sequence).
 """
 
 from __future__ import annotations

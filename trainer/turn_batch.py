@@ -64,12 +64,13 @@ class TurnRow:
     anchor_key: int = 0  # hash of the state the turn acted on (see `anchor_key`)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TurnBatch:
     """One training step's scored batch (the score phase's value): all turn rows plus per-row
     trajectory-level values (1-D tensors, row order). The later phases' values are their own
-    (`trainer/phases.py`); the rows never change after `build_turn_batch`, so the per-row tensors derived
-    from them are built once, on first use."""
+    (`trainer/phases.py`); the batch is frozen and its rows never change after `build_turn_batch`, so the
+    per-row tensors derived from them are built once, on first use (`cached_property` writes the instance's
+    `__dict__`, which a frozen dataclass allows)."""
 
     rows: list[TurnRow]
     success_rate: Tensor  # (rows,) the row's group success rate R̄
