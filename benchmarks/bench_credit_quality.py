@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/ is on sys.path when a script runs from it
 import numpy as np
 import torch
 from torch import Tensor
@@ -95,15 +96,10 @@ class NoisyOraclePolicy:
 
 def make_trainer(preset: str, overrides: Sequence[str], output_dir: str, *, chunk_tasks: int = 4,
                  group_size: int = 4) -> Any:
-    """A trainer of `preset` (plain torch, no files kept) whose env pool plays `chunk_tasks` × `group_size`
+    """A measuring trainer of `preset` (`harness.make_trainer`) whose env pool plays `chunk_tasks` × `group_size`
     episodes at once; neither setting enters the warm-start key."""
-    from agentgym_opsd.trainer.config import load_config
-    from agentgym_opsd.trainer.loop import Trainer
-
-    base = [f"trainer.output_dir={output_dir}", "trainer.backend=torch", "trainer.device=cpu",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_trajectories=false",
-            f"rollout.tasks_per_step={chunk_tasks}", f"rollout.group_size={group_size}"]
-    return Trainer(load_config(preset, [*base, *overrides]))
+    return harness.make_trainer(preset, [f"rollout.tasks_per_step={chunk_tasks}", f"rollout.group_size={group_size}",
+                                         *overrides], output_dir)
 
 
 def load_warm_start(trainer: Any) -> Path:

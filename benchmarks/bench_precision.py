@@ -21,7 +21,6 @@ import argparse
 import copy
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_roofline import make_trainer, measure_peak_flops, sft_rows  # noqa: E402
+from bench_roofline import measure_peak_flops, sft_rows  # noqa: E402
+from harness import make_trainer, peak_rss_mb, timed  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import cpu_bf16_support  # noqa: E402
@@ -58,17 +58,6 @@ def measure_peak_flops_at(threads: int, dtype: torch.dtype) -> dict[str, float]:
 def gap_stats(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
     diffs = torch.cat([(x.float() - y.float()).abs() for x, y in zip(a, b, strict=True) if x.numel()])
     return {"mean": float(diffs.mean()), "max": float(diffs.max()), "tokens": int(diffs.numel())}
-
-
-def timed(fn: Any, repeats: int) -> tuple[float, Any]:
-    """Median seconds of `repeats` calls (after one warm-up call) and the last result."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp: str) -> dict[str, Any]:
@@ -183,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         "sampler_vs_pass": {"fp32": fp32["sampler_vs_pass"], "bf16": bf16["sampler_vs_pass"]},
         "update_start": {"fp32": fp32["update_start"], "bf16": bf16["update_start"],
                          "bound": START_RATIO_BOUND},
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
     step_fp32 = sum(fp32["phases"][p] for p in PHASES if p != "sft_step")
     step_bf16 = sum(bf16["phases"][p] for p in PHASES if p != "sft_step")

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_roofline import make_trainer
+    from harness import make_trainer, peak_rss_mb
 
     from agentgym_opsd.records import summarize
 
@@ -81,7 +80,7 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
             out["threads"] = torch.get_num_threads()
         finally:
             trainer.close()
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness import make_trainer  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
 
@@ -380,15 +381,6 @@ class Timers:
 
 
 # ---- the run --------------------------------------------------------------------------------------------------
-def make_trainer(config: str, overrides: Sequence[str], output_dir: str) -> Any:
-    from agentgym_opsd.trainer.config import load_config
-    from agentgym_opsd.trainer.loop import Trainer
-
-    base = [f"trainer.output_dir={output_dir}", "trainer.backend=torch", "trainer.device=cpu",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_trajectories=false"]
-    return Trainer(load_config(config, [*base, *overrides]))
-
-
 def trainable_layer_count(model: torch.nn.Module) -> tuple[int, bool]:
     """(decoder layers with a trainable parameter, whether the LM-head weight trains)."""
     layers = model.get_decoder().layers

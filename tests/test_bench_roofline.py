@@ -14,6 +14,7 @@ import pytest
 import torch
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_roofline.py"
+sys.path.insert(0, str(_PATH.parent))  # the script imports its neighbours (harness), as when run from there
 _spec = importlib.util.spec_from_file_location("bench_roofline", _PATH)
 assert _spec is not None and _spec.loader is not None
 br = importlib.util.module_from_spec(_spec)

@@ -16,6 +16,7 @@ from agentgym_opsd.evaluation import credit_quality as cq
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_credit_quality.py"
+sys.path.insert(0, str(_PATH.parent))  # the script imports its neighbours (harness), as when run from there
 _spec = importlib.util.spec_from_file_location("bench_credit_quality", _PATH)
 assert _spec is not None and _spec.loader is not None
 bcq = importlib.util.module_from_spec(_spec)
