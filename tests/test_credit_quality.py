@@ -4,24 +4,16 @@ helper by hand (ties included), turn labels, the summary, a run's own records, a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from agentgym_opsd.evaluation import credit_quality as cq
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_credit_quality.py"
-sys.path.insert(0, str(_PATH.parent))  # the script imports its neighbours (harness), as when run from there
-_spec = importlib.util.spec_from_file_location("bench_credit_quality", _PATH)
-assert _spec is not None and _spec.loader is not None
-bcq = importlib.util.module_from_spec(_spec)
-sys.modules["bench_credit_quality"] = bcq
-_spec.loader.exec_module(bcq)
+bcq = load_benchmark("bench_credit_quality")
 
 
 @pytest.mark.parametrize(("pos", "neg", "expected"), [

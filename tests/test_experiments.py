@@ -3,19 +3,12 @@ file per run, and a second call that redoes nothing that finished."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments.py"
-_spec = importlib.util.spec_from_file_location("experiments", _PATH)
-assert _spec is not None and _spec.loader is not None
-experiments = importlib.util.module_from_spec(_spec)
-sys.modules["experiments"] = experiments
-_spec.loader.exec_module(experiments)
+experiments = load_benchmark("experiments")
 
 TINY = ("env.max_turns=2", "env.num_train_tasks=2", "trainer.eval_episodes=2", "trainer.eval_pool_rollouts=1",
         "trainer.backend=torch", "trainer.tensorboard=false", "trainer.save_every=0")
