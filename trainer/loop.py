@@ -157,10 +157,10 @@ class Trainer:
         metrics = step_metrics(record, update, lam=self.current_lam())
         metrics.update(seconds_teacher=seconds_teacher, seconds_logprobs=seconds_logprobs,
                        seconds_update=seconds_update)
-        if self.session.world > 1:
-            metrics = reduce_step_metrics(metrics, trajs, record, self.session.world)
-        metrics.update(env_metrics(trajs, [env.spec for env in self.session.envs], lambda t: self.session.env_of(t).spec,
-                                   metrics, self.session.world))
+        s = self.session
+        if s.world > 1:
+            metrics = reduce_step_metrics(metrics, trajs, record, s.world)
+        metrics.update(env_metrics(trajs, [env.spec for env in s.envs], lambda t: s.env_of(t).spec, metrics, s.world))
         return metrics, record
 
     def collect_step(self) -> tuple[list[Trajectory], dict[str, float]]:
@@ -181,45 +181,48 @@ class Trainer:
         def keep_going(kept: int) -> bool:  # collective: ZeRO-3 generation gathers weights on every rank
             return any(k < self.session.tasks_per_rank for k in dist.all_gather_objects(kept))
 
-        trajs, report = collect_informative(play, want_groups=self.session.tasks_per_rank, max_rounds=r.max_sampling_rounds,
-                                            keep_going=keep_going, outcome=outcome)
+        trajs, report = collect_informative(play, want_groups=self.session.tasks_per_rank,
+                                            max_rounds=r.max_sampling_rounds, keep_going=keep_going, outcome=outcome)
         return trajs, {**report.metrics(),
                        **{f"rollout/{k}": v for k, v in group_diversity(seen, outcome=outcome).items()}}
 
     def collect(self) -> list[Trajectory]:
         """One round: the next B tasks of the training stream (this rank's B / ranks whole groups, numbered
         as in a one-process run), G rollouts each."""
-        r = self.session.cfg.rollout
-        first = self.task_cursor + self.session.rank * self.session.tasks_per_rank
-        slots = mixed_task_specs(first, self.session.tasks_per_rank, weights=[env.weight for env in self.session.envs],
-                                 num_tasks=[env.num_tasks for env in self.session.envs], seed=self.session.cfg.trainer.seed,
+        s = self.session
+        r = s.cfg.rollout
+        first = self.task_cursor + s.rank * s.tasks_per_rank
+        slots = mixed_task_specs(first, s.tasks_per_rank, weights=[env.weight for env in s.envs],
+                                 num_tasks=[env.num_tasks for env in s.envs], seed=s.cfg.trainer.seed,
                                  block=r.tasks_per_step)
-        self.session.trained.model.eval()
+        s.trained.model.eval()
         trajs: list[Trajectory] = []
-        with self.session.generating():
-            for index, env in enumerate(self.session.envs):  # one environment after the other, each in one batch
+        with s.generating():
+            for index, env in enumerate(s.envs):  # one environment after the other, each in one batch
                 mine = [(slot, task) for slot, (e, task) in enumerate(slots, start=first) if e == index]
                 if mine:
-                    trajs += env.play(self.session.policy, mine, r.group_size)
+                    trajs += env.play(s.policy, mine, r.group_size)
         trajs.sort(key=lambda t: t.traj_id)  # stream order, whatever the environment
         for traj in trajs:
-            traj.metadata["rank"] = self.session.rank
+            traj.metadata["rank"] = s.rank
         self.task_cursor += r.tasks_per_step
         return trajs
 
     def score(self, trajs: list[Trajectory]) -> TurnBatch:
-        a = self.session.cfg.algorithm
-        penalty = ([self.session.env_of(t).invalid_penalty for t in trajs] if len(self.session.envs) > 1  # each row its env's
-                   else self.session.envs[0].invalid_penalty)
-        return build_turn_batch(trajs, encode_prompt=self.session.trained.encode,
+        s = self.session
+        a = s.cfg.algorithm
+        penalty = ([s.env_of(t).invalid_penalty for t in trajs] if len(s.envs) > 1  # each row its env's
+                   else s.envs[0].invalid_penalty)
+        return build_turn_batch(trajs, encode_prompt=s.trained.encode,
                                 teacher_messages=self._teacher_messages if a.needs_teacher else None,
-                                reward_scale=self.session.cfg.env.reward_scale, invalid_penalty=penalty,
+                                reward_scale=s.cfg.env.reward_scale, invalid_penalty=penalty,
                                 success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize,
-                                outcome=self.session.cfg.env.outcome)
+                                outcome=s.cfg.env.outcome)
 
     def _teacher_messages(self, traj: Trajectory, turn: Any) -> list[dict[str, str]]:
         """The turn's privileged prompt, rendered by its own environment's runner."""
-        return self.session.env_of(traj).runner.teacher_messages(traj, turn, context=self.session.cfg.teacher.context)
+        context = self.session.cfg.teacher.context
+        return self.session.env_of(traj).runner.teacher_messages(traj, turn, context=context)
 
     def logprobs(self, batch: TurnBatch) -> PolicyLogProbs:
         """The log-prob phase: π_old of every response token and the KL reference's."""
