@@ -135,6 +135,12 @@ class Trajectory:
         return sum(not t.action_valid for t in self.turns)
 
     @property
+    def succeeded(self) -> bool:
+        """Won without an error: the one rule for an episode's success (`summarize` counts these; an episode
+        that ended with an error is a failure whatever `won` says)."""
+        return bool(self.won) and self.error is None
+
+    @property
     def done(self) -> bool:
         return self.terminated or self.truncated or self.error is not None
 
@@ -290,7 +296,7 @@ def summarize(trajectories: Iterable[Trajectory]) -> EpisodeSummary:
     trajs = list(trajectories)
     return EpisodeSummary(
         episodes=len(trajs),
-        successes=sum(bool(t.won) and t.error is None for t in trajs),
+        successes=sum(t.succeeded for t in trajs),
         score_sum=sum(float(t.score) if t.error is None else 0.0 for t in trajs),
         turns=sum(t.num_turns for t in trajs),
         invalid_actions=sum(t.num_invalid_actions for t in trajs),

@@ -25,25 +25,11 @@ from agentgym_opsd.envpool import BaseEnvPool, EnvFactory, StepResult, TaskSpec,
 from agentgym_opsd.parsers import ActionParser, ParsedAction, make_parser
 from agentgym_opsd.policies import Policy, PolicyOutput, PolicyRequest
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, HistoryItem, PromptRenderer
-from agentgym_opsd.records import Trajectory, Turn, classify_invalid
+from agentgym_opsd.records import Trajectory, Turn
 from agentgym_opsd.registry import EnvProfile, env_profile, load_skill_library, parse_env_spec
+from agentgym_opsd.turns import history_item, record_turn
 
-__all__ = ["ORACLE_DISTANCE", "ORACLE_BEFORE", "ORACLE_AFTER", "PROGRESS", "WASTED", "RolloutRunner", "turn_progress"]
-
-ORACLE_DISTANCE = core.ORACLE_DISTANCE  # re-exported: the info key the environments report
-ORACLE_BEFORE, ORACLE_AFTER = "oracle_distance_before", "oracle_distance_after"
-PROGRESS, WASTED = "progress", "wasted"
-
-
-def turn_progress(turn: Turn) -> str | None:
-    """The one rule for whether a turn made progress: PROGRESS when it was a valid action after which the
-    oracle's recorded distance dropped, WASTED otherwise (invalid, no drop, or no distance after it), None when
-    the environment reported no distance before it. The inspector and the credit benchmark both use it."""
-    if turn.info.get(ORACLE_BEFORE) is None:
-        return None
-    before, after = turn.info[ORACLE_BEFORE], turn.info.get(ORACLE_AFTER)
-    return PROGRESS if turn.action_valid and after is not None and after < before else WASTED
-"""The `Turn.info` keys of the distance before and after the turn's action."""
+__all__ = ["RolloutRunner"]
 
 
 @dataclass
@@ -150,7 +136,7 @@ class RolloutRunner:
                 metadata={k: v for k, v in info.items() if k not in core.INFO_KEYS and _is_json_scalar(v)},
             )
             episodes[i] = _Episode(traj, start.observation, info.get(core.ADMISSIBLE_ACTIONS),
-                                   oracle_distance=info.get(ORACLE_DISTANCE))
+                                   oracle_distance=info.get(core.ORACLE_DISTANCE))
         bar = tqdm(desc=f"rollout {self.env_spec}", unit="turn", disable=not progress, leave=False)
         try:
             while active := [i for i in episodes if self.pool.active[i]]:
@@ -191,34 +177,12 @@ class RolloutRunner:
                 self._record(episodes[i], req, out, parsed[i], results[i])
 
     def _record(self, ep: _Episode, req: PolicyRequest, out: PolicyOutput, parsed: ParsedAction, res: StepResult) -> None:
-        env_valid = bool(res.info.get(core.ACTION_VALID, True))
-        reason = parsed.reason if not parsed.valid else (None if env_valid else "the environment refused the action")
-        if res.error:
-            reason = res.error
-        turn = Turn(
-            index=len(ep.traj.turns),
-            prompt=req.messages,
-            response_text=out.text,
-            action=parsed.action,
-            action_valid=parsed.valid and env_valid and res.error is None,
-            observation=res.observation,
-            reward=res.reward,
-            response_token_ids=list(out.token_ids),
-            response_logprobs=[float(x) for x in out.logprobs],
-            invalid_reason=reason,
-            info={k: res.info[k] for k in (core.SCORE, core.WON) if k in res.info},
-        )
-        kind = classify_invalid(parsed=parsed.valid, accepted=env_valid and res.error is None,
-                                finish_reason=out.finish_reason)
-        if out.finish_reason is not None:
-            turn.info["finish_reason"] = out.finish_reason
-        if kind is not None:
-            turn.info["invalid_kind"] = kind
-        if req.admissible_actions is not None:  # the choices this turn had (the choice-level teacher scores them)
-            turn.info[core.ADMISSIBLE_ACTIONS] = list(req.admissible_actions)
-        if ORACLE_DISTANCE in res.info:
-            turn.info[ORACLE_BEFORE] = ep.oracle_distance
-            turn.info[ORACLE_AFTER] = ep.oracle_distance = res.info[ORACLE_DISTANCE]
+        turn = record_turn(index=len(ep.traj.turns), prompt=req.messages, text=out.text, parsed=parsed,
+                           observation=res.observation, reward=res.reward, info=res.info, error=res.error,
+                           finish_reason=out.finish_reason, token_ids=out.token_ids, logprobs=out.logprobs,
+                           admissible_actions=req.admissible_actions, distance_before=ep.oracle_distance)
+        if core.ORACLE_DISTANCE in res.info:
+            ep.oracle_distance = res.info[core.ORACLE_DISTANCE]
         traj = ep.traj
         traj.turns.append(turn)
         traj.total_reward += res.reward
@@ -226,9 +190,7 @@ class RolloutRunner:
         traj.score = float(res.info.get(core.SCORE, traj.score))
         traj.terminated, traj.truncated = res.terminated, res.truncated
         traj.error = res.error
-        # History pairs the observation the agent saw with the action it took there; the observation that
-        # action produced is the next prompt's current observation (shown once, not twice).
-        ep.history.append(HistoryItem(parsed.action or out.text[:200], ep.observation))
+        ep.history.append(history_item(turn, ep.observation))
         ep.observation = res.observation
         ep.admissible = res.info.get(core.ADMISSIBLE_ACTIONS)
 

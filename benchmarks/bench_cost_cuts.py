@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from harness import timed  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
 
@@ -43,15 +43,6 @@ def demos(history: int, admissible: bool, episodes: int):
     except Exception:
         runner.close()
         raise
-
-
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -100,12 +91,12 @@ def main() -> None:
             (-logp.sum()).backward()
             model.zero_grad(set_to_none=True)
 
-        seconds = timed(step, args.repeats)
+        seconds = timed(step, args.repeats, warm_up=False)[0]
         base = base or seconds
         speed.add_row("all 30" if not layers else f"top {layers}", f"{trainable / 1e6:.1f}", f"{seconds:.2f}",
                       f"{tokens / seconds:.0f}", f"{base / seconds:.2f}x")
     with torch.no_grad():
-        fwd = timed(lambda: response_logprobs(model, mb), args.repeats)
+        fwd = timed(lambda: response_logprobs(model, mb), args.repeats, warm_up=False)[0]
     speed.add_row("forward only", "-", f"{fwd:.2f}", f"{tokens / fwd:.0f}", f"{base / fwd:.2f}x")
     console.print(table)
     console.print(speed)
@@ -115,8 +106,8 @@ def main() -> None:
     width = mb.response_ids.shape[1]
     kwargs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
     with torch.no_grad():
-        only = timed(lambda: model(**kwargs, logits_to_keep=width + 1), args.repeats)
-        full = timed(lambda: model(**kwargs, logits_to_keep=0), args.repeats)
+        only = timed(lambda: model(**kwargs, logits_to_keep=width + 1), args.repeats, warm_up=False)[0]
+        full = timed(lambda: model(**kwargs, logits_to_keep=0), args.repeats, warm_up=False)[0]
     logits = Table(title="forward pass: LM head on response positions only vs on every position")
     for col in ("logits", "seconds", "ratio"):
         logits.add_column(col, justify="right")

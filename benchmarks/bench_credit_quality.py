@@ -13,7 +13,7 @@ on trajectories with A_seq ≠ 0. Reported:
 Two policies: the warm-started SmolLM2 of `cpu-learn` (from the warm-start cache, found as the trainer finds
 it, or `--model PATH`) and a cheap control, the oracle with noise (the expert's action with probability p,
 else a random admissible action), scored by the same model. The evidence e_k comes from the trainer's own
-teacher pass (`Trainer.score`, `Trainer.teacher_logprobs`, forward only; no update).
+teacher pass (`Trainer.score`, `EvidenceMaker.teacher_logprobs`, forward only; no update).
 
     python benchmarks/bench_credit_quality.py                      # both policies, ~10 min on 2 cores
     python benchmarks/bench_credit_quality.py --policies noisy-oracle --control-tasks 16
@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/ is on sys.path when a script runs from it
 import numpy as np
 import torch
 from torch import Tensor
@@ -62,9 +63,9 @@ from agentgym_opsd.evaluation.evidence_variants import (
     variant_summary,
 )
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
-from agentgym_opsd.records import Trajectory
-from agentgym_opsd.rollout import PROGRESS
+from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.turns import PROGRESS
 
 RESULTS = Path(__file__).parent / "results"
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior",
@@ -95,20 +96,15 @@ class NoisyOraclePolicy:
 
 def make_trainer(preset: str, overrides: Sequence[str], output_dir: str, *, chunk_tasks: int = 4,
                  group_size: int = 4) -> Any:
-    """A trainer of `preset` (plain torch, no files kept) whose env pool plays `chunk_tasks` × `group_size`
+    """A measuring trainer of `preset` (`harness.make_trainer`) whose env pool plays `chunk_tasks` × `group_size`
     episodes at once; neither setting enters the warm-start key."""
-    from agentgym_opsd.trainer.config import load_config
-    from agentgym_opsd.trainer.loop import Trainer
-
-    base = [f"trainer.output_dir={output_dir}", "trainer.backend=torch", "trainer.device=cpu",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_trajectories=false",
-            f"rollout.tasks_per_step={chunk_tasks}", f"rollout.group_size={group_size}"]
-    return Trainer(load_config(preset, [*base, *overrides]))
+    return harness.make_trainer(preset, [f"rollout.tasks_per_step={chunk_tasks}", f"rollout.group_size={group_size}",
+                                         *overrides], output_dir)
 
 
 def load_warm_start(trainer: Any) -> Path:
     """The cached warm start of this config (the trainer's own cache key); never trains one here."""
-    cached = trainer.warm_starter.cache_dir()  # the trainer's cache path: the same key, the same weights
+    cached = trainer.session.warm_starter.cache_dir()  # the trainer's cache path: the same key, the same weights
     if cached is None or not (cached / "summary.json").is_file():
         raise SystemExit(f"no cached warm start at {cached}: run benchmarks/bench_learning.py (or "
                          "python -m agentgym_opsd.train --config cpu-learn) once, or pass --model PATH")
@@ -122,26 +118,26 @@ def collect(trainer: Any, policy: Any, *, num_tasks: int, group_size: int, first
     from agentgym_opsd.trainer.task_stream import train_task_specs
 
     trajs: list[Trajectory] = []
-    trainer.model.eval()
+    trainer.session.trained.model.eval()
     for start in tqdm(range(first_task, first_task + num_tasks, chunk_tasks), desc=desc, unit="chunk"):
         count = min(chunk_tasks, first_task + num_tasks - start)
-        tasks = train_task_specs(start, count, num_tasks=trainer.num_tasks, seed=trainer.cfg.trainer.seed)
-        trajs += trainer.runner.run(policy, tasks, group_size=group_size, first_group_id=start,
+        tasks = train_task_specs(start, count, num_tasks=trainer.session.envs[0].num_tasks, seed=trainer.session.cfg.trainer.seed)
+        trajs += trainer.session.envs[0].runner.run(policy, tasks, group_size=group_size, first_group_id=start,
                                     first_traj_id=start * group_size)
     return trajs
 
 
 def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[str] = ESTIMATORS) -> list[TurnScore]:
     """Every estimator's per-turn multiplier Ã_k / A_seq on the same rows (teacher pass: forward only)."""
-    a = trainer.cfg.algorithm
+    a = trainer.session.cfg.algorithm
     batch = trainer.score(trajs)
     rows = batch.rows
     if all(len(r.sample_logprobs) == len(r.response_ids) for r in rows):
         student = [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in rows]  # π_old as the trainer
     else:  # scripted replies carry no log-probs: a student pass (prompts share the system message: cache it)
-        student = trainer.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
+        student = trainer.session.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
                                            shared_prefix=True)
-    teacher = trainer.teacher_logprobs(batch, student)
+    teacher = trainer.session.evidence_maker.teacher_logprobs(batch, student)
     gaps = [t - s for t, s in zip(teacher, student, strict=True)]
     evidence = torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64)
     _, mask = credit.pad_ragged(gaps, torch.float64)
@@ -187,20 +183,20 @@ def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tu
     cost of each pass (seconds) with the choice sets' sizes."""
     from agentgym_opsd.trainer.teacher_evidence import argument_token_mask, row_turns
 
-    a, maker = trainer.cfg.algorithm, trainer.session.evidence_maker
+    a, maker = trainer.session.cfg.algorithm, trainer.session.evidence_maker
     batch = trainer.score(trajs)
     rows = batch.rows
     if all(len(r.sample_logprobs) == len(r.response_ids) for r in rows):
         student = [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in rows]
     else:
-        student = trainer.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
+        student = trainer.session.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
                                            shared_prefix=True)
     t0 = time.perf_counter()
-    teacher = trainer.teacher_logprobs(batch, student)  # the paper's teacher pass, as the trainer runs it
+    teacher = trainer.session.evidence_maker.teacher_logprobs(batch, student)  # the paper's teacher pass, as the trainer runs it
     t1 = time.perf_counter()
     gaps = [t - s for t, s in zip(teacher, student, strict=True)]
     turns = row_turns(batch, trajs)
-    masks = [argument_token_mask(trainer.tokenizer, maker.parser_of(traj), row.response_ids)
+    masks = [argument_token_mask(trainer.session.trained.tokenizer, maker.parser_of(traj), row.response_ids)
              for row, (traj, _) in zip(rows, turns, strict=True)] if any(v[1] == "args" for v in variants) else None
     t2 = time.perf_counter()
     choices = maker.choice_scores(batch, turns) if any(v[1] == "choice" for v in variants) else None
@@ -235,7 +231,7 @@ def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tu
 def run_evidence(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_size: int, chunk_tasks: int,
                  forms: Sequence[str], episodes_per_step: int) -> dict[str, Any]:
     """Rollouts once, every evidence variant on them: `{variant: summary, ..., "run": what and what it cost}`."""
-    variants = evidence_variants(forms, trainer.cfg.teacher.choice_norm)
+    variants = evidence_variants(forms, trainer.session.cfg.teacher.choice_norm)
     t0 = time.perf_counter()
     trajs = collect(trainer, policy, num_tasks=num_tasks, group_size=group_size, chunk_tasks=chunk_tasks, desc=name)
     seconds_rollout = time.perf_counter() - t0
@@ -245,11 +241,11 @@ def run_evidence(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_
     per_row = {k.removeprefix("seconds_"): v / max(cost["rows"], 1) for k, v in cost.items() if k.startswith("seconds_")}
     record["run"] = {
         "policy": name, "tasks": num_tasks, "group_size": group_size, "episodes": len(trajs),
-        "success_rate": sum(t.won for t in trajs) / max(len(trajs), 1), "turns": len(scores),
+        "success_rate": summarize(trajs).success_rate, "turns": len(scores),
         "valid_turns": sum(s.valid for s in scores), "seconds_rollout": seconds_rollout, **cost,
         "episodes_per_step": episodes_per_step, "rows_per_step": rows_per_step,
         "seconds_per_step": {k: v * rows_per_step for k, v in per_row.items()},
-        "choice_norm_default": trainer.cfg.teacher.choice_norm,
+        "choice_norm_default": trainer.session.cfg.teacher.choice_norm,
     }
     return record
 
@@ -308,13 +304,13 @@ def run_policy(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_si
     by_context: dict[str, dict[str, Any]] = {}
     scores: list[TurnScore] = []
     for context in tqdm(contexts, desc=f"{name}: teacher contexts", unit="context"):  # a teacher pass each
-        trainer.cfg.teacher.context = context
+        trainer.session.cfg.teacher.context = context
         context_scores = credit_scores(trainer, trajs)
         by_context[context] = summarise(context_scores, ESTIMATORS, horizon_edges=horizon_edges)
         scores = scores or context_scores
     t2 = time.perf_counter()
     run = PolicyRun(name, num_tasks, group_size, episodes=len(trajs),
-                    success_rate=sum(t.won for t in trajs) / max(len(trajs), 1),
+                    success_rate=summarize(trajs).success_rate,
                     turns=len(scores), labelled_turns=sum(s.label is not None for s in scores),
                     progress_turns=sum(s.label == PROGRESS for s in scores),
                     turns_with_signal=sum(bool(s.multiplier) for s in scores),
@@ -429,15 +425,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                                group_size=max(args.group_size, args.control_group_size))
         model_from = args.model or str(load_warm_start(trainer) / "model")
         if any(c != "skills" for c in contexts):  # record the hint on every rollout (the student never sees it)
-            trainer.runner.hint_level = args.hint_level
+            trainer.session.envs[0].runner.hint_level = args.hint_level
         runs = []
         for name in [x.strip() for x in args.policies.split(",") if x.strip()]:
             if name == "smollm2":
-                run, _ = run_policy(trainer, "smollm2", trainer.policy, num_tasks=args.tasks,
+                run, _ = run_policy(trainer, "smollm2", trainer.session.policy, num_tasks=args.tasks,
                                     group_size=args.group_size, horizon_edges=edges, chunk_tasks=args.chunk_tasks,
                                     contexts=contexts)
             elif name == "noisy-oracle":
-                policy = NoisyOraclePolicy(args.p, trainer.tokenizer, seed=trainer.cfg.trainer.seed)
+                policy = NoisyOraclePolicy(args.p, trainer.session.trained.tokenizer, seed=trainer.session.cfg.trainer.seed)
                 run, _ = run_policy(trainer, f"noisy-oracle p={args.p}", policy, num_tasks=args.control_tasks,
                                     group_size=args.control_group_size, horizon_edges=edges,
                                     chunk_tasks=args.chunk_tasks, contexts=contexts)
@@ -451,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"preset": args.preset, "model": model_from, "overrides": overrides, "horizon_edges": list(edges),
               "contexts": list(contexts), "hint_level": args.hint_level,
-              "credit_config": asdict(trainer.cfg.algorithm.credit_config()), "seconds_total": seconds,
+              "credit_config": asdict(trainer.session.cfg.algorithm.credit_config()), "seconds_total": seconds,
               "torch_threads": torch.get_num_threads(), "runs": [asdict(r) for r in runs]}
     out.with_suffix(".json").write_text(json.dumps(record, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     plot(runs, out.with_suffix(".png"))
@@ -472,15 +468,15 @@ def main_evidence(args: argparse.Namespace, overrides: list[str]) -> None:
         trainer = make_trainer(args.preset, overrides, tmp, chunk_tasks=args.chunk_tasks,
                                group_size=max(args.group_size, args.control_group_size))
         model_from = args.model or str(load_warm_start(trainer) / "model")
-        env = env_key(trainer.cfg.env.id)
+        env = env_key(trainer.session.cfg.env.id)
         records: dict[str, dict[str, Any]] = {}
         for name in [x.strip() for x in args.policies.split(",") if x.strip()]:
             if name == "smollm2":
-                records[name] = run_evidence(trainer, name, trainer.policy, num_tasks=args.tasks,
+                records[name] = run_evidence(trainer, name, trainer.session.policy, num_tasks=args.tasks,
                                              group_size=args.group_size, chunk_tasks=args.chunk_tasks, forms=forms,
                                              episodes_per_step=episodes_per_step)
             elif name == "noisy-oracle":
-                policy = NoisyOraclePolicy(args.p, trainer.tokenizer, seed=trainer.cfg.trainer.seed)
+                policy = NoisyOraclePolicy(args.p, trainer.session.trained.tokenizer, seed=trainer.session.cfg.trainer.seed)
                 records[name] = run_evidence(trainer, f"noisy-oracle p={args.p}", policy,
                                              num_tasks=args.control_tasks, group_size=args.control_group_size,
                                              chunk_tasks=args.chunk_tasks, forms=forms,
@@ -489,8 +485,8 @@ def main_evidence(args: argparse.Namespace, overrides: list[str]) -> None:
                 raise SystemExit(f"unknown policy {name!r}")
             print(format_evidence_table(env, records[name]), flush=True)
         trainer.close()
-    context = {"preset": args.preset, "env_id": trainer.cfg.env.id, "model": model_from, "overrides": overrides,
-               "teacher_context": trainer.cfg.teacher.context, "torch_threads": torch.get_num_threads(),
+    context = {"preset": args.preset, "env_id": trainer.session.cfg.env.id, "model": model_from, "overrides": overrides,
+               "teacher_context": trainer.session.cfg.teacher.context, "torch_threads": torch.get_num_threads(),
                "seconds_total": time.perf_counter() - t0}
     for rec in records.values():
         rec["run"] = {**rec["run"], **context}
@@ -504,7 +500,7 @@ def main_evidence(args: argparse.Namespace, overrides: list[str]) -> None:
         if others:
             record["controls"] = {records[name]["run"]["policy"]: records[name] for name in others}
         data = merge_env_record(out, env, record)
-    variants = [key for key, _, _ in evidence_variants(forms, trainer.cfg.teacher.choice_norm)]
+    variants = [key for key, _, _ in evidence_variants(forms, trainer.session.cfg.teacher.choice_norm)]
     plot_evidence_variants(data, variants, out.with_suffix(".png"), targets=EVIDENCE_TARGETS)
     print(f"total {(time.perf_counter() - t0) / 60:.1f} min; merged {env} into {out} and {out.with_suffix('.png')}")
 

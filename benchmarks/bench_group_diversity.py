@@ -44,9 +44,9 @@ def main() -> None:
         trainer.warm_start()
         for top_p in args.top_p:
             for temperature in args.temperatures:
-                trainer.policy.top_p = top_p  # the sampler's nucleus; with_sampling sets the temperature and seed
+                trainer.session.policy.top_p = top_p  # the sampler's nucleus; with_sampling sets the temperature and seed
                 t0 = time.perf_counter()
-                m = trainer.validation.pool(trainer.policy.with_sampling(temperature=temperature,
+                m = trainer.session.validation.pool(trainer.session.policy.with_sampling(temperature=temperature,
                                                                          seed=2 * TRAIN_SEED_LIMIT))
                 rows.append({"temperature": temperature, "top_p": top_p, "success": m["pool/success_rate"],
                              "mixed_group_share": m["pool/mixed_group_share"],

@@ -25,12 +25,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from experiments import final_validation, read_metrics, start_training_run
 from rich.console import Console
 from rich.table import Table
 
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.trainer.config import load_config
-from agentgym_opsd.trainer.experiments import final_validation, read_metrics, start_training_run
 
 ESTIMATORS = ("grpo", "agentopsd")
 RESULTS = Path(__file__).parent / "results"

@@ -9,7 +9,7 @@ The "before" run (`<out>/before/cpu-small`, all cores; `<out>` = runs/study) is 
 the validation temperature 0.4) and sampled success on the RL pool (every game × 4 at the rollout
 temperature). Every RL run starts from those weights, with `trainer.seed=SEED` for its task order and
 sampling, and is evaluated on the same episodes after its last step (paired). Runs go `--parallel` at a
-time (`agentgym_opsd.trainer.experiments`): a killed run resumes from its checkpoint, a finished one (its file
+time (`benchmarks/experiments.py`): a killed run resumes from its checkpoint, a finished one (its file
 under `benchmarks/results/study/alfworld/`, shared with `bench_study.py`, whose GRPO and AgentOPSD ALFWorld
 arms these runs are) is skipped.
 
@@ -24,11 +24,10 @@ import argparse
 import json
 from pathlib import Path
 
+from experiments import BeforeSpec, ExperimentRunner, RunSpec, load_results
 from render_results import render_pages  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
-
-from agentgym_opsd.trainer.experiments import BeforeSpec, ExperimentRunner, RunSpec, load_results
 
 ESTIMATORS = ("grpo", "agentopsd")
 RESULTS = Path(__file__).parent / "results"

@@ -25,7 +25,6 @@ import argparse
 import copy
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -38,10 +37,12 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_roofline import make_trainer, measure_peak_flops, sft_rows  # noqa: E402
+from bench_roofline import measure_peak_flops, sft_rows  # noqa: E402
+from harness import make_trainer, peak_rss_mb, timed  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, probe_matmuls  # noqa: E402
+from agentgym_opsd.records import summarize  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
 from agentgym_opsd.trainer.phases import PolicyLogProbs  # noqa: E402
 
@@ -63,27 +64,16 @@ def gap_stats(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
     return {"mean": float(diffs.mean()), "max": float(diffs.max()), "tokens": int(diffs.numel())}
 
 
-def timed(fn: Any, repeats: int) -> tuple[float, Any]:
-    """Median seconds of `repeats` calls (after one warm-up call) and the last result."""
-    out = fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
-
-
 def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp: str) -> dict[str, Any]:
     overrides = [f"model.dtype={dtype}", "warm_start.epochs=0", "warm_start.steps=0", *args.overrides]
     trainer = make_trainer(args.config, overrides, f"{tmp}/{dtype}")
     try:
-        trainer.reference.setup()
+        trainer.session.reference.setup()
         seed_cursor = trainer.task_cursor
         rollout_s, own, tokens = [], None, 0
         for _ in range(args.repeats):  # the same tasks and sampler seed each time
             trainer.task_cursor = seed_cursor
-            trainer.policy.set_rng_state(torch.Generator().manual_seed(trainer.cfg.trainer.seed).get_state())
+            trainer.session.policy.set_rng_state(torch.Generator().manual_seed(trainer.session.cfg.trainer.seed).get_state())
             t0 = time.perf_counter()
             own = trainer.collect()
             rollout_s.append(time.perf_counter() - t0)
@@ -94,43 +84,43 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         own_batch = trainer.score(copy.deepcopy(own))
         sampled = [torch.tensor(r.sample_logprobs) for r in own_batch.rows]
         packed = trainer.session.packed_update
-        recomputed = trainer.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids, packed=packed)
+        recomputed = trainer.session.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids, packed=packed)
         sampler_gap = gap_stats(sampled, recomputed)
 
         batch = trainer.score(copy.deepcopy(trajs))
-        logprobs_s, old = timed(lambda: trainer.trained.logprobs(batch.prompt_ids, batch.response_ids,
-                                                                 packed=packed), args.repeats)
-        teacher_s, _ = timed(lambda: trainer.teacher_logprobs(batch, old), args.repeats)
+        logprobs_s, old = timed(lambda: trainer.session.trained.logprobs(batch.prompt_ids, batch.response_ids,
+                                                                         packed=packed), args.repeats)
+        teacher_s, _ = timed(lambda: trainer.session.evidence_maker.teacher_logprobs(batch, old), args.repeats)
         logprobs = PolicyLogProbs(old)
         advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
-        state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-        engine_state = copy.deepcopy(trainer.engine.state_dict())
+        state = {k: v.detach().clone() for k, v in trainer.session.trained.model.state_dict().items()}
+        engine_state = copy.deepcopy(trainer.session.trained.engine.state_dict())
         update_s, update_metrics = [], {}
         for _ in range(args.repeats + 1):  # every update from the same weights
-            trainer.model.load_state_dict(state)
-            trainer.engine.load_state_dict(copy.deepcopy(engine_state))
+            trainer.session.trained.model.load_state_dict(state)
+            trainer.session.trained.engine.load_state_dict(copy.deepcopy(engine_state))
             t0 = time.perf_counter()
             update_metrics = trainer.update(batch, logprobs, advantages)
             update_s.append(time.perf_counter() - t0)
         rows = sft_rows(trainer, 8)
         from agentgym_opsd.trainer.warm_start import sft_step
 
-        o = trainer.cfg.optim
-        sft_s, _ = timed(lambda: sft_step(trainer.engine, rows, list(range(8)), pad_id=trainer.trained.pad_id,
+        o = trainer.session.cfg.optim
+        sft_s, _ = timed(lambda: sft_step(trainer.session.trained.engine, rows, list(range(8)), pad_id=trainer.session.trained.pad_id,
                                           max_tokens=o.micro_batch_tokens, max_rows=o.micro_batch_rows,
-                                          device=trainer.device), args.repeats)
+                                          device=trainer.session.trained.device), args.repeats)
         return {
             "phases": {"rollout": statistics.median(rollout_s), "logprobs": logprobs_s, "teacher": teacher_s,
                        "update": statistics.median(update_s[1:]), "sft_step": sft_s},
             "rollout_tokens": tokens, "rollout_tokens_per_s": tokens / statistics.median(rollout_s),
-            "rollout_success": sum(t.won for t in own) / len(own),
+            "rollout_success": summarize(own).success_rate,
             "sampler_vs_pass": sampler_gap,
             "update_start": {k: update_metrics[k] for k in ("logprob_gap/mean", "logprob_gap/max",
                                                             "ppo/start_ratio_max_dev")},
             "tis": {k: v for k, v in update_metrics.items() if k.startswith("tis/")},
             "old_logprobs": [t.clone() for t in old],
             "trajs": own,
-            "dtype_resolved": str(next(trainer.model.parameters()).dtype),
+            "dtype_resolved": str(next(trainer.session.trained.model.parameters()).dtype),
         }
     finally:
         trainer.close()
@@ -218,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         "update_start": {"fp32": fp32["update_start"], "bf16": bf16["update_start"],
                          "bound": START_RATIO_BOUND},
         "tis": {"fp32": fp32["tis"], "bf16": bf16["tis"]},
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
     }
     step_fp32 = sum(fp32["phases"][p] for p in PHASES if p != "sft_step")
     step_bf16 = sum(bf16["phases"][p] for p in PHASES if p != "sft_step")

@@ -19,7 +19,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,9 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_roofline import make_trainer
+    from harness import make_trainer, peak_rss_mb
+
+    from agentgym_opsd.records import summarize
 
     most = max(episodes) // GROUP_SIZE
     overrides = [f"model.dtype={dtype}", f"rollout.backend={backend}", "warm_start.epochs=0", "warm_start.steps=0",
@@ -51,12 +52,12 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
         start_s = time.perf_counter() - t0  # model load (+ for vLLM: saving it, the engine start, its warm-up)
         try:
             out: dict[str, Any] = {"backend": backend, "dtype": dtype, "start_s": start_s, "episodes": {}}
-            cfg = trainer.cfg
+            cfg = trainer.session.cfg
 
             def play(tasks: int) -> tuple[float, list[Any]]:
-                trainer.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tasks_per_step=tasks))
-                trainer.tasks_per_rank, trainer.task_cursor = tasks, 0  # the same tasks, the same sampler seed
-                trainer.policy = trainer.policy.with_sampling(temperature=cfg.rollout.temperature, seed=cfg.trainer.seed)
+                trainer.session.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tasks_per_step=tasks))
+                trainer.session.tasks_per_rank, trainer.task_cursor = tasks, 0  # the same tasks, the same sampler seed
+                trainer.session.policy = trainer.session.policy.with_sampling(temperature=cfg.rollout.temperature, seed=cfg.trainer.seed)
                 t1 = time.perf_counter()
                 trajs = trainer.collect()
                 return time.perf_counter() - t1, trajs
@@ -68,18 +69,18 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
                 trajs = rounds[-1][1]
                 tokens = sum(len(t.response_token_ids) for traj in trajs for t in traj.turns)
                 out["episodes"][str(n)] = {"seconds": median, "tokens": tokens, "tokens_per_s": tokens / median,
-                                           "success": sum(t.won for t in trajs) / len(trajs)}
+                                           "success": summarize(trajs).success_rate}
             if backend == "vllm":
                 sync = []
                 for _ in range(3):
                     t1 = time.perf_counter()
-                    pushed = trainer.policy.sync_weights(trainer.model)
+                    pushed = trainer.session.policy.sync_weights(trainer.session.trained.model)
                     sync.append(time.perf_counter() - t1)
                 out["sync_s"], out["sync_tensors"] = statistics.median(sync), pushed
             out["threads"] = torch.get_num_threads()
         finally:
             trainer.close()
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     return out
 
 

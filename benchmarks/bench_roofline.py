@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness import make_trainer  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
 
@@ -380,15 +381,6 @@ class Timers:
 
 
 # ---- the run --------------------------------------------------------------------------------------------------
-def make_trainer(config: str, overrides: Sequence[str], output_dir: str) -> Any:
-    from agentgym_opsd.trainer.config import load_config
-    from agentgym_opsd.trainer.loop import Trainer
-
-    base = [f"trainer.output_dir={output_dir}", "trainer.backend=torch", "trainer.device=cpu",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_trajectories=false"]
-    return Trainer(load_config(config, [*base, *overrides]))
-
-
 def trainable_layer_count(model: torch.nn.Module) -> tuple[int, bool]:
     """(decoder layers with a trainable parameter, whether the LM-head weight trains)."""
     layers = model.get_decoder().layers
@@ -402,11 +394,11 @@ def sft_rows(trainer: Any, want: int) -> list[Any]:
     from agentgym_opsd.trainer.warm_start import collect_demonstrations, demonstration_rows
 
     rows: list[Any] = []
-    start, batch = 0, trainer.runner.pool.num_envs
+    start, batch = 0, trainer.session.envs[0].runner.pool.num_envs
     while len(rows) < want and start < 64:
-        tasks = train_task_specs(start, batch, num_tasks=trainer.env_num_tasks, seed=trainer.cfg.trainer.seed + 1)
-        demos = collect_demonstrations(trainer.runner, tasks, thought=trainer.cfg.warm_start.thought, batch=batch)
-        rows += demonstration_rows(demos, trainer.trained.encode, trainer.tokenizer)
+        tasks = train_task_specs(start, batch, num_tasks=trainer.session.envs[0].env_num_tasks, seed=trainer.session.cfg.trainer.seed + 1)
+        demos = collect_demonstrations(trainer.session.envs[0].runner, tasks, thought=trainer.session.cfg.warm_start.thought, batch=batch)
+        rows += demonstration_rows(demos, trainer.session.trained.encode, trainer.session.trained.tokenizer)
         start += batch
     if len(rows) < want:
         raise SystemExit(f"only {len(rows)} demonstration rows for an SFT step of {want}")
@@ -423,32 +415,32 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_roofline_") as tmp:
         trainer = make_trainer(args.config, overrides, tmp)
         try:
-            cached = trainer.warm_starter.cache_dir()
+            cached = trainer.session.warm_starter.cache_dir()
             warm = cached is not None and (cached / "summary.json").is_file()
             if warm:
                 trainer.warm_start()
-            trainer.reference.setup()
-            model = trainer.model
+            trainer.session.reference.setup()
+            model = trainer.session.trained.model
             layers, head_trainable = trainable_layer_count(model)
             dtype_bytes = next(model.parameters()).element_size()
             shape = ModelShape.from_config(model.config)
             meter = ForwardMeter(shape, trainable_layers=layers, head_trainable=head_trainable,
                                  dtype_bytes=dtype_bytes)
             # warm-up (allocator, lazy init) before anything is recorded: one tiny forward + backward
-            ids = torch.full((1, 16), int(trainer.tokenizer.eos_token_id), device=trainer.device)
+            ids = torch.full((1, 16), int(trainer.session.trained.tokenizer.eos_token_id), device=trainer.session.trained.device)
             model(input_ids=ids, logits_to_keep=1).logits.sum().backward()
             model.zero_grad(set_to_none=True)
-            for m in (model, trainer.reference.frozen_copy):
+            for m in (model, trainer.session.reference.frozen_copy):
                 if m is not None:
                     meter.attach(m)
             timers = Timers()
-            timers.wrap(trainer.policy, "_sample", "sampling")
+            timers.wrap(trainer.session.policy, "_sample", "sampling")
             timers.wrap(trainer, "old_logprobs", "old/ref log-probs", meter)
-            timers.wrap(trainer.reference, "logprobs", "old/ref log-probs", meter)
-            timers.wrap(trainer, "teacher_logprobs", "teacher pass", meter)
+            timers.wrap(trainer.session.reference, "logprobs", "old/ref log-probs", meter)
+            timers.wrap(trainer.session.evidence_maker, "teacher_logprobs", "teacher pass", meter)
             timers.wrap(trainer, "update", "update", meter)
-            timers.wrap(trainer.engine, "backward", "backward")
-            timers.wrap(trainer.engine, "step", "optimizer")
+            timers.wrap(trainer.session.trained.engine, "backward", "backward")
+            timers.wrap(trainer.session.trained.engine, "step", "optimizer")
             batches: list[Any] = []  # the step's TurnBatch, for its token counts
             score = trainer.score
 
@@ -462,26 +454,26 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
             with meter.phase("rollout"):
                 trajs = trainer.collect()
             t1 = clock()
-            metrics = trainer.step_on(trajs)
+            metrics, _ = trainer.step_on(trajs)
             t2 = clock()
             rollout_times, train_times = minus(t1, t0), minus(t2, t1)
             rl_optimizer_steps = timers.count.get("optimizer", 0)
             rl_backward, rl_optimizer = timers["backward"], timers["optimizer"]
 
-            ws = trainer.cfg.warm_start
+            ws = trainer.session.cfg.warm_start
             rows = sft_rows(trainer, ws.batch_rows)
             pick = sft_schedule(len(rows), batch_rows=ws.batch_rows, epochs=1, rng=np.random.default_rng(0))[0]
-            o = trainer.cfg.optim
+            o = trainer.session.cfg.optim
             t0 = clock()
             with meter.phase("SFT step"):
-                sft_step(trainer.engine, rows, pick, pad_id=trainer.trained.pad_id, max_tokens=o.micro_batch_tokens,
-                         max_rows=o.micro_batch_rows, device=trainer.device)
+                sft_step(trainer.session.trained.engine, rows, pick, pad_id=trainer.session.trained.pad_id, max_tokens=o.micro_batch_tokens,
+                         max_rows=o.micro_batch_rows, device=trainer.session.trained.device)
             sft_times = minus(clock(), t0)
             sft_backward = minus(timers["backward"], rl_backward)
             sft_optimizer = minus(timers["optimizer"], rl_optimizer)
             trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
             meter.detach()
-            cfg = trainer.cfg
+            cfg = trainer.session.cfg
         finally:
             trainer.close()
     machine_after = measure_machine(args.quick)

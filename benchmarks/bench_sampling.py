@@ -23,7 +23,7 @@ from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.models.backends import make_policy_backend
 from agentgym_opsd.models.loading import load_policy_model
 from agentgym_opsd.prompts import PromptRenderer
-from agentgym_opsd.records import invalid_rates
+from agentgym_opsd.records import invalid_rates, summarize
 from agentgym_opsd.registry import env_profile, parse_env_spec
 from agentgym_opsd.rollout import RolloutRunner
 
@@ -63,7 +63,7 @@ def main() -> None:
             trajs = []
             for start in range(0, len(tasks), per_call):
                 trajs += runner.run(policy, tasks[start:start + per_call], group_size=args.copies)
-            wins = sum(t.won for t in trajs)
+            wins = summarize(trajs).successes
             low, high = wilson_interval(wins, len(trajs))
             turns = max(sum(t.num_turns for t in trajs), 1)
             kinds = invalid_rates(trajs)

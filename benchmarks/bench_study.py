@@ -9,7 +9,7 @@
 Every run is `python -m agentgym_opsd.train` from its environment's cached warm start (one "before" run per
 environment: warm start + before-evaluations, shared by all its arms and seeds; `warm_start.seed=0`), with
 `trainer.seed=SEED`. Runs write `benchmarks/results/study/<env>/<arm>/seed<S>.json`; re-running skips them
-(`agentgym_opsd.trainer.experiments`). ALFWorld runs the main job's recipe and names, so the runs of
+(`benchmarks/experiments.py`). ALFWorld runs the main job's recipe and names, so the runs of
 `bench_main_job.py` are this study's `grpo` and `agentopsd` ALFWorld arms.
 
 Arms — ALFWorld (`cpu-small` recipe, held-out `easy_valid` 48 episodes at T=0.4, the 16-game pool × 4):
@@ -39,6 +39,15 @@ import re
 import statistics
 from pathlib import Path
 
+from experiments import (
+    BeforeSpec,
+    ExperimentRunner,
+    RunSpec,
+    final_validation,
+    load_results,
+    read_metrics,
+    task_type_success,
+)
 from render_results import render_pages  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
@@ -51,15 +60,6 @@ from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.evaluation.paired import SeedPair, paired_difference, t_quantile_975
 from agentgym_opsd.files import atomic_write_text
 from agentgym_opsd.registry import make
-from agentgym_opsd.trainer.experiments import (
-    BeforeSpec,
-    ExperimentRunner,
-    RunSpec,
-    final_validation,
-    load_results,
-    read_metrics,
-    task_type_success,
-)
 
 RESULTS = Path(__file__).parent / "results"
 STUDY = RESULTS / "study"

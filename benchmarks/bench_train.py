@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import resource
 import statistics
 import tempfile
 import time
 
+from harness import peak_rss_mb  # benchmarks/ is on sys.path when a script runs from it
 from rich.console import Console
 from rich.table import Table
 
@@ -44,9 +44,9 @@ def main() -> None:
     for estimator in ("grpo", "agentopsd"):
         trainer = Trainer(load_config(args.config, [*base, f"algorithm.estimator={estimator}",
                                                     f"trainer.output_dir={out}/{estimator}"]))
-        trainer.reference.setup()
+        trainer.session.reference.setup()
         trainer.step_on(copy.deepcopy(trajs))  # warm-up (allocator, lazy init)
-        rows[estimator] = [trainer.step_on(copy.deepcopy(trajs)) for _ in range(args.repeats)]
+        rows[estimator] = [trainer.step_on(copy.deepcopy(trajs))[0] for _ in range(args.repeats)]
         trainer.close()
 
     def med(est: str, key: str) -> float:
@@ -71,7 +71,7 @@ def main() -> None:
     mem.add_column("what")
     mem.add_column("max RSS MB", justify="right")
     mem.add_row(f"{args.config} rollout + GRPO and AgentOPSD steps (process peak)",
-                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
+                f"{peak_rss_mb():.0f}")
     console.print(mem)
 
 

@@ -176,6 +176,7 @@ def pool_success(model: Any, tokenizer: Any, cfg: Any, rollouts: int) -> dict[st
     from agentgym_opsd.envpool import TaskSpec
     from agentgym_opsd.evaluation.metrics import wilson_interval
     from agentgym_opsd.models.hf_policy import HFPolicy
+    from agentgym_opsd.records import summarize
     from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT
 
     r = cfg.rollout
@@ -190,10 +191,10 @@ def pool_success(model: Any, tokenizer: Any, cfg: Any, rollouts: int) -> dict[st
                  for t in runner.run(policy, tasks[start:start + per_call], group_size=rollouts)]
     finally:
         runner.close()
-    won, turns = sum(t.won for t in trajs), max(sum(t.num_turns for t in trajs), 1)
-    return {"success": won / len(trajs), "won": won, "episodes": len(trajs),
-            "ci": list(wilson_interval(won, len(trajs))),
-            "invalid_action_rate": sum(t.num_invalid_actions for t in trajs) / turns,
+    summary = summarize(trajs)
+    return {"success": summary.success_rate, "won": summary.successes, "episodes": summary.episodes,
+            "ci": list(wilson_interval(summary.successes, summary.episodes)),
+            "invalid_action_rate": summary.invalid_action_rate,
             "seconds": time.perf_counter() - t0}
 
 
@@ -257,9 +258,9 @@ class OursSide:
             "trainer.eval_every=0", "trainer.eval_at_start=false", "trainer.save_trajectories=false",
             "trainer.progress=false", "trainer.tensorboard=false", "trainer.save_every=0"])
         self.trainer = Trainer(self.cfg)
-        self.trainer.reference.setup()
+        self.trainer.session.reference.setup()
         self.rss = PeakRss()
-        self.drift = WeightDrift(self.trainer.model)
+        self.drift = WeightDrift(self.trainer.session.trained.model)
 
     def describe(self) -> dict[str, Any]:
         a, o = self.cfg.algorithm, self.cfg.optim
@@ -288,10 +289,10 @@ class OursSide:
                 "seconds_update": seconds - m["seconds_rollout"], "seconds_update_only": m["seconds_update"],
                 "peak_rss_gb": self.rss.peak_gb(), "success": m["success_rate"], "episodes": len(recorded),
                 "rows": int(m.get("num_rows", 0)), "optimizer_steps": int(m["optimizer_steps"]),
-                "weights_moved": self.drift.relative(), **token_counts(recorded, trainer.trained.encode)}
+                "weights_moved": self.drift.relative(), **token_counts(recorded, trainer.session.trained.encode)}
 
     def evaluate(self, rollouts: int) -> dict[str, Any]:
-        return pool_success(self.trainer.model, self.trainer.tokenizer, self.cfg, rollouts)
+        return pool_success(self.trainer.session.trained.model, self.trainer.session.trained.tokenizer, self.cfg, rollouts)
 
     def close(self) -> None:
         self.trainer.close()
@@ -369,13 +370,15 @@ class TRLSide:
     def rollout(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         """TRL's `rollout_func`: the adapter plays the B tasks x G copies and packs each episode into one row;
         the probe keeps what it measured for the step's report."""
+        from agentgym_opsd.records import summarize
+
         out = self.adapter(prompts, trainer)
         trajs, rows = self.adapter.last_episodes, self.adapter.last_rows
         lengths = [len(x.prompt_ids) + len(x.completion_ids) for x in rows]
         width = max(len(x.prompt_ids) for x in rows) + max(len(x.completion_ids) for x in rows)
         self.probe = TRLStepProbe(self.adapter.seconds_rollout, sum(sum(x.env_mask) for x in rows), sum(lengths),
                                   width * len(rows), sum(t.num_turns for t in trajs), len(trajs),
-                                  sum(t.won for t in trajs))
+                                  summarize(trajs).successes)
         return out
 
     def step(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Credit quality: does an estimator give more of the credit to the turns that made progress?
 
-Each turn is labelled by the environment's oracle distance (`agentgym_opsd.rollout.turn_progress`: PROGRESS
+Each turn is labelled by the environment's oracle distance (`agentgym_opsd.turns.turn_progress`: PROGRESS
 when a valid action lowered it, WASTED otherwise) and scored by an estimator's multiplier m_k = Ã_k / A_seq
 (the penalty term left out). The AUC in won trajectories is P(m_progress > m_wasted), in lost ones
 P(m_wasted > m_progress) (more blame on the wasted turns); ties count ½, GRPO is 0.5 by construction.
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from agentgym_opsd.records import load_jsonl
-from agentgym_opsd.rollout import PROGRESS, WASTED, turn_progress
+from agentgym_opsd.turns import PROGRESS, WASTED, turn_progress
 
 __all__ = ["DEFAULT_HORIZON_EDGES", "EVIDENCE", "TurnScore", "auc", "evidence_auc", "horizon_bucket",
            "run_credit_auc", "scores_from_run", "split_auc", "summarise", "turn_label"]

@@ -134,7 +134,7 @@ def fit_horizon(trajectories: Sequence[Trajectory]) -> HorizonFit:
     Fitting on episodes, not on the per-horizon means, weights each horizon by how many episodes it has.
     """
     # an errored episode is a failure here too (`records.summarize`)
-    pairs = [(h, 100.0 * (bool(t.won) and t.error is None)) for t in trajectories if (h := horizon_of(t)) is not None]
+    pairs = [(h, 100.0 * t.succeeded) for t in trajectories if (h := horizon_of(t)) is not None]
     fit = HorizonFit(episodes_with_horizon=len(pairs))
     by_h: dict[int, list[float]] = {}
     for h, s in pairs:

@@ -289,9 +289,8 @@ def evaluate_policy(
                                                attempts, traj if keep_prompts else _strip(_copy(traj)))
                         _append_line(results_path, record.to_json())
                 bar.update(len(batch))
-                ran = [t for t in done.values() if t.error is None]
-                bar.set_postfix(success=f"{sum(t.won for t in ran) / max(len(ran), 1):.2f}",
-                                failed=len(done) - len(ran))
+                so_far = group_stats(list(done.values()))
+                bar.set_postfix(success=f"{so_far.success_rate:.2f}", failed=so_far.failed_episodes)
         finally:
             bar.close()
         seconds = time.perf_counter() - start
@@ -353,5 +352,5 @@ def _fill_oracle_horizon(
                 traj.metadata["oracle_turns"] = traj.num_turns
         return
     for i, oracle_traj in zip(missing, runner.run(OraclePolicy(), [batch[i] for i in missing]), strict=True):
-        if oracle_traj.won and oracle_traj.error is None:
+        if oracle_traj.succeeded:
             finished[i][0].metadata["oracle_turns"] = oracle_traj.num_turns

@@ -4,21 +4,14 @@ counts of a masked, cached forward call, the forward hooks on a real generation 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_roofline.py"
-_spec = importlib.util.spec_from_file_location("bench_roofline", _PATH)
-assert _spec is not None and _spec.loader is not None
-br = importlib.util.module_from_spec(_spec)
-sys.modules["bench_roofline"] = br
-_spec.loader.exec_module(br)
+br = load_benchmark("bench_roofline")
 
 # hidden 8, 2 layers, 2 heads of 4 (q_dim 8), 1 KV head (kv_dim 4), MLP 16, vocab 10, tied LM head
 SMALL = br.ModelShape(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10, tied=True)

@@ -3,20 +3,14 @@ adapter, `agentgym_opsd.integrations.trl`, tested in tests/test_integrations_trl
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vs_trl.py"
-_spec = importlib.util.spec_from_file_location("bench_vs_trl", _PATH)
-assert _spec is not None and _spec.loader is not None
-bvt = importlib.util.module_from_spec(_spec)
-sys.modules["bench_vs_trl"] = bvt
-_spec.loader.exec_module(bvt)
+bvt = load_benchmark("bench_vs_trl")
 
 
 def _step(side: str, seconds: float) -> dict:

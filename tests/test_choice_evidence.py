@@ -243,8 +243,8 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
                                    "trainer.tensorboard=false", "teacher.evidence=choice", "env.max_turns=3"])
     trainer = Trainer(cfg)
     try:
-        tasks = train_task_specs(0, 2, num_tasks=trainer.num_tasks, seed=0)
-        trajs = trainer.runner.run(_ScriptedCounter(trainer.tokenizer), tasks, group_size=2)
+        tasks = train_task_specs(0, 2, num_tasks=trainer.session.envs[0].num_tasks, seed=0)
+        trajs = trainer.session.envs[0].runner.run(_ScriptedCounter(trainer.session.trained.tokenizer), tasks, group_size=2)
         trajs[0].turns[-1].action_valid = False  # an invalid turn: no choice to judge, the paper's sum
         # the phases up to credit, without the update: the weights that scored must be the ones checked here
         batch = trainer.score(trajs)
@@ -255,7 +255,7 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
         assert ev.forms is not None and ev.forms.count("paper") == 1
         assert metrics["teacher/choice_rows"] == len(batch) - 1 and metrics["teacher/paper_rows"] == 1
         texts = ["<action>inc</action>", "<action>dec</action>"]
-        choice_ids = [text_ids(trainer.tokenizer, t) for t in texts]
+        choice_ids = [text_ids(trainer.session.trained.tokenizer, t) for t in texts]
         for i, row in enumerate(batch.rows):
             traj = next(t for t in trajs if t.traj_id == row.traj_id)
             turn = traj.turns[row.turn_id]
@@ -264,12 +264,12 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
                 assert float(ev.evidence[i]) == pytest.approx(float(ev.gaps[i].sum()))
                 continue
             chosen = ["inc", "dec"].index(turn.action)
-            by_side = [torch.log_softmax(_full_sequence_scores(trainer.model, trainer.tokenizer, list(p), choice_ids,
-                                                               trainer.trained.temperature), 0)
+            by_side = [torch.log_softmax(_full_sequence_scores(trainer.session.trained.model, trainer.session.trained.tokenizer, list(p), choice_ids,
+                                                               trainer.session.trained.temperature), 0)
                        for p in (row.teacher_prompt_ids, row.prompt_ids)]
             assert float(ev.evidence[i]) == pytest.approx(float(by_side[0][chosen] - by_side[1][chosen]), abs=1e-5)
         # the judged rows' replies were teacher-forced on the choice pass's cache: the teacher pass's numbers
-        for folded, full in zip(ev.teacher, trainer.teacher_logprobs(batch, logprobs.old), strict=True):
+        for folded, full in zip(ev.teacher, trainer.session.evidence_maker.teacher_logprobs(batch, logprobs.old), strict=True):
             torch.testing.assert_close(folded, full, atol=1e-5, rtol=0)
         lines = credit_lines(trajs, record, estimator=cfg.algorithm.estimator, step=1)
         forms = [turn["evidence_form"] for line in lines for turn in line["turns"]]

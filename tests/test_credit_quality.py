@@ -4,23 +4,16 @@ helper by hand (ties included), turn labels, the summary, a run's own records, a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from agentgym_opsd.evaluation import credit_quality as cq
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_credit_quality.py"
-_spec = importlib.util.spec_from_file_location("bench_credit_quality", _PATH)
-assert _spec is not None and _spec.loader is not None
-bcq = importlib.util.module_from_spec(_spec)
-sys.modules["bench_credit_quality"] = bcq
-_spec.loader.exec_module(bcq)
+bcq = load_benchmark("bench_credit_quality")
 
 
 @pytest.mark.parametrize(("pos", "neg", "expected"), [
@@ -88,8 +81,8 @@ def test_tiny_run_end_to_end(tmp_path, fresh_cache_dir) -> None:
     trainer = bcq.make_trainer("cpu-tiny", ["model.name_or_path=tiny-random", "env.max_turns=8"], str(tmp_path),
                                chunk_tasks=2, group_size=2)
     try:
-        policy = bcq.NoisyOraclePolicy(0.7, trainer.tokenizer, seed=0)
-        trainer.runner.hint_level = "goal"
+        policy = bcq.NoisyOraclePolicy(0.7, trainer.session.trained.tokenizer, seed=0)
+        trainer.session.envs[0].runner.hint_level = "goal"
         run, scores = bcq.run_policy(trainer, "noisy-oracle", policy, num_tasks=2, group_size=2, chunk_tasks=2,
                                      contexts=("skills", "hint"))
     finally:

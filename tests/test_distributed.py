@@ -64,8 +64,8 @@ from agentgym_opsd.trainer.loop import Trainer
 
 def digest(trainer):
     h = hashlib.sha256()
-    with trainer.engine.full_weights():
-        for name, p in sorted(trainer.model.named_parameters()):
+    with trainer.session.trained.engine.full_weights():
+        for name, p in sorted(trainer.session.trained.model.named_parameters()):
             h.update(name.encode())
             h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()
@@ -215,7 +215,7 @@ def test_the_loss_is_the_token_mean_over_both_ranks(runs, zero, toy_env_ids, tmp
     try:
         union = load_jsonl(out / "trajectories" / "step_000001.jsonl")
         assert len(union) == 4 and sum(t.metadata["rank"] for t in union) == 2
-        single = trainer.step_on(union)
+        single, _ = trainer.step_on(union)
         two = metrics_lines(out)[0]
         for key in ("loss", "policy_loss", "kl", "entropy", "grad_norm", "num_rows", "response_tokens",
                     "success_rate", "invalid_action_rate", "turns_mean"):
@@ -224,7 +224,7 @@ def test_the_loss_is_the_token_mean_over_both_ranks(runs, zero, toy_env_ids, tmp
         for key in ("evidence_mean", "evidence_std", "advantage_mean", "seq_advantage_std"):
             assert two[key] == pytest.approx(single[key], abs=1e-5), key
         saved = load_file(str(out / "checkpoints" / "step_000001" / "model" / "model.safetensors"))
-        mine = trainer.model.state_dict()
+        mine = trainer.session.trained.model.state_dict()
         worst = max(float((mine[k].float() - v.float()).abs().max()) for k, v in saved.items())
         # AdamW's first step moves a weight by lr·g/(|g| + eps): where |g| is near eps (1e-8) a float-rounding
         # difference of a few % in g (another summation order: other micro-batches, two ranks) moves it by ~1e-6

@@ -126,7 +126,7 @@ def test_pool_diversity_counts_one_group_per_game(tmp_path, toy_env_ids, monkeyp
     real = validation.group_diversity
     monkeypatch.setattr(validation, "group_diversity", lambda trajs, **kw: (seen.extend(trajs), real(trajs, **kw))[1])
     try:
-        out = trainer.validation.pool(trainer.policy)
+        out = trainer.session.validation.pool(trainer.session.policy)
     finally:
         trainer.close()
     # the pool is played a few games per call: every game must still be its own group (4 groups of 2)
@@ -156,7 +156,7 @@ def test_pool_check_plays_eval_batch_episodes_side_by_side(tmp_path, toy_env_ids
 
         type(train_runner).run = counting_run
         try:
-            out = validation.pool(trainer.policy)
+            out = validation.pool(trainer.session.policy)
         finally:
             type(train_runner).run = real_run
     finally:

@@ -1,4 +1,4 @@
-"""The resumable experiment runner (`trainer/experiments.py`) on cpu-tiny: one shared before run, one result
+"""The resumable experiment runner (`benchmarks/experiments.py`) on cpu-tiny: one shared before run, one result
 file per run, and a second call that redoes nothing that finished."""
 
 from __future__ import annotations
@@ -6,16 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-from agentgym_opsd.trainer.experiments import (
-    BeforeSpec,
-    ExperimentRunner,
-    RunSpec,
-    credit_check,
-    load_results,
-    run_result,
-    task_type_success,
-)
+experiments = load_benchmark("experiments")
 
 TINY = ("env.max_turns=2", "env.num_train_tasks=2", "trainer.eval_episodes=2", "trainer.eval_pool_rollouts=1",
         "trainer.backend=torch", "trainer.tensorboard=false", "trainer.save_every=0")
@@ -24,11 +17,11 @@ TINY = ("env.max_turns=2", "env.num_train_tasks=2", "trainer.eval_episodes=2", "
 @pytest.mark.timeout(900)
 def test_runs_once_shares_the_before_and_skips_finished_runs(tmp_path, monkeypatch) -> None:
     pytest.importorskip("textworld")
-    before = BeforeSpec("tiny", "cpu-tiny", TINY)
-    specs = [RunSpec(f"{est}/seed0", before, (f"algorithm.estimator={est}", "trainer.total_steps=1",
+    before = experiments.BeforeSpec("tiny", "cpu-tiny", TINY)
+    specs = [experiments.RunSpec(f"{est}/seed0", before, (f"algorithm.estimator={est}", "trainer.total_steps=1",
                                                "trainer.eval_every=1"), {"estimator": est, "seed": 0})
              for est in ("grpo", "agentopsd")]
-    runner = ExperimentRunner(tmp_path / "runs", tmp_path / "results", parallel=2, cores=2, poll_s=0.5)
+    runner = experiments.ExperimentRunner(tmp_path / "runs", tmp_path / "results", parallel=2, cores=2, poll_s=0.5)
     started = []
     real_start = runner._start
 
@@ -39,7 +32,7 @@ def test_runs_once_shares_the_before_and_skips_finished_runs(tmp_path, monkeypat
     monkeypatch.setattr(runner, "_start", spy)
     assert runner.run(specs) == []
     assert sorted(started) == ["agentopsd/seed0", "before/tiny", "grpo/seed0"]
-    results = load_results(tmp_path / "results")
+    results = experiments.load_results(tmp_path / "results")
     assert [r["name"] for r in results] == ["agentopsd/seed0", "grpo/seed0"]
     for r in results:
         assert r["rl_steps"] == 1 and r["labels"]["seed"] == 0
@@ -61,7 +54,7 @@ def test_credit_check_counts_positive_rows_of_lost_rollouts(tmp_path) -> None:
              {"won": True, "group_id": 0, "reward": 1.0, "turns": [{"advantage": 1.0}]}]
     (tmp_path / "credit").mkdir()
     (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    assert credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 1}
+    assert experiments.credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 1}
 
 
 def test_with_a_graded_outcome_only_rollouts_below_their_group_mean_count_as_lost(tmp_path) -> None:
@@ -71,9 +64,9 @@ def test_with_a_graded_outcome_only_rollouts_below_their_group_mean_count_as_los
     (tmp_path / "credit").mkdir()
     (tmp_path / "credit" / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (tmp_path / "config.yaml").write_text("env:\n  outcome: score\n")
-    assert credit_check(tmp_path) == {"failed_rows": 1, "failed_rows_positive": 1}
+    assert experiments.credit_check(tmp_path) == {"failed_rows": 1, "failed_rows_positive": 1}
     (tmp_path / "config.yaml").write_text("env:\n  outcome: won\n")  # binary: every rollout not won is lost
-    assert credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 2}
+    assert experiments.credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 2}
 
 
 def test_run_result_keeps_held_out_success_per_task_type(tmp_path) -> None:
@@ -82,12 +75,12 @@ def test_run_result_keeps_held_out_success_per_task_type(tmp_path) -> None:
                "val/ALFWorld-v0:easy_valid/look_at_obj_in_light/success_rate": 1.0,
                "val/ALFWorld-v0:easy_valid/success_rate": 0.5,  # the environment's total, not a task type
                "pool/ALFWorld-v0:easy/x/success_rate": 0.25}  # another prefix
-    assert task_type_success(metrics, "val") == {"look_at_obj_in_light": 1.0, "pick_two_obj_and_place": 0.0}
+    assert experiments.task_type_success(metrics, "val") == {"look_at_obj_in_light": 1.0, "pick_two_obj_and_place": 0.0}
     run = tmp_path / "run"
     run.mkdir()
     step = {"step": 1, "success_rate": 0.5, "seconds_update": 1.0, **metrics}
     (run / "metrics.jsonl").write_text(json.dumps(step) + "\n")
-    result = run_result(run, before=metrics)
+    result = experiments.run_result(run, before=metrics)
     assert result is not None
     assert result["after"]["valid"]["by_task_type"]["look_at_obj_in_light"] == 1.0
     assert result["before"]["valid"]["by_task_type"]["pick_two_obj_and_place"] == 0.0
@@ -117,8 +110,8 @@ def _fake_before(run_dir, config: str, overrides) -> None:
                                               ("env.max_turns=3", True), ("env.outcome=score", False)])
 def test_a_before_run_is_redone_only_when_what_decides_its_numbers_changed(tmp_path, monkeypatch, changed,
                                                                            redone) -> None:
-    spec = BeforeSpec("tiny", "cpu-tiny", TINY)
-    runner = ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
+    spec = experiments.BeforeSpec("tiny", "cpu-tiny", TINY)
+    runner = experiments.ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
     old = tmp_path / "runs" / "before" / "tiny"
     _fake_before(old, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY, changed])
     started = []
@@ -134,7 +127,7 @@ def test_a_before_run_is_redone_only_when_what_decides_its_numbers_changed(tmp_p
     aside = old.with_name("tiny.stale-1")
     assert aside.is_dir() == redone  # the old numbers are kept, not deleted
     if redone:
-        assert changed.split("=")[0] in ExperimentRunner._changed_settings(
+        assert changed.split("=")[0] in experiments.ExperimentRunner._changed_settings(
             aside, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY])
 
 
@@ -143,8 +136,8 @@ def test_a_before_run_saved_with_the_resolved_dtype_is_not_stale(tmp_path, monke
     still says auto: the same settings, so the before run is kept, not moved aside and run again."""
     from agentgym_opsd.models.precision import resolve_dtype
 
-    spec = BeforeSpec("tiny", "cpu-tiny", (*TINY, "model.dtype=auto"))
-    runner = ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
+    spec = experiments.BeforeSpec("tiny", "cpu-tiny", (*TINY, "model.dtype=auto"))
+    runner = experiments.ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
     old = tmp_path / "runs" / "before" / "tiny"
     _fake_before(old, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY,
                                    f"model.dtype={resolve_dtype('auto')}"])
@@ -154,8 +147,6 @@ def test_a_before_run_saved_with_the_resolved_dtype_is_not_stale(tmp_path, monke
 
 
 def test_a_run_from_another_warm_start_than_its_before_gets_no_result(tmp_path) -> None:
-    from agentgym_opsd.trainer.experiments import same_warm_start
-
     def folder(name: str, model_dir: str | None):
         d = tmp_path / name
         (d / "warm_start").mkdir(parents=True)
@@ -165,10 +156,10 @@ def test_a_run_from_another_warm_start_than_its_before_gets_no_result(tmp_path) 
 
     cache = tmp_path / "cache"
     before = folder("before", str(cache / "aaaa" / "model"))
-    assert same_warm_start(folder("same", str(cache / "aaaa" / "model")), before)
-    assert not same_warm_start(folder("other", str(cache / "bbbb" / "model")), before)
-    assert same_warm_start(folder("none", None), before)  # no warm start (yet): nothing to compare
+    assert experiments.same_warm_start(folder("same", str(cache / "aaaa" / "model")), before)
+    assert not experiments.same_warm_start(folder("other", str(cache / "bbbb" / "model")), before)
+    assert experiments.same_warm_start(folder("none", None), before)  # no warm start (yet): nothing to compare
     # warm_start.cache=off: the before trained its own copy in its folder, so no run can share it
     own = folder("own", None)
     (own / "warm_start" / "summary.json").write_text(json.dumps({"warm_start/model_dir": str(own / "warm_start/model")}))
-    assert same_warm_start(folder("run", str(tmp_path / "run" / "warm_start" / "model")), own)
+    assert experiments.same_warm_start(folder("run", str(tmp_path / "run" / "warm_start" / "model")), own)

@@ -1,5 +1,6 @@
 """Our environments behind OpenEnv's own server (`agentgym-opsd serve-openenv`), played by OpenEnv's own client:
 an oracle episode won on every registered environment, an invalid reply penalised while the episode goes on,
+the same turns as our rollout records from the same replies,
 the privileged fields only on opt-in, and the hardening: 4xx for hostile bodies, unknown fields, bad tasks and
 ids; the cap on sessions and on POSTs in progress; a clean stop on SIGINT and SIGTERM."""
 
@@ -27,8 +28,9 @@ from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect as ws_connect  # noqa: E402
 
+from agentgym_opsd.envpool import TaskSpec  # noqa: E402
 from agentgym_opsd.integrations.openenv_client import AgentGymEnvClient  # noqa: E402
-from agentgym_opsd.integrations.openenv_env import AgentAction, SessionSettings  # noqa: E402
+from agentgym_opsd.integrations.openenv_env import AgentAction, AgentGymEnvironment, SessionSettings  # noqa: E402
 from agentgym_opsd.integrations.openenv_server import (  # noqa: E402
     GuardedApp,
     ServerLimits,
@@ -38,7 +40,10 @@ from agentgym_opsd.integrations.openenv_server import (  # noqa: E402
     main,
 )
 from agentgym_opsd.parsers import make_parser  # noqa: E402
+from agentgym_opsd.policies import PolicyOutput, PolicyRequest  # noqa: E402
 from agentgym_opsd.registry import env_profile, registered_envs  # noqa: E402
+from agentgym_opsd.rollout import RolloutRunner  # noqa: E402
+from agentgym_opsd.turns import is_penalised  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"agentgym_opsd/ALFWorld-v0": "easy"}  # the cheapest configuration of each environment
@@ -119,6 +124,53 @@ def test_an_invalid_reply_costs_the_penalty_and_the_episode_goes_on() -> None:
         assert env.state().num_invalid_actions == 3
         # the history the prompt shows holds what was played, as our rollout's prompts do
         assert start.oracle_action in result.observation.prompt[-1]["content"]
+
+
+class _ScriptedThenOracle:
+    """Plays `replies` in order, then the expert's actions; keeps every reply it sent."""
+
+    def __init__(self, replies: list[str]) -> None:
+        self.replies, self.sent = list(replies), []
+
+    def act(self, requests: list[PolicyRequest]) -> list[PolicyOutput]:
+        (req,) = requests
+        reply = self.replies[len(self.sent)] if len(self.sent) < len(self.replies) else req.format_action(req.oracle())
+        self.sent.append(reply)
+        return [PolicyOutput(reply)]
+
+
+@pytest.mark.parametrize("penalize", ["any", "format"])
+def test_the_session_and_our_rollout_record_the_same_turns(penalize: str) -> None:
+    """One per-turn rule (`agentgym_opsd.turns`): the same replies played through our rollout and through an
+    OpenEnv session give the same turns (prompt, action, validity, reason, observation, reward), and the
+    session charges the penalty the trainer would (`penalize="format"` lets a refused action go unpunished)."""
+    spec = "ALFWorld-v0:easy"
+    policy = _ScriptedThenOracle(["I think I should look around.", "<action></action>",
+                                  "<action>fly to the moon</action>"])
+    runner = RolloutRunner(spec, num_envs=1, use_skills=False)
+    try:
+        (traj,) = runner.run(policy, [TaskSpec(seed=3)])
+    finally:
+        runner.close()
+    assert traj.won and traj.num_invalid_actions == 3
+    penalty = env_profile("ALFWorld-v0").invalid_action_penalty
+    session = AgentGymEnvironment(SessionSettings(spec, penalize=penalize))
+    try:
+        shown = session.reset(seed=3)
+        for reply, turn in zip(policy.sent, traj.turns, strict=True):
+            answer = session.step(AgentAction(text=reply))
+            assert shown.prompt == turn.prompt
+            assert (answer.action, answer.action_valid, answer.invalid_reason, answer.text) == \
+                (turn.action, turn.action_valid, turn.invalid_reason, turn.observation)
+            assert answer.reward == pytest.approx(turn.reward - penalty * is_penalised(turn, penalize))
+            shown = answer
+        kinds = [t.invalid_kind for t in traj.turns[:3]]
+        assert kinds == ["no_tag", "no_tag", "not_admissible"]
+        assert session.state.won and session.state.num_invalid_actions == traj.num_invalid_actions
+        charged = 3 if penalize == "any" else 2
+        assert session.state.total_reward == pytest.approx(traj.total_reward - charged * penalty)
+    finally:
+        session.close()
 
 
 def test_skill_context_is_sent_only_when_the_server_opts_in() -> None:

@@ -25,7 +25,8 @@ from agentgym_opsd.trainer.checkpoint import latest_checkpoint, load_trainer_sta
 from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import ConfigError, load_config, parse_env_mix
 from agentgym_opsd.trainer.task_stream import env_draws, mixed_task_specs, train_task_specs
-from agentgym_opsd.trainer.turn_batch import build_turn_batch, is_penalised
+from agentgym_opsd.trainer.turn_batch import build_turn_batch
+from agentgym_opsd.turns import is_penalised
 
 TESTS = Path(__file__).parent
 COUNTER, STRICT = "ToyCounter-v0:train", "ToyStrict-v0:train"

@@ -219,12 +219,12 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
     fp32 = _trainer(tmp_path, "float32", backend)
     bf16 = _trainer(tmp_path, "bfloat16", backend)
     try:
-        assert next(bf16.model.parameters()).dtype == torch.bfloat16
+        assert next(bf16.session.trained.model.parameters()).dtype == torch.bfloat16
         trajs = fp32.collect()
         out = {}
         for name, trainer in (("fp32", fp32), ("bf16", bf16)):
             batch = trainer.score(trajs)
-            logprobs = PolicyLogProbs(trainer.trained.logprobs(batch.prompt_ids, batch.response_ids))
+            logprobs = PolicyLogProbs(trainer.session.trained.logprobs(batch.prompt_ids, batch.response_ids))
             out[name] = logprobs, trainer.credit(batch, trainer.teacher(batch, logprobs))
         (old_a, a), (old_b, b) = out["fp32"], out["bf16"]
         gaps = torch.cat([(x - y).abs() for x, y in zip(old_a.old, old_b.old, strict=True)])
@@ -236,12 +236,12 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
         clear = tok_a.abs() > 1e-3  # tokens whose advantage is not a rounding-level reshaping around 0
         assert torch.equal(torch.sign(tok_a[clear]), torch.sign(tok_b[clear].to(tok_a.dtype)))
 
-        metrics = bf16.step_on(trajs)
+        metrics, _ = bf16.step_on(trajs)
         # π_old in the update's packed layout: the update's first forward rounds exactly alike
         assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND
         assert metrics["tis/on"] == 1.0 and math.isfinite(metrics["tis/mismatch_k3"])
         assert metrics["logprob_gap/mean"] <= metrics["logprob_gap/max"]
-        assert all(torch.isfinite(p).all() for p in bf16.model.parameters())
+        assert all(torch.isfinite(p).all() for p in bf16.session.trained.model.parameters())
     finally:
         fp32.close()
         bf16.close()

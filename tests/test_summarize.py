@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -69,3 +71,36 @@ def test_an_errored_episode_counts_the_same_in_training_validation_pool_and_eval
         assert math.isclose(success, 0.25) and errors == 1 and math.isclose(invalid, 1 / 8)
     assert val["val/episodes"] == pool["pool/episodes"] == evaluated.episodes == 4
     assert val["val/ToyCounter-v0:test/success_rate"] == pytest.approx(0.25)
+
+
+# ---- no hand-written copy of the rule ------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+SCANNED = ("agentgym_opsd", "environments", "models", "trainer", "evaluation", "benchmarks", "examples")
+HAND_COUNTS = (
+    re.compile(r"\b(sum|len|mean|fmean|count_nonzero)\([^\n]*\.won\b"),  # sum(t.won for t in trajs) / ...
+    re.compile(r"\.won\b[^\n]*\berror is None"),  # the success rule itself, rewritten
+    re.compile(r"\b(for|if) [^\n]*\.won\b[^\n]*\)\s*/"),  # [... if t.won]) / n
+)
+
+
+def hand_written_counts(text: str) -> list[str]:
+    """The lines of `text` that count successes by hand instead of through `summarize`."""
+    return [line.strip() for line in text.splitlines() if any(p.search(line) for p in HAND_COUNTS)]
+
+
+@pytest.mark.parametrize("line", ["won = sum(t.won for t in trajs)", "rate = sum(bool(t.won) for t in g) / len(g)",
+                                  "ok = bool(t.won) and t.error is None", "len([t for t in trajs if t.won]) / n"])
+def test_the_scan_finds_a_hand_written_count(line: str) -> None:
+    assert hand_written_counts(line) == [line]
+
+
+def test_no_success_count_is_written_by_hand_outside_summarize() -> None:
+    """Every success count and rate goes through `records.summarize` (or `Trajectory.succeeded` for one
+    episode): a copy would disagree the day an errored episode says it won."""
+    offences = []
+    for folder in SCANNED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "agentgym_opsd" / "records.py" or ".venv" in path.parts:
+                continue
+            offences += [f"{path.relative_to(ROOT)}: {line}" for line in hand_written_counts(path.read_text("utf-8"))]
+    assert not offences, "count successes with records.summarize:\n" + "\n".join(offences)

@@ -95,7 +95,7 @@ def test_the_trainer_teacher_rows_carry_the_hint_and_the_student_rows_never(tmp_
     try:
         trajs = trainer.collect()
         batch = trainer.score(trajs)
-        tok = trainer.tokenizer
+        tok = trainer.session.trained.tokenizer
         for row in batch.rows:
             traj = next(t for t in trajs if t.traj_id == row.traj_id)
             assert traj.privileged_hint

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from agentgym_opsd.trainer.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
 from agentgym_opsd.trainer.cli import main
-from agentgym_opsd.trainer.loop import METRIC_KEYS
+from agentgym_opsd.trainer.metrics import METRIC_KEYS
 
 TESTS = Path(__file__).parent
 TOY = ["env.id=ToyCounter-v0"]

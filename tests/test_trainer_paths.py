@@ -40,7 +40,7 @@ def _advantages_seen_by_update(trainer: Trainer, trajs: list[Trajectory]) -> tup
         return update(batch, logprobs, advantages)
 
     trainer.update = spy  # type: ignore[method-assign]
-    metrics = trainer.step_on(trajs)
+    metrics, _ = trainer.step_on(trajs)
     return metrics, seen
 
 
@@ -90,7 +90,7 @@ def test_reward_prior_is_the_group_mean_of_the_raw_reward(tmp_path, toy_env_ids)
                 traj.turns[-1].reward = 1.0 if traj.won else 0.0
             batch = trainer.score(trajs)
             rates[source] = sorted(set(batch.success_rate.tolist()))
-            assert math.isfinite(trainer.step_on(trajs)["loss"])
+            assert math.isfinite(trainer.step_on(trajs)[0]["loss"])
         finally:
             trainer.close()
     assert rates["won"] == [pytest.approx(0.5)]
@@ -106,7 +106,7 @@ def test_the_warm_start_key_sees_a_template_text_and_nothing_without_one(tmp_pat
     for extra in ([], [f"env.prompt_template={template}"]):
         trainer = make_trainer(tmp_path / str(len(keys)), *extra)
         try:
-            settings = trainer.warm_starter.settings()
+            settings = trainer.session.warm_starter.settings()
             keys.append(warm_start_key(settings))
         finally:
             trainer.close()
@@ -114,7 +114,7 @@ def test_the_warm_start_key_sees_a_template_text_and_nothing_without_one(tmp_pat
     template.write_text("B {observation}")
     trainer = make_trainer(tmp_path / "2", f"env.prompt_template={template}")
     try:
-        keys.append(warm_start_key(trainer.warm_starter.settings()))
+        keys.append(warm_start_key(trainer.session.warm_starter.settings()))
     finally:
         trainer.close()
     assert len(set(keys)) == 3  # no template, template A, template B: three different warm starts

@@ -15,8 +15,9 @@ import torch
 from agentgym_opsd.models.hf_policy import chat_prompt_ids
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs, bucket_micro_batches
-from agentgym_opsd.trainer.loop import METRIC_KEYS, Trainer
+from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss, kl_k3, policy_objective
+from agentgym_opsd.trainer.metrics import METRIC_KEYS
 from agentgym_opsd.trainer.phases import TeacherEvidence
 
 TOY_SKILL_SNIPPET = "Count carefully"  # a line of tests/data/skills_small/general.md
@@ -44,12 +45,12 @@ def test_one_row_per_turn_and_teacher_prompt_contains_skills(trainer_and_trajs) 
     assert len(keys) == len(batch)  # no duplicates
     for row, traj in zip(batch.rows, [t for t in trajs for _ in t.turns], strict=True):
         assert traj.skill_context and TOY_SKILL_SNIPPET in traj.skill_context
-        teacher_text = trainer.tokenizer.decode(row.teacher_prompt_ids)
-        student_text = trainer.tokenizer.decode(row.prompt_ids)
+        teacher_text = trainer.session.trained.tokenizer.decode(row.teacher_prompt_ids)
+        student_text = trainer.session.trained.tokenizer.decode(row.prompt_ids)
         assert TOY_SKILL_SNIPPET in teacher_text and TOY_SKILL_SNIPPET not in student_text
         # The c+ block sits in the system message: the task and observation are intact after it.
         assert student_text.split("<|im_start|>user")[1] == teacher_text.split("<|im_start|>user")[1]
-        assert row.prompt_ids == chat_prompt_ids(trainer.tokenizer, traj.turns[row.turn_id].prompt)
+        assert row.prompt_ids == chat_prompt_ids(trainer.session.trained.tokenizer, traj.turns[row.turn_id].prompt)
 
 
 def test_recomputed_logprobs_match_sampling(trainer_and_trajs) -> None:
@@ -57,10 +58,10 @@ def test_recomputed_logprobs_match_sampling(trainer_and_trajs) -> None:
     batch = trainer.score(trajs)
     prompts = [r.prompt_ids for r in batch.rows]
     responses = [r.response_ids for r in batch.rows]
-    got = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id)
+    got = batched_response_logprobs(trainer.session.trained.model, prompts, responses, pad_id=trainer.session.trained.tokenizer.pad_token_id)
     for row, lp in zip(batch.rows, got, strict=True):
         assert torch.allclose(lp, torch.tensor(row.sample_logprobs), atol=1e-4)
-    one_by_one = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id,
+    one_by_one = batched_response_logprobs(trainer.session.trained.model, prompts, responses, pad_id=trainer.session.trained.tokenizer.pad_token_id,
                                            max_rows=1)
     for a, b in zip(got, one_by_one, strict=True):
         assert torch.allclose(a, b, atol=1e-5)  # padding / bucketing does not change the numbers
@@ -82,7 +83,7 @@ def test_evidence_is_zero_without_skills(tmp_path, toy_env_ids) -> None:
         assert all(t.skill_context == "" for t in trajs)
         batch = trainer.score(trajs)
         assert all(r.teacher_prompt_ids is None for r in batch.rows)
-        metrics = trainer.step_on(trajs)
+        metrics, _ = trainer.step_on(trajs)
         assert metrics["evidence_mean"] == 0.0 and metrics["evidence_std"] == 0.0 and metrics["teacher_rows"] == 0
     finally:
         trainer.close()
@@ -91,9 +92,9 @@ def test_evidence_is_zero_without_skills(tmp_path, toy_env_ids) -> None:
 def test_evidence_nonzero_with_skills(trainer_and_trajs) -> None:
     trainer, trajs = trainer_and_trajs
     batch = trainer.score(trajs)
-    student = batched_response_logprobs(trainer.model, [r.prompt_ids for r in batch.rows],
-                                        [r.response_ids for r in batch.rows], pad_id=trainer.tokenizer.pad_token_id)
-    teacher = trainer.teacher_logprobs(batch, student)
+    student = batched_response_logprobs(trainer.session.trained.model, [r.prompt_ids for r in batch.rows],
+                                        [r.response_ids for r in batch.rows], pad_id=trainer.session.trained.tokenizer.pad_token_id)
+    teacher = trainer.session.evidence_maker.teacher_logprobs(batch, student)
     evidence = torch.tensor([float((t - s).sum()) for t, s in zip(teacher, student, strict=True)])
     assert evidence.abs().max() > 0  # the c+ prompt changes the log-probs of the same response
 
@@ -115,11 +116,11 @@ def test_advantages_grpo_and_agentopsd(trainer_and_trajs) -> None:
     opsd = trainer.credit(batch, teacher)
     adv_opsd, seq = opsd.tokens, opsd.seq
     assert set(torch.sign(seq).tolist()) == {-1.0, 1.0}
-    trainer.cfg.algorithm.estimator = "grpo"
+    trainer.session.cfg.algorithm.estimator = "grpo"
     try:
         adv_grpo = trainer.credit(batch, teacher).tokens
     finally:
-        trainer.cfg.algorithm.estimator = "agentopsd"
+        trainer.session.cfg.algorithm.estimator = "agentopsd"
     for a_o, a_g in zip(adv_opsd, adv_grpo, strict=True):
         assert torch.all(torch.sign(a_o) == torch.sign(a_g))  # reshaping keeps the sign of A_seq
         ratio = (a_o / a_g).unique()
@@ -155,12 +156,12 @@ def test_update_changes_params_only_with_signal(tmp_path, toy_env_ids) -> None:
     trainer = make_trainer(tmp_path, toy_env_ids, "algorithm.kl_coef=0", "algorithm.entropy_coef=0")
     try:
         trajs = trainer.collect()
-        before = [p.detach().clone() for p in trainer.model.parameters()]
-        flat = trainer.step_on(trajs)  # every rollout fails the same way: A = 0, no KL, no entropy
+        before = [p.detach().clone() for p in trainer.session.trained.model.parameters()]
+        flat, _ = trainer.step_on(trajs)  # every rollout fails the same way: A = 0, no KL, no entropy
         assert flat["grad_norm"] == 0.0
-        metrics = trainer.step_on(_with_outcomes(trajs))
+        metrics, _ = trainer.step_on(_with_outcomes(trajs))
         assert metrics["grad_norm"] > 0 and metrics["advantage_abs_mean"] > 0
-        assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters(), strict=True))
+        assert any(not torch.equal(a, p) for a, p in zip(before, trainer.session.trained.model.parameters(), strict=True))
         for key in METRIC_KEYS:
             if key not in ("step", "seconds_rollout"):
                 assert key in metrics, key

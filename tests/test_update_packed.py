@@ -129,15 +129,15 @@ def test_trainer_update_packed_equals_padded(tmp_path, toy_env_ids) -> None:
                                   [torch.tensor(r.sample_logprobs) + 0.1 for r in batch.rows])
         tokens = [torch.full((len(r.response_ids),), 1.0 if i % 3 else -1.5) for i, r in enumerate(batch.rows)]
         advantages = BatchAdvantages(tokens, torch.zeros(0), torch.zeros(n), None)
-        model_state = copy.deepcopy(trainer.model.state_dict())
-        optim_state = copy.deepcopy(trainer.engine.state_dict())
+        model_state = copy.deepcopy(trainer.session.trained.model.state_dict())
+        optim_state = copy.deepcopy(trainer.session.trained.engine.state_dict())
         results = {}
         for packed in (False, True):
-            trainer.model.load_state_dict(model_state)
-            trainer.engine.load_state_dict(copy.deepcopy(optim_state))
+            trainer.session.trained.model.load_state_dict(model_state)
+            trainer.session.trained.engine.load_state_dict(copy.deepcopy(optim_state))
             trainer.updater.packed = packed
             metrics = trainer.update(batch, logprobs, advantages)
-            results[packed] = metrics, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+            results[packed] = metrics, {k: v.detach().clone() for k, v in trainer.session.trained.model.state_dict().items()}
         (padded, padded_params), (packed, packed_params) = results[False], results[True]
         assert padded["optimizer_steps"] == packed["optimizer_steps"] > 1
         for key, value in padded.items():

@@ -40,10 +40,10 @@ def test_optimizer_steps_are_ceil_rows_over_mini_batch_times_epochs(tmp_path, to
     trainer = make_trainer(tmp_path, f"algorithm.ppo_mini_batch_rows={mini}", f"algorithm.ppo_epochs={epochs}")
     try:
         calls = []
-        step = trainer.engine.step
-        trainer.engine.step = lambda: calls.append(1) or step()
+        step = trainer.session.trained.engine.step
+        trainer.session.trained.engine.step = lambda: calls.append(1) or step()
         trajs = trainer.collect()
-        metrics = trainer.step_on(trajs)
+        metrics, _ = trainer.step_on(trajs)
         rows = int(metrics["num_rows"])
         expected = math.ceil(rows / (mini or rows)) * epochs
         assert len(calls) == metrics["optimizer_steps"] == expected
@@ -83,7 +83,7 @@ def test_after_the_first_mini_batch_the_ratio_moves_and_clipping_acts(tmp_path, 
 def test_one_mini_batch_keeps_the_ratio_at_one(tmp_path, toy_env_ids) -> None:
     trainer = make_trainer(tmp_path, "algorithm.ppo_mini_batch_rows=0", "optim.lr=0.05")
     try:
-        metrics = trainer.step_on(trainer.collect())
+        metrics, _ = trainer.step_on(trainer.collect())
         assert metrics["optimizer_steps"] == 1
         assert abs(metrics["approx_kl"]) < 1e-5 and metrics["clip_fraction"] == 0
     finally:
@@ -275,7 +275,7 @@ def test_second_run_reuses_the_warm_start_cache(tmp_path, toy_env_ids, monkeypat
     first = make_trainer(tmp_path / "a", *WARM)
     try:
         s1 = first.warm_start()
-        weights = {k: v.clone() for k, v in first.model.state_dict().items()}
+        weights = {k: v.clone() for k, v in first.session.trained.model.state_dict().items()}
     finally:
         first.close()
     assert s1["warm_start/cache_hit"] == 0 and s1["warm_start/sft_steps_this_run"] > 0
@@ -283,15 +283,15 @@ def test_second_run_reuses_the_warm_start_cache(tmp_path, toy_env_ids, monkeypat
     second = make_trainer(tmp_path / "b", *WARM)
     try:
         calls = []
-        second.engine.step = lambda: calls.append(1)
+        second.session.trained.engine.step = lambda: calls.append(1)
         s2 = second.warm_start()
         assert s2["warm_start/cache_hit"] == 1 and s2["warm_start/sft_steps_this_run"] == 0 and not calls
-        assert all(torch.equal(weights[k], v) for k, v in second.model.state_dict().items())
+        assert all(torch.equal(weights[k], v) for k, v in second.session.trained.model.state_dict().items())
     finally:
         second.close()
     other = make_trainer(tmp_path / "c", *WARM, "warm_start.lr=2e-3")  # another setting: another entry
     try:
-        assert other.warm_starter.cache_dir() != first.warm_starter.cache_dir()
+        assert other.session.warm_starter.cache_dir() != first.session.warm_starter.cache_dir()
     finally:
         other.close()
 
@@ -300,28 +300,28 @@ def test_lora_reference_is_the_warm_started_policy(tmp_path, toy_env_ids) -> Non
     trainer = make_trainer(tmp_path, *WARM, "warm_start.cache=off", "model.lora=true", "algorithm.kl_coef=0.1",
                            "optim.lr=0.05", "trainer.total_steps=1")
     try:
-        base = [p.detach().clone() for p in trainer.model.parameters() if p.requires_grad]
+        base = [p.detach().clone() for p in trainer.session.trained.model.parameters() if p.requires_grad]
         trainer.warm_start()
-        trainer.reference.setup()
-        assert any(not torch.equal(a, p) for a, p in zip(base, [p for p in trainer.model.parameters()
+        trainer.session.reference.setup()
+        assert any(not torch.equal(a, p) for a, p in zip(base, [p for p in trainer.session.trained.model.parameters()
                                                                  if p.requires_grad], strict=True))
         batch = trainer.score(trainer.collect())
         prompts = [r.prompt_ids for r in batch.rows]
         responses = [r.response_ids for r in batch.rows]
-        policy = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id)
-        ref = trainer.reference.logprobs(prompts, responses)
+        policy = batched_response_logprobs(trainer.session.trained.model, prompts, responses, pad_id=trainer.session.trained.tokenizer.pad_token_id)
+        ref = trainer.session.reference.logprobs(prompts, responses)
         for a, b in zip(policy, ref, strict=True):
             torch.testing.assert_close(a, b)  # RL starts exactly at the reference
-        with trainer.model.disable_adapter():
-            plain = batched_response_logprobs(trainer.model, prompts, responses, pad_id=trainer.tokenizer.pad_token_id)
+        with trainer.session.trained.model.disable_adapter():
+            plain = batched_response_logprobs(trainer.session.trained.model, prompts, responses, pad_id=trainer.session.trained.tokenizer.pad_token_id)
         assert any(not torch.allclose(a, b) for a, b in zip(plain, ref, strict=True))  # not the pre-SFT base
-        trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+        trainable = {n for n, p in trainer.session.trained.model.named_parameters() if p.requires_grad}
         assert trainable and not any(".reference." in n for n in trainable)
         trainer.step()
-        after = trainer.reference.logprobs(prompts, responses)
+        after = trainer.session.reference.logprobs(prompts, responses)
         for a, b in zip(ref, after, strict=True):
             torch.testing.assert_close(a, b)  # the reference stays frozen while the policy trains
-        assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == trainable
+        assert {n for n, p in trainer.session.trained.model.named_parameters() if p.requires_grad} == trainable
     finally:
         trainer.close()
 
@@ -374,7 +374,7 @@ def test_warm_start_can_leave_the_rl_pool_to_rl(tmp_path, toy_env_ids, monkeypat
         trainer.warm_start()
     finally:
         trainer.close()
-    assert seen and sorted(seen) == list(range(2, trainer.env_num_tasks))  # every game but the pool, once
+    assert seen and sorted(seen) == list(range(2, trainer.session.envs[0].env_num_tasks))  # every game but the pool, once
 
 
 def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_removed(tmp_path, toy_env_ids) -> None:
@@ -394,12 +394,12 @@ def test_a_half_published_warm_start_is_replaced_and_dead_writers_leftovers_remo
         (leftover / "model").mkdir(parents=True)
         live = cache.parent / f".KEY.{os.getpid()}.cafecafe.tmp"
         live.mkdir()
-        trainer.warm_starter.save_atomically(trainer.trained, cache, {"warm_start/sft_steps": 1.0})
+        trainer.session.warm_starter.save_atomically(trainer.session.trained, cache, {"warm_start/sft_steps": 1.0})
         assert (cache / "summary.json").is_file() and (cache / "model" / "config.json").is_file()
         assert not leftover.exists() and live.exists()  # the dead writer's copy is gone, the live one's stays
         # a second writer finds a complete entry: it keeps the first one and leaves nothing behind
         before = (cache / "summary.json").read_text()
-        trainer.warm_starter.save_atomically(trainer.trained, cache, {"warm_start/sft_steps": 2.0})
+        trainer.session.warm_starter.save_atomically(trainer.session.trained, cache, {"warm_start/sft_steps": 2.0})
         assert (cache / "summary.json").read_text() == before
         assert sorted(p.name for p in cache.parent.iterdir()) == sorted(["KEY", live.name])
         assert remove_dead_tmp_dirs(cache) == []
@@ -414,7 +414,7 @@ def test_warm_start_seed_lets_rl_seeds_share_one_cached_warm_start(tmp_path, toy
                             "fixed1": ["trainer.seed=0", "warm_start.seed=1"]}.items():
         trainer = make_trainer(tmp_path / name, "warm_start.steps=1", *overrides)
         try:
-            keys[name] = trainer.warm_starter.cache_dir()
+            keys[name] = trainer.session.warm_starter.cache_dir()
         finally:
             trainer.close()
     # warm_start.seed=-1 means trainer.seed, so keys from before the field existed are unchanged

@@ -8,8 +8,8 @@ Examples::
     python -m agentgym_opsd.train --config cpu-small algorithm.estimator=grpo trainer.output_dir=runs/grpo
     python -m agentgym_opsd.train --config cpu-small --resume auto         # continue the latest checkpoint
 
-Presets live in `agentgym_opsd/trainer/presets/` (`--list-presets`); `--print-config` shows the resolved
-config and exits. Unknown keys and bad values are errors that name the key. Exit status: 0 done, 2 a config
+Presets are the YAML files in `trainer/presets/` of the repository (`--list-presets`); `--print-config` shows
+the resolved config and exits. Unknown keys and bad values are errors that name the key. Exit status: 0 done, 2 a config
 or checkpoint error (with several processes, a save that failed on any rank: every rank names the rank that
 failed first), 3 the output folder's disk filled up (one line says what was kept for `--resume auto`).
 
@@ -106,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         trainer.close()
-    if not trainer.is_main:  # data parallel: rank 0 reports for all
+    if not trainer.session.is_main:  # data parallel: rank 0 reports for all
         return 0
     if lines:
         last = lines[-1]
         print(f"done: step {last['step']} success_rate {last['success_rate']:.3f} loss {last['loss']:.4f} "
               f"-> {cfg.trainer.output_dir}")
-    for line in learning_summary(trainer.out / "metrics.jsonl"):
+    for line in learning_summary(trainer.session.out / "metrics.jsonl"):
         print(line)
     print(trainer.time_report())
     return 0

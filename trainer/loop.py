@@ -1,45 +1,20 @@
-"""The AgentOPSD training loop: collect → score → log-probs → credit → update → log.
+"""The AgentOPSD training loop: collect → score → log-probs → teacher → credit → update → log.
 
-`Trainer(cfg).train()` runs the whole job: an optional supervised warm start on oracle demonstrations,
-then `trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase, in this order, each
-handing the next a frozen value (`trainer/phases.py`), so the order is checked by the types:
+`Trainer(cfg).train()` runs the job: an optional supervised warm start on oracle demonstrations, then
+`trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase in that order, each handing
+the next a frozen value (`trainer/phases.py`), so the order is checked by the types. Everything of the run but
+the step (ranks, resume, the model, environments, rollout backend, validation, metrics, checkpoints) is its
+`RunSession` (`trainer/session.py`), reached as `trainer.session`; the Trainer owns only the run's progress.
 
-1. collect   B tasks × G rollouts through the `EnvPool` with the current weights (batched generation; with
-             dynamic sampling, rounds until B groups have mixed outcomes) -> trajectories;
-2. score     turn rows (`build_turn_batch`): rewards, group success rates, prompt / teacher prompt ids
-             -> `TurnBatch`;
-3. logprobs  π_old (recomputed by the trainer model or the sampler's own), the reference's (KL on)
-             -> `PolicyLogProbs`;
-4. teacher   the same responses under the privileged prompt (no grad; rows without it are skipped, their
-             evidence is exactly 0), the gaps and e_k -> `TeacherEvidence`;
-5. credit    A_seq from the outcomes and per-token advantages (the estimator's reshaping plus the penalty
-             term: `trainer/advantages.py`) -> `BatchAdvantages`;
-6. update    PPO on the step batch (`trainer/update.py`);
-7. log       metrics (`trainer/metrics.py`), trajectories and credit files, periodic validation
-             (`trainer/validation.py`) and atomic checkpoints.
-
-Everything else of the run, built once and saved with each checkpoint, is the `RunSession`
-(`trainer/session.py`): ranks, resume, the model with its engine and tokenizer (`TrainedModel`), the
-environments, the reference policy, the rollout backend, validation and the metrics log.
-
-Data parallel: rank r of W collects tasks `cursor + r·B/W .. cursor + (r+1)·B/W − 1` of the step's B (all G
-copies of a task on one rank, so GRPO groups and the credit, which are per group and per trajectory, are
-computed locally and equal what one process would compute on the union); metrics are reduced across ranks.
-The warm start and validation run identically on every rank (no speed-up, no divergence).
-
-Several environments: each round of B tasks is split between them by weight (`mixed_task_specs`, a function
-of the seed and the cursor, so a resume continues the same sequence); each row is penalised by its own
-environment's value; metrics (`train/<spec>/...`), validation and credit records are per environment.
-
-Old log-probs: the rollout's sampling log-probs are kept in the trajectories, but the ratio uses the
-trainer's recomputation (identical up to float noise for the HF backend; for vLLM the two differ and the
-recomputed ones are the consistent reference for the trainer's own forward pass).
+Data parallel: each rank collects whole groups (all G copies of a task), so GRPO groups and the credit, which
+are per group and per trajectory, equal what one process would compute on the union; metrics are reduced
+across ranks. With several environments each round of B tasks is split between them by weight
+(`mixed_task_specs`, a function of the seed and the cursor, so a resume continues the same sequence).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -56,15 +31,15 @@ from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.advantages import BatchAdvantages, batch_advantages
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
-from agentgym_opsd.trainer.metrics import METRIC_KEYS, env_metrics, reduce_step_metrics, step_metrics
+from agentgym_opsd.trainer.metrics import env_metrics, reduce_step_metrics, step_metrics
 from agentgym_opsd.trainer.phases import PolicyLogProbs, StepRecord, TeacherEvidence
-from agentgym_opsd.trainer.session import RunSession, TrainEnv, seed_everything
-from agentgym_opsd.trainer.task_stream import mixed_task_specs, train_task_specs
+from agentgym_opsd.trainer.session import RunSession
+from agentgym_opsd.trainer.task_stream import mixed_task_specs
 from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
 from agentgym_opsd.trainer.update import PPOUpdate
 from agentgym_opsd.trainer.validation import StartEvaluationCache, start_evaluation_key
 
-__all__ = ["Trainer", "TrainEnv", "seed_everything", "METRIC_KEYS", "train_task_specs", "PHASES"]
+__all__ = ["PHASES", "Trainer"]
 
 PHASES = ("setup", "warm start", "evaluation", "rollout", "logprobs", "teacher", "update", "checkpoints")
 """The parts of a run's wall time that `Trainer.time_report` names (the rest is 'other')."""
@@ -80,29 +55,21 @@ class Trainer:
         self.started = time.perf_counter()
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)  # this session's wall time per phase
         s = self.session = RunSession(cfg, resume=resume)
-        # the session's pieces under their short names (tests, benchmarks and the phases below use them)
-        self.cfg, self.out, self.device, self.state = s.cfg, s.out, s.device, s.state
-        self.rank, self.world, self.is_main, self.tasks_per_rank = s.rank, s.world, s.is_main, s.tasks_per_rank
-        self.engine, self.model, self.tokenizer, self.trained = s.engine, s.model, s.tokenizer, s.trained
-        self.envs, self.policy, self.reference, self.validation = s.envs, s.policy, s.reference, s.validation
-        self.warm_starter, self.metrics_log = s.warm_starter, s.metrics_log
-        first = self.envs[0]  # the one-environment names (the warm start, benchmarks): the first environment's
-        self.runner, self.profile, self.invalid_penalty = first.runner, first.runner.profile, first.invalid_penalty
-        self.env_num_tasks, self.num_tasks = first.env_num_tasks, first.num_tasks
-        self.updater = PPOUpdate(self.cfg, self.model, self.engine, self.tokenizer, self.device, rank=self.rank,
-                                 world=self.world, packed=s.packed_update)
-        self.step_done = self.state.step if self.state else 0
-        self.task_cursor = self.state.task_cursor if self.state else 0
-        self.warm_start_done = self.state.warm_start_done if self.state else not self.cfg.warm_start.enabled
+        m = s.trained
+        self.updater = PPOUpdate(s.cfg, m.model, m.engine, m.tokenizer, m.device, rank=s.rank, world=s.world,
+                                 packed=s.packed_update)
+        self.step_done = s.state.step if s.state else 0
+        self.task_cursor = s.state.task_cursor if s.state else 0
+        self.warm_start_done = s.state.warm_start_done if s.state else not s.cfg.warm_start.enabled
 
     # ---- the job ----------------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
         """Warm start (once), then RL steps up to `total_steps`; returns this session's metric lines."""
-        cfg = self.cfg.trainer
+        cfg = self.session.cfg.trainer
         if not self.warm_start_done:
             with self._timed("warm start"):
                 self.warm_start()
-        self.reference.setup()
+        self.session.reference.setup()
         self.phase_seconds["setup"] = time.perf_counter() - self.started - self.phase_seconds["warm start"]
         if cfg.eval_at_start and self.step_done == 0:
             with self._timed("evaluation"):
@@ -127,10 +94,10 @@ class Trainer:
                 bar.set_postfix(success=f"{metrics['success_rate']:.2f}", loss=f"{metrics['loss']:.4f}")
         finally:
             bar.close()
-            if self.metrics_log is not None:
-                self.metrics_log.flush()
-        if self.metrics_log is not None and lines:
-            self.metrics_log.finish(step=self.step_done)
+            if self.session.metrics_log is not None:
+                self.session.metrics_log.flush()
+        if self.session.metrics_log is not None and lines:
+            self.session.metrics_log.finish(step=self.step_done)
         return lines
 
     @contextlib.contextmanager
@@ -146,12 +113,12 @@ class Trainer:
         total = time.perf_counter() - self.started
         parts = [f"{name} {seconds / 60:.1f}" for name, seconds in self.phase_seconds.items() if seconds >= 0.05]
         other = total - sum(self.phase_seconds.values())
-        return (f"time: {total / 60:.1f} min in all ({self.cfg.model.dtype}, {torch.get_num_threads()} threads): "
+        return (f"time: {total / 60:.1f} min in all ({self.session.cfg.model.dtype}, {torch.get_num_threads()} threads): "
                 + ", ".join(parts + [f"other {max(other, 0.0) / 60:.1f}"]) + " min")
 
     def warm_start(self) -> dict[str, Any]:
         """The supervised stage (`WarmStart`): trained, or reused from the cache."""
-        summary = self.warm_starter.run(self.trained, self.runner)
+        summary = self.session.warm_starter.run(self.session.trained, self.session.envs[0].runner)
         self.warm_start_done = True
         self.session.weights_dirty = True  # the rollout engine must sample from the warm-started weights
         return summary
@@ -161,26 +128,23 @@ class Trainer:
         t0 = time.perf_counter()
         trajs, sampling = self.collect_step()
         seconds_rollout = time.perf_counter() - t0
-        metrics, record = self.train_on(trajs)
+        metrics, record = self.step_on(trajs)
         metrics.update(sampling)
         metrics["seconds_rollout"] = seconds_rollout
         self.step_done += 1
         metrics["step"] = self.step_done
-        if self.cfg.trainer.save_trajectories:
+        if self.session.cfg.trainer.save_trajectories:
             self.session.save_step_files(trajs, record, step=self.step_done)
         self.session.weights_dirty = True  # vLLM gets the updated weights before it next generates
         return metrics
 
-    def step_on(self, trajs: list[Trajectory]) -> dict[str, Any]:
-        """Score, log-probs, credit and one update on given trajectories (also used by benchmarks and tests);
-        the step's metrics."""
-        return self.train_on(trajs)[0]
-
-    def train_on(self, trajs: list[Trajectory]) -> tuple[dict[str, Any], StepRecord]:
-        """`step_on`, also returning what the step computed on its rows (its credit file is written from it)."""
+    def step_on(self, trajs: list[Trajectory]) -> tuple[dict[str, Any], StepRecord]:
+        """Score, log-probs, teacher, credit and one update on given trajectories (`step` on what it collected;
+        benchmarks and tests on their own): the step's metrics and what it computed on its rows (its credit
+        file is written from it)."""
         batch = self.score(trajs)
         t0 = time.perf_counter()
-        with self.engine.full_weights():  # ZeRO-3: these passes differ in length by rank
+        with self.session.trained.engine.full_weights():  # ZeRO-3: these passes differ in length by rank
             logprobs = self.logprobs(batch)
             seconds_logprobs = time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -194,10 +158,10 @@ class Trainer:
         metrics = step_metrics(record, update, lam=self.current_lam())
         metrics.update(seconds_teacher=seconds_teacher, seconds_logprobs=seconds_logprobs,
                        seconds_update=seconds_update)
-        if self.world > 1:
-            metrics = reduce_step_metrics(metrics, trajs, record, self.world)
-        metrics.update(env_metrics(trajs, [env.spec for env in self.envs], lambda t: self.env_of(t).spec,
-                                   metrics, self.world))
+        s = self.session
+        if s.world > 1:
+            metrics = reduce_step_metrics(metrics, trajs, record, s.world)
+        metrics.update(env_metrics(trajs, [env.spec for env in s.envs], lambda t: s.env_of(t).spec, metrics, s.world))
         return metrics, record
 
     def collect_step(self) -> tuple[list[Trajectory], dict[str, float]]:
@@ -205,7 +169,7 @@ class Trainer:
         whole groups, numbered as in a one-process run. With it: rounds of B tasks until this rank holds
         B / ranks groups with mixed outcomes or `rollout.max_sampling_rounds` rounds were played (every rank
         plays the same number of rounds)."""
-        r, outcome = self.cfg.rollout, self.cfg.env.outcome
+        r, outcome = self.session.cfg.rollout, self.session.cfg.env.outcome
         if not r.dynamic_sampling:
             trajs = self.collect()
             return trajs, {f"rollout/{k}": v for k, v in group_diversity(trajs, outcome=outcome).items()}
@@ -216,100 +180,82 @@ class Trainer:
             return trajs
 
         def keep_going(kept: int) -> bool:  # collective: ZeRO-3 generation gathers weights on every rank
-            return any(k < self.tasks_per_rank for k in dist.all_gather_objects(kept))
+            return any(k < self.session.tasks_per_rank for k in dist.all_gather_objects(kept))
 
-        trajs, report = collect_informative(play, want_groups=self.tasks_per_rank, max_rounds=r.max_sampling_rounds,
-                                            keep_going=keep_going, outcome=outcome)
+        trajs, report = collect_informative(play, want_groups=self.session.tasks_per_rank,
+                                            max_rounds=r.max_sampling_rounds, keep_going=keep_going, outcome=outcome)
         return trajs, {**report.metrics(),
                        **{f"rollout/{k}": v for k, v in group_diversity(seen, outcome=outcome).items()}}
 
     def collect(self) -> list[Trajectory]:
         """One round: the next B tasks of the training stream (this rank's B / ranks whole groups, numbered
         as in a one-process run), G rollouts each."""
-        r = self.cfg.rollout
-        first = self.task_cursor + self.rank * self.tasks_per_rank
-        slots = mixed_task_specs(first, self.tasks_per_rank, weights=[env.weight for env in self.envs],
-                                 num_tasks=[env.num_tasks for env in self.envs], seed=self.cfg.trainer.seed,
+        s = self.session
+        r = s.cfg.rollout
+        first = self.task_cursor + s.rank * s.tasks_per_rank
+        slots = mixed_task_specs(first, s.tasks_per_rank, weights=[env.weight for env in s.envs],
+                                 num_tasks=[env.num_tasks for env in s.envs], seed=s.cfg.trainer.seed,
                                  block=r.tasks_per_step)
-        self.model.eval()
+        s.trained.model.eval()
         trajs: list[Trajectory] = []
-        with self.session.generating():
-            for index, env in enumerate(self.envs):  # one environment after the other, each in one batch
+        with s.generating():
+            for index, env in enumerate(s.envs):  # one environment after the other, each in one batch
                 mine = [(slot, task) for slot, (e, task) in enumerate(slots, start=first) if e == index]
                 if mine:
-                    trajs += env.play(self.policy, mine, r.group_size)
+                    trajs += env.play(s.policy, mine, r.group_size)
         trajs.sort(key=lambda t: t.traj_id)  # stream order, whatever the environment
         for traj in trajs:
-            traj.metadata["rank"] = self.rank
+            traj.metadata["rank"] = s.rank
         self.task_cursor += r.tasks_per_step
         return trajs
 
-    def env_of(self, traj: Trajectory) -> TrainEnv:
-        """The training environment a trajectory came from (`RunSession.env_of`)."""
-        return self.session.env_of(traj)
-
     def score(self, trajs: list[Trajectory]) -> TurnBatch:
-        a = self.cfg.algorithm
-        penalty = ([self.env_of(t).invalid_penalty for t in trajs] if len(self.envs) > 1  # each row its env's
-                   else self.invalid_penalty)
-        return build_turn_batch(trajs, encode_prompt=self.trained.encode,
+        s = self.session
+        a = s.cfg.algorithm
+        penalty = ([s.env_of(t).invalid_penalty for t in trajs] if len(s.envs) > 1  # each row its env's
+                   else s.envs[0].invalid_penalty)
+        return build_turn_batch(trajs, encode_prompt=s.trained.encode,
                                 teacher_messages=self._teacher_messages if a.needs_teacher else None,
-                                reward_scale=self.cfg.env.reward_scale, invalid_penalty=penalty,
+                                reward_scale=s.cfg.env.reward_scale, invalid_penalty=penalty,
                                 success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize,
-                                outcome=self.cfg.env.outcome)
+                                outcome=s.cfg.env.outcome)
 
     def _teacher_messages(self, traj: Trajectory, turn: Any) -> list[dict[str, str]]:
         """The turn's privileged prompt, rendered by its own environment's runner."""
-        return self.env_of(traj).runner.teacher_messages(traj, turn, context=self.cfg.teacher.context)
+        context = self.session.cfg.teacher.context
+        return self.session.env_of(traj).runner.teacher_messages(traj, turn, context=context)
 
     def logprobs(self, batch: TurnBatch) -> PolicyLogProbs:
         """The log-prob phase: π_old of every response token and the KL reference's."""
         old, from_sampler = self.old_logprobs(batch)
-        return PolicyLogProbs(old, self.reference.logprobs(batch.prompt_ids, batch.response_ids), from_sampler)
+        return PolicyLogProbs(old, self.session.reference.logprobs(batch.prompt_ids, batch.response_ids), from_sampler)
 
     def old_logprobs(self, batch: TurnBatch) -> tuple[list[Tensor], bool]:
         """π_old of every response token, and whether it is the sampler's own numbers: those where they are
         the trainer's numbers too (HF backend in float32, `recompute_old_logprobs=False`), else a teacher-forced
         pass of the trainer model in the update's layout (in bf16 the update's first forward then rounds
         exactly alike, and TIS corrects for the sampler)."""
-        reuse = (not self.cfg.algorithm.recompute_old_logprobs and self.cfg.rollout.backend == "hf"
-                 and not is_low_precision(self.cfg.model.dtype)
+        cfg = self.session.cfg
+        reuse = (not cfg.algorithm.recompute_old_logprobs and cfg.rollout.backend == "hf"
+                 and not is_low_precision(cfg.model.dtype)
                  and all(len(r.sample_logprobs) == len(r.response_ids) for r in batch.rows))
         if reuse:
             return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows], True
-        return self.trained.logprobs(batch.prompt_ids, batch.response_ids, packed=self.session.packed_update), False
+        return self.session.trained.logprobs(batch.prompt_ids, batch.response_ids,
+                                             packed=self.session.packed_update), False
 
     def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs,
                 trajs: list[Trajectory] | None = None) -> TeacherEvidence:
-        """The teacher phase: the same responses under the privileged prompt and the evidence they give, in
-        the form `teacher.evidence` (the choice and argument forms read each row's turn in `trajs`). GRPO
-        reads no evidence: its teacher is the student itself, so every gap (and e_k) is exactly 0."""
-        if not self.cfg.algorithm.needs_teacher:
+        """The teacher phase (`RunSession.evidence_maker`): the same responses under the privileged prompt and
+        the evidence they give, in the form `teacher.evidence` (the choice and argument forms read each row's
+        turn in `trajs`). GRPO reads no evidence: its teacher is the student itself, so every e_k is exactly 0."""
+        if not self.session.cfg.algorithm.needs_teacher:
             return TeacherEvidence.none(logprobs.old)
-        teacher_pass = functools.partial(self.teacher_logprobs, batch, logprobs.old)
-        return self.session.evidence_maker(batch, trajs, logprobs.old, teacher_pass)
-
-    def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor],
-                         given: dict[int, Tensor] | None = None) -> list[Tensor]:
-        """Teacher-forced log-probs under the c+ prompt; rows without c+ reuse the student's (gap 0), rows in
-        `given` (scored by the choice pass on its own cache) are not run again."""
-        given = given or {}
-        idx = [i for i, r in enumerate(batch.rows) if r.teacher_prompt_ids is not None and i not in given]
-        out = list(student)
-        for i, t in given.items():
-            out[i] = t
-        if idx:
-            prompts = [batch.rows[i].teacher_prompt_ids for i in idx]
-            responses = [batch.rows[i].response_ids for i in idx]
-            got = self.trained.logprobs(prompts, responses,  # type: ignore[arg-type]
-                                        shared_prefix=self.cfg.optim.teacher_prefix_cache)
-            for i, t in zip(idx, got, strict=True):
-                out[i] = t
-        return out
+        return self.session.evidence_maker(batch, trajs, logprobs.old)
 
     def current_lam(self) -> float:
         """λ of this step: constant, or decaying linearly to 0 over the last `lam_warmdown_steps` steps."""
-        a, total = self.cfg.algorithm, self.cfg.trainer.total_steps
+        a, total = self.session.cfg.algorithm, self.session.cfg.trainer.total_steps
         if not a.lam_warmdown_steps:
             return a.lam
         start = max(total - a.lam_warmdown_steps, 0)
@@ -319,10 +265,10 @@ class Trainer:
     def credit(self, batch: TurnBatch, evidence: TeacherEvidence) -> BatchAdvantages:
         """The credit phase: per-row token advantages and the per-trajectory A_seq (`trainer/advantages.py`:
         the penalty mode's bookkeeping, the estimator, the row penalty term)."""
-        a = self.cfg.algorithm
+        a = self.session.cfg.algorithm
         return batch_advantages(batch, evidence.evidence, evidence.gaps, estimator=a.estimator,
                                 config=a.credit_config(self.current_lam()), cross_steps=a.grpo_cross_steps,
-                                normalize_std=a.normalize_std, return_details=self.cfg.trainer.save_trajectories)
+                                normalize_std=a.normalize_std, return_details=self.session.cfg.trainer.save_trajectories)
 
     def update(self, batch: TurnBatch, logprobs: PolicyLogProbs, advantages: BatchAdvantages) -> dict[str, float]:
         """The update phase: PPO on the step batch (`PPOUpdate`); the update's metrics."""
@@ -331,22 +277,22 @@ class Trainer:
     # ---- validation, checkpoints ------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         """Held-out episodes at the validation temperature, and the pool check (`Validation`)."""
-        self.model.eval()
-        return self.validation.run(self.session.sampler_at, self.step_done)
+        self.session.trained.model.eval()
+        return self.session.validation.run(self.session.sampler_at, self.step_done)
 
     def validate_at_start(self) -> dict[str, float]:
         """The validation before the first RL step; from a cached warm start, computed once per evaluation
         setting and kept beside it (`StartEvaluationCache`), since every such run would play the same episodes
         with the same weights."""
-        entry = self.warm_starter.cache_dir() if self.cfg.warm_start.enabled else None
-        cache = StartEvaluationCache(entry, start_evaluation_key(self.cfg, threads=torch.get_num_threads(),
-                                                                 world_size=self.world))
-        hit = dist.broadcast_object(cache.load() if self.is_main else None)
+        entry = self.session.warm_starter.cache_dir() if self.session.cfg.warm_start.enabled else None
+        cache = StartEvaluationCache(entry, start_evaluation_key(self.session.cfg, threads=torch.get_num_threads(),
+                                                                 world_size=self.session.world))
+        hit = dist.broadcast_object(cache.load() if self.session.is_main else None)
         if hit is not None:
             log.info("validation before RL: reused %s", cache.path)
             return hit
         metrics = self.validate()
-        if self.is_main:
+        if self.session.is_main:
             cache.store(metrics)
         return metrics
 

@@ -14,7 +14,6 @@ where it is written, not an assert at run time.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -51,15 +50,10 @@ class TeacherEvidence:
     judged: bool = True
 
     @classmethod
-    def summed(cls, teacher: list[Tensor], student: list[Tensor]) -> TeacherEvidence:
-        """The paper's evidence: e_k = Σ_t [log π(y_t | s, c+) − log π(y_t | s)] (0 where teacher is student)."""
-        gaps = [t - s for t, s in zip(teacher, student, strict=True)]
-        return cls(teacher, gaps, torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64))
-
-    @classmethod
     def none(cls, student: list[Tensor]) -> TeacherEvidence:
         """No teacher pass (GRPO reads no evidence): the teacher is the student, every gap and e_k exactly 0."""
-        return dataclasses.replace(cls.summed(list(student), student), judged=False)
+        return cls(list(student), [torch.zeros_like(s) for s in student],
+                   torch.zeros(len(student), dtype=torch.float64), judged=False)
 
 
 @dataclass(frozen=True)

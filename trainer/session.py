@@ -41,7 +41,6 @@ from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.choice_logprobs import score_continuations
 from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
@@ -137,13 +136,13 @@ class RunSession:
             raise ConfigError(str(exc)) from None
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out / "checkpoints"
-        self.device = resolve_device(cfg.trainer.device)
+        device = resolve_device(cfg.trainer.device)
         # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where native), once, here: the
         # model, the reference, the rollout engine, the warm-start cache key and config.yaml all see the result.
-        resolved = resolve_dtype(cfg.model.dtype, self.device)
+        resolved = resolve_dtype(cfg.model.dtype, device)
         if resolved != cfg.model.dtype:
             cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=resolved))
-        self._join_ranks()
+        self._join_ranks(device)
         self.state: ckpt.TrainerState | None = None
         # rank 0 decides, so every rank resumes from the same folder
         resume_from = dist.broadcast_object(self._resume_path(resume) if self.is_main else None)
@@ -153,14 +152,13 @@ class RunSession:
             log.info("resuming from %s (step %d)", resume_from, self.state.step)
         seed_everything(cfg.trainer.seed)
 
-        model, self.tokenizer = load_model(cfg, resume_from)
-        model.to(self.device)
-        self.engine = make_engine(model, cfg.optim, cfg.deepspeed, backend=cfg.trainer.backend)
-        self.model = self.engine.module
+        model, tokenizer = load_model(cfg, resume_from)
+        model.to(device)
+        engine = make_engine(model, cfg.optim, cfg.deepspeed, backend=cfg.trainer.backend)
         # The update's micro-batches without padding (`trainer/logprobs.py`, `benchmarks/bench_update_path.py`):
         # same numbers as the padded layout to float rounding; models it does not support keep the padded one.
-        self.packed_update = supports_packing(self.model)
-        self.trained = TrainedModel(self.model, self.tokenizer, self.engine, self.device, is_main=self.is_main,
+        self.packed_update = supports_packing(engine.module)
+        self.trained = TrainedModel(engine.module, tokenizer, engine, device, is_main=self.is_main,
                                     lora=cfg.model.lora, temperature=cfg.rollout.temperature,
                                     micro_batch_tokens=cfg.optim.micro_batch_tokens,
                                     micro_batch_rows=cfg.optim.micro_batch_rows)
@@ -190,10 +188,10 @@ class RunSession:
         dist.barrier()  # nobody starts before rank 0 has set the run folder up
 
     # ---- ranks and resume ---------------------------------------------------------------------------------
-    def _join_ranks(self) -> None:
+    def _join_ranks(self, device: torch.device) -> None:
         """Join the process group (DeepSpeed backend) and split B over the ranks; a bad split is an error."""
         if self.cfg.trainer.backend == "deepspeed":
-            dist.init_distributed(self.device)
+            dist.init_distributed(device)
         self.rank, self.world = dist.rank(), dist.world_size()
         self.is_main = self.rank == 0
         if self.world > 1 and self.cfg.trainer.backend != "deepspeed":
@@ -238,10 +236,10 @@ class RunSession:
 
     def _restore(self, folder: Path | None) -> None:
         assert self.state is not None and folder is not None
-        if isinstance(self.engine, DeepSpeedEngineAdapter) and self.engine.zero_stage > 0:
-            self.engine.load_deepspeed_checkpoint(str(folder / "deepspeed"))
+        if isinstance(self.trained.engine, DeepSpeedEngineAdapter) and self.trained.engine.zero_stage > 0:
+            self.trained.engine.load_deepspeed_checkpoint(str(folder / "deepspeed"))
         else:
-            self.engine.load_state_dict(self.state.engine)
+            self.trained.engine.load_state_dict(self.state.engine)
         rng = self.state.rank_rng[self.rank] if self.state.rank_rng else self.state.rng
         sampler = ckpt.restore_rng(rng)
         if sampler is not None:
@@ -275,13 +273,12 @@ class RunSession:
 
     @functools.cached_property
     def evidence_maker(self) -> EvidenceMaker:
-        """e_k in the configured form (`trainer/teacher_evidence.py`); choices (and, on the teacher side, the
-        sampled reply) are scored at the rollout temperature with each prompt's KV cache shared by them."""
+        """The teacher phase in the configured evidence form (`trainer/teacher_evidence.py`), on the trained
+        model: choices (and, on the teacher side, the sampled reply) are scored at the rollout temperature with
+        each prompt's KV cache shared by them."""
         t = self.cfg.teacher
-        score = functools.partial(score_continuations, self.model, temperature=self.trained.temperature,
-                                  max_tokens=self.trained.micro_batch_tokens, device=self.device)
-        return EvidenceMaker(t.evidence, self.tokenizer, score, lambda traj: self.env_of(traj).runner.parser,
-                             choice_norm=t.choice_norm)
+        return EvidenceMaker(t.evidence, self.trained, lambda traj: self.env_of(traj).runner.parser,
+                             choice_norm=t.choice_norm, shared_prefix=self.cfg.optim.teacher_prefix_cache)
 
     def env_of(self, traj: Trajectory) -> TrainEnv:
         """The training environment a trajectory came from (the first one for trajectories not collected by
@@ -297,14 +294,14 @@ class RunSession:
         r = self.cfg.rollout
         seed = self.rank_seed(self.cfg.trainer.seed)
         if r.backend == "hf":
-            return make_policy_backend("hf", model=self.model, tokenizer=self.tokenizer,
+            return make_policy_backend("hf", model=self.trained.model, tokenizer=self.trained.tokenizer,
                                        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                        batch_size=r.batch_size, seed=seed)
         folder = self.out / "vllm_init_model"
         self.trained.save(folder)
         dist.barrier()  # every rank's engine reads rank 0's files
         return make_policy_backend(
-            "vllm", model_path=str(folder), tokenizer=self.tokenizer, max_new_tokens=r.max_new_tokens,
+            "vllm", model_path=str(folder), tokenizer=self.trained.tokenizer, max_new_tokens=r.max_new_tokens,
             temperature=r.temperature, top_p=r.top_p, seed=seed, dtype=self.cfg.model.dtype,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.vllm_max_model_len,
             kv_cache_gib=r.vllm_kv_cache_gib, enable_sleep_mode=True,
@@ -321,10 +318,10 @@ class RunSession:
         gathered for the phase."""
         self.policy.wake_up()
         if self.weights_dirty:
-            self.policy.sync_weights(self.model)
+            self.policy.sync_weights(self.trained.model)
         self.weights_dirty = False
         hf = self.cfg.rollout.backend == "hf"
-        with self.engine.full_weights() if hf else contextlib.nullcontext():
+        with self.trained.engine.full_weights() if hf else contextlib.nullcontext():
             try:
                 yield
             finally:
@@ -334,14 +331,14 @@ class RunSession:
     def save(self, *, step: int, task_cursor: int, warm_start_done: bool) -> Path:
         """An atomic, collective checkpoint of the run at `step` (`trainer/checkpoint.py`); the oldest pruned."""
         sampler = self.policy.get_rng_state()
-        ds_zero = isinstance(self.engine, DeepSpeedEngineAdapter) and self.engine.zero_stage > 0
+        ds_zero = isinstance(self.trained.engine, DeepSpeedEngineAdapter) and self.trained.engine.zero_stage > 0
         rng = ckpt.capture_rng(sampler)
         rank_rng = dist.all_gather_objects(rng) if self.world > 1 else None  # each rank resumes its own streams
         state = ckpt.TrainerState(step=step, task_cursor=task_cursor, warm_start_done=warm_start_done,
-                                  engine={} if ds_zero else self.engine.state_dict(),
+                                  engine={} if ds_zero else self.trained.engine.state_dict(),
                                   rng=rng, extra={"config": asdict(self.cfg)}, world_size=self.world,
                                   rank_rng=rank_rng)
-        extra = (lambda d: self.engine.save_deepspeed_checkpoint(str(d / "deepspeed"))) if ds_zero else None
+        extra = (lambda d: self.trained.engine.save_deepspeed_checkpoint(str(d / "deepspeed"))) if ds_zero else None
         path = ckpt.save_checkpoint(self.ckpt_dir, state, save_model=functools.partial(self._save_model, step=step),
                                     config_yaml=self.cfg.to_yaml(), save_extra=extra, ranks=dist.checkpoint_ranks())
         if self.is_main:
@@ -354,7 +351,7 @@ class RunSession:
         self.trained.save(folder)
         if self.is_main:
             write_model_card(folder, self.cfg, step=step, metrics_path=self.out / "metrics.jsonl",
-                             tokenizer=self.tokenizer)
+                             tokenizer=self.trained.tokenizer)
 
     def save_step_files(self, trajs: list[Trajectory], record: StepRecord, *, step: int) -> None:
         """`trajectories/step_N.jsonl` (every rank's) and `credit/step_N.jsonl` beside it: per turn e_k, B_k,
@@ -367,7 +364,7 @@ class RunSession:
         if record.credit.result is not None:  # None: this rank had no rows
             token_text = None
             if record.credit.result.granularity == "token":
-                token_text = [self.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in record.batch.rows]
+                token_text = [self.trained.tokenizer.batch_decode([[t] for t in r.response_ids]) for r in record.batch.rows]
             lines = credit_lines(trajs, record, estimator=self.cfg.algorithm.estimator, step=step,
                                  token_text=token_text, env_ids=[self.env_of(t).spec for t in trajs])
         lines = [line for part in dist.all_gather_objects(lines) for line in part]

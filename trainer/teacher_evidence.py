@@ -1,5 +1,6 @@
-"""The teacher phase's evidence in the configured form (`teacher.evidence`; the arithmetic of each form is
-`agentgym_opsd.credit.evidence`). This module turns turn rows into what the forms read:
+"""The teacher phase: the same responses under the privileged prompt, run on the trained model, and the
+evidence they give in the configured form (`teacher.evidence`; the arithmetic of each form, the paper's sum
+included, is `agentgym_opsd.credit.evidence`). This module turns turn rows into what the forms read:
 
 - argument masks (`args`): which response tokens spell the action's argument — the parser's `span` of the
   argument in the decoded response, mapped onto the tokens that overlap it;
@@ -35,23 +36,15 @@ from agentgym_opsd.credit.evidence import (
 from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.parsers import ActionParser
 from agentgym_opsd.records import Trajectory, Turn
-from agentgym_opsd.trainer.choice_logprobs import ChoicePass
+from agentgym_opsd.trainer.choice_logprobs import ChoicePass, score_continuations
 from agentgym_opsd.trainer.phases import TeacherEvidence
+from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
 __all__ = ["ChoiceSet", "EvidenceMaker", "argument_token_mask", "row_turns", "turn_choice_set"]
 
 _PLACEHOLDER = re.compile(r"<[a-z][a-z ]*>")
 """A free-text slot in an admissible action (`search[<your query>]`): the agent writes its own text there."""
-
-ChoiceScorer = Callable[[list[list[int]], list[list[list[int]]], list[list[int] | None] | None], ChoicePass]
-"""(prompts, per prompt the token ids of its choices, per prompt a reply to teacher-force or None) ->
-the choices' sequence log-probs and the replies' per-token log-probs (`trainer/choice_logprobs.py`)."""
-
-TeacherPass = Callable[[dict[int, Tensor]], list[Tensor]]
-"""The paper's teacher pass (`Trainer.teacher_logprobs`) given the rows already scored: every row's response
-teacher-forced under its c+ prompt (a row without c+: the student's own log-probs)."""
-
 
 @dataclass(frozen=True)
 class ChoiceSet:
@@ -130,20 +123,21 @@ def row_turns(batch: TurnBatch, trajectories: Sequence[Trajectory]) -> list[tupl
 
 @dataclass
 class EvidenceMaker:
-    """e_k of every row in `form` (`EVIDENCE_FORMS`): `tokenizer` renders choices and finds argument tokens,
-    `score_choices` runs the choice passes, `parser_of` is the action parser of a trajectory's
-    environment; `choice_norm` how a choice's token log-probs make its score (`CHOICE_NORMS`)."""
+    """The teacher phase of one run: e_k of every row in `form` (`EVIDENCE_FORMS`), by the teacher passes on
+    `model` (the trained one; `shared_prefix`: the teacher prompts' common c+ prefix is encoded once).
+    `parser_of` is the action parser of a trajectory's environment; `choice_norm` how a choice's token
+    log-probs make its score (`CHOICE_NORMS`)."""
 
     form: str
-    tokenizer: Any
-    score_choices: ChoiceScorer
+    model: TrainedModel
     parser_of: Callable[[Trajectory], ActionParser]
     choice_norm: str = "sum"
+    shared_prefix: bool = False
 
-    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory] | None, student: list[Tensor],
-                 teacher_pass: TeacherPass) -> TeacherEvidence:
+    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory] | None,
+                 student: list[Tensor]) -> TeacherEvidence:
         """The rows' evidence in this form. The choice form scores each judged turn's sampled reply on the
-        teacher's choice-pass cache too, so `teacher_pass` runs only the rows the choice pass did not cover."""
+        teacher's choice-pass cache too, so the teacher pass runs only the rows the choice pass did not cover."""
         spec = evidence_form(self.form)
         masks: list[Tensor | None] | None = None
         choices: list[ChoiceScores | None] | None = None
@@ -153,14 +147,32 @@ class EvidenceMaker:
                 raise ValueError(f"teacher.evidence={self.form} reads each row's turn: pass the step's trajectories")
             turns = row_turns(batch, trajectories)
             if spec.needs_arguments:
-                masks = [argument_token_mask(self.tokenizer, self.parser_of(traj), row.response_ids)
+                masks = [argument_token_mask(self.model.tokenizer, self.parser_of(traj), row.response_ids)
                          for row, (traj, _) in zip(batch.rows, turns, strict=True)]
             if spec.needs_choices:
                 choices, folded = self._choice_pass(batch, turns, fold_replies=True)
-        teacher = teacher_pass(folded)
+        teacher = self.teacher_logprobs(batch, student, folded)
         gaps = [t - s for t, s in zip(teacher, student, strict=True)]
         result = compute_evidence(self.form, EvidenceInputs(gaps, masks, choices), choice_norm=self.choice_norm)
         return TeacherEvidence(teacher, gaps, result.evidence, result.forms)
+
+    def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor],
+                         given: dict[int, Tensor] | None = None) -> list[Tensor]:
+        """The paper's teacher pass: every row's response teacher-forced under its c+ prompt (no grad). Rows
+        without c+ reuse the student's log-probs (gap 0); rows in `given` (scored by the choice pass on its own
+        cache) are not run again."""
+        given = given or {}
+        idx = [i for i, r in enumerate(batch.rows) if r.teacher_prompt_ids is not None and i not in given]
+        out = list(student)
+        for i, t in given.items():
+            out[i] = t
+        if idx:
+            prompts = [list(batch.rows[i].teacher_prompt_ids or []) for i in idx]
+            got = self.model.logprobs(prompts, [batch.rows[i].response_ids for i in idx],
+                                      shared_prefix=self.shared_prefix)
+            for i, t in zip(idx, got, strict=True):
+                out[i] = t
+        return out
 
     def choice_scores(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]]) -> list[ChoiceScores | None]:
         """Per row, its choices scored under the student's and the teacher's prompt (None: no choice set)."""
@@ -173,7 +185,7 @@ class EvidenceMaker:
         (the teacher's holds the skill block); a row without a teacher prompt (no c+) is its own teacher:
         evidence 0."""
         sets = [turn_choice_set(turn, self.parser_of(traj)) for traj, turn in turns]
-        ids = {i: [text_ids(self.tokenizer, text) for text in s.texts] for i, s in enumerate(sets) if s is not None}
+        ids = {i: [text_ids(self.model.tokenizer, text) for text in s.texts] for i, s in enumerate(sets) if s is not None}
         judged = [i for i in ids if batch.rows[i].teacher_prompt_ids is not None]
         replies = [list(batch.rows[i].response_ids) or None for i in judged] if fold_replies else None
         student = self._score([batch.rows[i].prompt_ids for i in ids], [ids[i] for i in ids], None)
@@ -195,4 +207,6 @@ class EvidenceMaker:
                replies: list[list[int] | None] | None) -> ChoicePass:
         if not prompts:
             return ChoicePass([], [])
-        return self.score_choices([list(p) for p in prompts], choices, replies)
+        m = self.model  # each choice at the rollout temperature, as the teacher pass scores the reply
+        return score_continuations(m.model, [list(p) for p in prompts], choices, replies, temperature=m.temperature,
+                                   max_tokens=m.micro_batch_tokens, device=m.device)

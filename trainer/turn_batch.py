@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Trajectory, Turn, invalid_rates, summarize
+from agentgym_opsd.records import ChatMessage, Trajectory, Turn, invalid_rates, summarize
+from agentgym_opsd.turns import PENALISED_KINDS, is_penalised
 
-__all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates", "is_penalised",
+__all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates",
            "anchor_key"]
 
 PromptEncoder = Callable[[list[ChatMessage]], list[int]]
@@ -63,12 +64,13 @@ class TurnRow:
     anchor_key: int = 0  # hash of the state the turn acted on (see `anchor_key`)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TurnBatch:
     """One training step's scored batch (the score phase's value): all turn rows plus per-row
     trajectory-level values (1-D tensors, row order). The later phases' values are their own
-    (`trainer/phases.py`); the rows never change after `build_turn_batch`, so the per-row tensors derived
-    from them are built once, on first use."""
+    (`trainer/phases.py`); the batch is frozen and its rows never change after `build_turn_batch`, so the
+    per-row tensors derived from them are built once, on first use (`cached_property` writes the instance's
+    `__dict__`, which a frozen dataclass allows)."""
 
     rows: list[TurnRow]
     success_rate: Tensor  # (rows,) the row's group success rate R̄
@@ -129,15 +131,6 @@ class TurnBatch:
 PENALTY_MODES: tuple[str, ...] = ("trajectory", "turn", "outcome")
 """Where the invalid-action penalty goes: the episode reward, the turn's row inside the group statistics
 (released code), or the turn's row as a separate push beside an outcome-only advantage (CPU presets)."""
-
-PENALISED_KINDS = {"any": frozenset(INVALID_KINDS), "format": frozenset({"no_tag", "truncated"})}
-
-
-def is_penalised(turn: Turn, penalize: str = "any") -> bool:
-    """Whether the invalid-action penalty applies to this turn (`penalize`: "any" | "format")."""
-    kind = turn.invalid_kind
-    return kind is not None and kind in PENALISED_KINDS[penalize]
-
 
 def anchor_key(traj: Trajectory, position: int) -> int:
     """63-bit hash of the state turn `traj.turns[position]` acted on: the observation the previous turn

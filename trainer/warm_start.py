@@ -79,7 +79,7 @@ def collect_demonstrations(
     won: list[Trajectory] = []
     for start in range(0, len(tasks), batch):
         trajs = runner.run(ThoughtOracle(thought), list(tasks[start:start + batch]), group_size=1)
-        won.extend(t for t in trajs if t.won and t.error is None)
+        won.extend(t for t in trajs if t.succeeded)
     return won
 
 

@@ -120,7 +120,7 @@ class EvidenceForm:
 
 
 def _paper(inputs: EvidenceInputs, row: int, norm: str) -> float:
-    return float(inputs.gaps[row].sum())  # as TeacherEvidence.summed: the paper path keeps its exact numbers
+    return float(inputs.gaps[row].sum())
 
 
 def _mean(inputs: EvidenceInputs, row: int, norm: str) -> float | None:

@@ -40,8 +40,9 @@ from agentgym_opsd.records import (
     groups_of,
     read_json_lines,
     require_fields,
+    summarize,
 )
-from agentgym_opsd.rollout import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
+from agentgym_opsd.turns import ORACLE_AFTER, ORACLE_BEFORE, turn_progress
 
 __all__ = ["StepData", "load_step", "render_html", "main"]
 
@@ -324,12 +325,12 @@ def render_html(data: StepData) -> str:
     """The whole page as one string (self-contained: inline CSS, JS and SVG)."""
     trajs = data.trajectories
     groups = groups_of(trajs)
-    won = sum(t.won for t in trajs)
+    won = summarize(trajs).successes
     estimators = sorted({str(line.get("estimator", "")) for line in data.credit.values()} - {""})
     sections = []
     for group_id, members in sorted(groups.items()):
         first = members[0]
-        rate = sum(t.won for t in members) / len(members)
+        rate = summarize(members).success_rate
         body = "".join(_traj_html(data, t) for t in members)
         # the teacher's privileged hint (teacher.context=hint): what the evidence was conditioned on
         hint = (f'\n  <p class="hint"><b>teacher hint:</b> {_e(first.privileged_hint)}</p>'

@@ -4,7 +4,9 @@ one registered environment (`Env-v0` or `Env-v0:split`), with typed action, obse
 The action is the agent's reply as it wrote it (`AgentAction.text`, e.g. `"<action>go to desk 1</action>"`).
 The session parses it with the environment's own parser (`EnvProfile.parser`), as our rollout does, so a
 reply without a usable action is an invalid action, never an error: the environment answers it, the reward
-carries the profile's invalid-action penalty, and the episode goes on.
+carries the profile's invalid-action penalty where `SessionSettings.penalize` says, and the episode goes on.
+Each turn is judged by the core's one per-turn rule (`agentgym_opsd.turns`), so an episode played here is the
+episode our rollout would have recorded.
 
 The observation (`AgentObservation`) carries the environment's text and our `info`: task, admissible actions,
 whether the action was valid and why not, won / score, terminated / truncated apart (OpenEnv's `done` is
@@ -32,6 +34,7 @@ from agentgym_opsd.parsers import make_parser
 from agentgym_opsd.prompts import HistoryItem
 from agentgym_opsd.records import ChatMessage
 from agentgym_opsd.registry import env_profile, load_skill_library, make, parse_env_spec, prompt_renderer_for
+from agentgym_opsd.turns import PENALISED_KINDS, history_item, is_penalised, record_turn
 
 __all__ = ["MAX_ID_CHARS", "MAX_REPLY_CHARS", "RESET_FIELDS", "AgentAction", "AgentGymEnvironment", "AgentObservation", "AgentState",
            "BadRequest", "SessionSettings"]
@@ -119,8 +122,12 @@ class SessionSettings:
     """Send the task's skill context c+ (`skill_context`): privileged, for a self-teacher."""
     oracle: bool = False
     """Send the expert's next action (`oracle_action`): privileged, for demonstrations and tests."""
+    penalize: str = "any"
+    """Which invalid turns cost the profile's penalty (`PENALISED_KINDS`, as `algorithm.penalize`)."""
 
     def __post_init__(self) -> None:
+        if self.penalize not in PENALISED_KINDS:
+            raise ValueError(f"SessionSettings.penalize must be one of {sorted(PENALISED_KINDS)}, got {self.penalize!r}")
         if self.max_turns < 0:
             raise ValueError(f"SessionSettings.max_turns must be >= 0 (0 = the profile's), got {self.max_turns}")
 
@@ -147,6 +154,10 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         self._state = AgentState(env_id=self.env_id, split=self.split)
         self._history: list[HistoryItem] = []
         self._observation = ""
+        # What the last observation showed: the next turn's prompt, choices and the oracle's distance before it.
+        self._prompt: list[ChatMessage] = []
+        self._admissible: list[str] | None = None
+        self._distance: int | None = None
         self._task_text = ""
         self._skill_context = ""
 
@@ -194,12 +205,14 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         if self._state.done:  # the environment answers a step after the end; it is no turn and costs nothing
             return self._observe(text, info, reward=0.0, action=parsed.action, valid=False,
                                  reason="the episode has ended", terminated=terminated, truncated=truncated)
-        env_valid = bool(info.get(core.ACTION_VALID, True))
-        valid = parsed.valid and env_valid
-        reason = parsed.reason if not parsed.valid else (None if env_valid else "the environment refused the action")
-        # An invalid turn costs the profile's penalty, as our trainer charges it.
-        reward = float(env_reward) - (0.0 if valid else self.profile.invalid_action_penalty)
-        self._history.append(HistoryItem(parsed.action or action.text[:200], self._observation))
+        # The per-turn rule our rollout records by; the penalty is charged as the trainer charges it.
+        turn = record_turn(index=self._state.step_count, prompt=self._prompt, text=action.text, parsed=parsed,
+                           observation=text, reward=float(env_reward), info=info,
+                           admissible_actions=self._admissible, distance_before=self._distance)
+        valid, reason = turn.action_valid, turn.invalid_reason
+        penalised = is_penalised(turn, self.settings.penalize)
+        reward = turn.reward - (self.profile.invalid_action_penalty if penalised else 0.0)
+        self._history.append(history_item(turn, self._observation))
         self._observation = text
         state = self._state
         state.step_count += 1
@@ -259,6 +272,7 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
             task_text=self._task_text, observation=text, history=self._history, admissible_actions=admissible,
             turn_index=len(self._history))
         distance = info.get(core.ORACLE_DISTANCE)
+        self._prompt, self._admissible, self._distance = prompt, admissible, distance
         return AgentObservation(
             text=text, task_id=self._state.task_id, task_type=str(info.get(core.TASK_TYPE, "")),
             task_text=self._task_text, admissible_actions=admissible, action=action, action_valid=valid,

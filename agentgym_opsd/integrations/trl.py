@@ -11,33 +11,16 @@
         rollout_func=AgentGymRollout("ALFWorld-v0:easy", record_path="episodes.jsonl"))
     trainer.train()
 
-TRL 1.16 offers two hooks for multi-turn environments (`GRPOTrainer.__init__`):
-- `environment_factory`: an object whose public methods become *tools*; the model calls them with the tool-call
-  syntax of its chat template, in one growing conversation, parsed by TRL (`parse_response`). That is not our
-  agent: our policies are prompted by `PromptRenderer` (system prompt, task, the last k turns, the admissible
-  actions, rebuilt each turn) and answer in text that the environment's parser reads (`<action>...</action>`,
-  `search[...]`); it also needs a chat template that renders tool calls.
-- `rollout_func(prompts, trainer) -> dict`: TRL hands over the dataset prompts of a generation batch (each
-  repeated `num_generations` times, consecutively, by its sampler) and takes back, per prompt, `prompt_ids`,
-  `completion_ids` and `logprobs` (required), `env_mask` (1 on tokens the model sampled, 0 on tokens it did
-  not; TRL trains only the 1s), and any other list, which it passes to the reward functions by name.
-
-`AgentGymRollout` is the second. A dataset prompt names a task (`task_dataset`: the reset seed and options as
-JSON); each group of `num_generations` copies is played as one group of our episodes by `RolloutRunner`, so
-the prompts, the parser, invalid actions (answered by the environment, the episode goes on), the turn limit
-and the records are exactly those of our trainer. Generation is TRL's own non-vLLM path (the trainer's
-`generation_config`, its model unwrapped by `unwrap_model_for_generation`). Each episode goes back as one
-row, as TRL's multi-turn rows are built: turn 1's prompt as `prompt_ids`; then action 1, turn 2's prompt
-(`env_mask` 0), action 2, ... Extra fields for reward functions: `won`, `score`, `num_turns`,
-`invalid_actions`, `invalid_penalty` (see `episode_won`, `episode_score`, `invalid_action_penalty`).
-Every episode is also appended, with its token ids and log-probs, to `record_path` in our JSONL trajectory
-format (`records.load_jsonl` reads it back; `metadata` holds TRL's `global_step` and mode).
-
-What TRL's update does with such rows differs from ours (docs/integrations.md): action k is trained in the
-context of every earlier prompt and action, though it was sampled from turn k's prompt alone; one advantage
-per episode. `mask_truncated_completions=True` would drop every episode whose last reply ended on a stop
-string (TRL sees no end-of-sequence token there); leave it off. With `use_vllm=True` the adapter refuses to
-run (generation through TRL's vLLM client is not wired here).
+Why `rollout_func` and not TRL's `environment_factory`: the latter makes an environment's methods tools called
+in one growing conversation, while our agents are prompted afresh each turn (`PromptRenderer`) and answer in
+text the environment's parser reads. A dataset prompt names a task (`task_dataset`); each group of
+`num_generations` copies is played as one group of our episodes by `RolloutRunner`, so prompts, parsing,
+invalid actions and records are exactly our trainer's. Each episode goes back as one row (turn 1's prompt as
+`prompt_ids`, then action 1, turn 2's prompt with `env_mask` 0, action 2, ...), with `won`, `score`,
+`num_turns`, `invalid_actions` and `invalid_penalty` for the reward functions (`episode_won`,
+`episode_score`, `invalid_action_penalty`), and is appended to `record_path` in our JSONL format.
+How TRL's update on such rows differs from ours, and what to leave off (`mask_truncated_completions`,
+`use_vllm`), is in docs/integrations.md.
 """
 
 from __future__ import annotations

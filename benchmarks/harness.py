@@ -1,0 +1,49 @@
+"""What the benchmark scripts share: a trainer built for measuring, a median timer, the process's peak memory.
+
+Scripts run from `benchmarks/` (`python benchmarks/bench_X.py`), where this folder is on `sys.path`, and import
+it as `harness`; tests that load a script put the folder on `sys.path` first.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["MEASURING", "make_trainer", "peak_rss_mb", "timed"]
+
+T = TypeVar("T")
+
+MEASURING = ("trainer.backend=torch", "trainer.device=cpu", "trainer.progress=false", "trainer.tensorboard=false",
+             "trainer.save_trajectories=false")
+"""The overrides of a trainer built to be measured: plain torch on the CPU, no progress bars, no files kept."""
+
+
+def make_trainer(config: str, overrides: Sequence[str], output_dir: str) -> Any:
+    """A `Trainer` of preset (or YAML) `config` writing to `output_dir`, with `MEASURING` and then `overrides`."""
+    from agentgym_opsd.trainer.config import load_config
+    from agentgym_opsd.trainer.loop import Trainer
+
+    return Trainer(load_config(config, [f"trainer.output_dir={output_dir}", *MEASURING, *overrides]))
+
+
+def timed(fn: Callable[[], T], repeats: int, *, warm_up: bool = True) -> tuple[float, T]:
+    """The median seconds of `repeats` calls of `fn` (after one unmeasured call with `warm_up`: allocator, lazy
+    initialisation) and the last call's result."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if warm_up:
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports `ru_maxrss` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
