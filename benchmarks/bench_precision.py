@@ -38,7 +38,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_roofline import measure_peak_flops, sft_rows  # noqa: E402
-from harness import make_trainer, peak_rss_mb, timed  # noqa: E402
+from harness import cpu_model, make_trainer, peak_rss_mb, timed  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, probe_matmuls  # noqa: E402
@@ -124,18 +124,6 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         }
     finally:
         trainer.close()
-
-
-def cpu_model() -> str:
-    """`lscpu`'s model name (what `/proc/cpuinfo` calls it), with the CPU family where the name is generic."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-        if not line.strip():
-            break
-    name = info.get("model name", "unknown CPU")
-    return f"{name} (family {info['cpu family']})" if "cpu family" in info else name
 
 
 def read_machines(path: Path) -> dict[str, Any]:

@@ -47,3 +47,22 @@ def timed(fn: Callable[[], T], repeats: int, *, warm_up: bool = True) -> tuple[f
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MiB (Linux reports `ru_maxrss` in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_model() -> str:
+    """`lscpu`'s model name (what `/proc/cpuinfo` calls it) with the CPU family: results say which CPU they came
+    from, since the same kind of machine has come as different processors."""
+    from pathlib import Path
+
+    info: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "unknown CPU"
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    name = info.get("model name", "unknown CPU")
+    return f"{name} (family {info['cpu family']})" if "cpu family" in info else name
