@@ -174,11 +174,11 @@ def test_bad_input_gets_a_clear_4xx() -> None:
             raw.reset(seed=0)
             with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
                 raw.step({"text": "<action>look</action>", "mood": "calm"})
-            garbled = raw.step({"text": "<action>\ud800</action>"}).observation  # a lone surrogate is not text
-            assert garbled["action_valid"] is False and garbled["turn"] == 1
-            with pytest.raises(RuntimeError, match="task_id must be text"):
+            with pytest.raises(RuntimeError, match="lone UTF-16 surrogate"):  # refused as over HTTP, not played
+                raw.step({"text": "<action>\ud800</action>"})
+            with pytest.raises(RuntimeError, match="lone UTF-16 surrogate"):
                 raw.reset(task_id="\ud800")
-            assert raw.step({"text": "<action>look</action>"}).observation["turn"] == 2
+            assert raw.step({"text": "<action>look</action>"}).observation["turn"] == 1
         with AgentGymEnvClient(base_url=url).sync() as env, pytest.raises(Exception):  # noqa: B017 - closed 1009
             env.step(AgentAction(text="x" * 5000))
 
