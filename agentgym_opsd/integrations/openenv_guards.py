@@ -29,8 +29,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-def connection_protocol(header_timeout_s: float, max_connections: int, retry_after_s: int) -> type:
-    """A uvicorn h11 protocol class (uvicorn.Config(http=...)) with the head deadline and the connection cap."""
+def connection_protocol(header_timeout_s: float, max_connections: int, retry_after_s: int, max_body_bytes: int) -> type:
+    """A uvicorn h11 protocol class (uvicorn.Config(http=...)) with the head deadline, the connection cap and a
+    413 at once for a chunk whose declared size is over `max_body_bytes` (the app sees only the bytes that
+    arrived, so such a chunk trickled would otherwise wait for the body deadline)."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -40,6 +42,9 @@ def connection_protocol(header_timeout_s: float, max_connections: int, retry_aft
     too_many = json_response(503, "Service Unavailable", {
         "error": f"the server holds {max_connections} connections already; retry after {retry_after_s} s",
         "limit": "max_connections", "max": max_connections}, retry_after_s)
+    too_large = json_response(413, "Content Too Large", {
+        "error": f"a chunk of the body is over {max_body_bytes} bytes; at most {max_body_bytes} are accepted",
+        "limit": "max_body_bytes", "max": max_body_bytes})
 
     class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
         _head_timer: asyncio.TimerHandle | None = None
@@ -58,6 +63,11 @@ def connection_protocol(header_timeout_s: float, max_connections: int, retry_aft
             upgraded = self.transport.get_protocol() is not self  # a WebSocket now owns the connection
             if self._head_timer is not None and (upgraded or self.cycle is not self._waiting_cycle):
                 self._disarm()  # the head arrived: the app reads the body within its own deadline
+            # h11 keeps the size still to come of the chunk being read (a private field: absent, nothing is checked)
+            chunk_left = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)
+            if not upgraded and isinstance(chunk_left, int) and chunk_left > max_body_bytes:
+                self.transport.write(too_large)
+                self.transport.close()  # the app's read of the body sees a disconnect and answers nothing
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -192,7 +192,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], *, retry_after_s: int | None = None) -> None:
     data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    # a refusal closes the connection: the rest of a body it did not read would be taken for the next request
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+               (b"connection", b"close")]
     if retry_after_s is not None:
         headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -247,7 +249,8 @@ def build_server(app: GuardedApp) -> Any:
     import uvicorn
 
     limits = app.limits
-    protocol = connection_protocol(limits.header_timeout_s, limits.max_connections, limits.retry_after_s)
+    protocol = connection_protocol(limits.header_timeout_s, limits.max_connections, limits.retry_after_s,
+                                   limits.max_body_bytes)
     config = uvicorn.Config(app, http=protocol, ws_max_size=limits.max_body_bytes,
                             timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), log_level="warning",
                             lifespan="on")

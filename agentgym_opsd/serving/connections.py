@@ -209,6 +209,10 @@ class ConnectionReader:
         """Connections whose request is still arriving."""
         return len(self._reading)
 
+    def holding(self) -> int:
+        """Connections this thread holds: being read, or answered and being drained."""
+        return len(self._reading) + len(self._lingering)
+
     def add(self, sock: socket.socket, address: Any) -> None:
         """From the accepting thread: read this connection's request (the thread never waits here)."""
         self._inbox.put((sock, address, time.monotonic()))

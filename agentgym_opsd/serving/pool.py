@@ -261,7 +261,21 @@ class PooledWSGIServer(BaseWSGIServer):
         finally:
             self._stop_accepting.set()
             acceptor.join(timeout=2 * _ACCEPT_POLL_S + 1)
+            self._answer_backlog()
             self.server_close()
+
+    def _answer_backlog(self) -> None:
+        """At the end of a stop: answer 503 to the connections still in the listening socket's backlog, then let
+        the answered ones drain for up to `linger_s` (closing a socket the client still writes to resets it,
+        and the client would see the reset instead of the 503)."""
+        with contextlib.suppress(OSError):
+            self.socket.setblocking(False)
+            for _ in range(self.request_queue_size):  # what the backlog holds now; clients that retry at once
+                sock, address = self.socket.accept()  # would keep this loop going for ever
+                self._connections.add(sock, address)
+        deadline = time.monotonic() + self.pool.linger_s
+        while self._connections.holding() and time.monotonic() < deadline:
+            time.sleep(_ACCEPT_POLL_S)
 
     def _refuse_while_stopping(self) -> None:
         """During the grace: accept on the listening socket and hand each connection to the connection thread,
