@@ -275,3 +275,20 @@ def test_a_signal_stops_the_server_cleanly(signum: int) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_malformed_websocket_messages_get_an_error_and_the_session_goes_on() -> None:
+    """Issue 45: `[1,2]`, `null`, `5`, a binary frame, deep nesting, NaN, a lone surrogate each get an error message
+    without Python internals, and the same session then plays on."""
+    with running(SessionSettings("ALFWorld-v0:easy")) as url, \
+            ws_connect(url.replace("http", "ws", 1) + "/ws", open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "observation"
+        for message in ["[1,2]", "null", "5", b"\x00\x01", "[" * 10_000 + "]" * 10_000, '{"type": "step", "x": NaN}',
+                        '{"type": "step", "data": {"action": {"text": "\\ud800"}}}', '{"type": 5}']:
+            ws.send(message)
+            reply = json.loads(ws.recv(timeout=30))
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", (message, reply)
+            assert "object has no attribute" not in reply["data"]["message"] and "recursion" not in reply["data"]["message"]
+        ws.send(json.dumps({"type": "state"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "state"  # the session lives on
