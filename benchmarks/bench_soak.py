@@ -34,6 +34,14 @@ request's latency (p50 / p99 / max) under `latency_ms_by_kind`:
   greedy) back to back and `--short-clients` (2) sending a short greedy request (max_tokens 16) after each
   answer, with `--think-ms` between (kinds `long` and `short`).
 
+`--attack` measures instead what idle and trickling clients cost each server we ship (tests/server_targets.TARGETS:
+retrieval, WebShop, policy, OpenEnv, each through its CLI with its default limits): `--idle` (50) connections
+that send nothing and `--trickling` (10) that trickle a request head a byte every 1.5 s are held open (each
+opened again once the server answers it), and `--attack-requests` (20) normal requests are timed one after
+another meanwhile. The table gives per server the connections held when the requests began, the normal
+request's latency (p50 / max) and the requests lost (any reply but 200); it goes under "attack" in the JSON,
+whose other content is kept.
+
 An error is any reply other than HTTP 200, or no reply (refused, reset, timeout); it is counted by kind.
 Latency is per HTTP request. The server's resident memory (VmRSS of /proc/PID/status) is read every
 `--sample-s` seconds: "start" when the load begins, after a warm-up (WebShop: one episode that buys something,
@@ -494,6 +502,111 @@ def table(results: list[Soak], args: argparse.Namespace) -> Table:
     return t
 
 
+def cpu_model() -> str:
+    """The CPU's model name as lscpu prints it ("unknown" without lscpu)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
+                "unknown")
+
+
+@dataclass
+class Attack:
+    """One server's figures under idle and trickling connections."""
+
+    server: str
+    connections_held: int
+    requests: int
+    requests_lost: int
+    p50_ms: float
+    max_ms: float
+
+
+def hold(target_host: str, port: int, count: int, trickle_s: float | None, stop: threading.Event,
+         held: list[int]) -> None:
+    """Keep `count` connections open to the server (idle, or trickling a head a byte every `trickle_s`), opening
+    each again once the server answers or closes it; `held[0]` is how many are open now."""
+    socks: list[socket.socket | None] = [None] * count
+    while not stop.is_set():
+        for i, sock in enumerate(socks):
+            if sock is None:
+                with contextlib.suppress(OSError):
+                    sock = socks[i] = socket.create_connection((target_host, port), timeout=5)
+                    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            elif select.select([sock], [], [], 0)[0]:  # answered (408) or closed: open another
+                sock.close()
+                socks[i] = None
+            elif trickle_s is not None:
+                with contextlib.suppress(OSError):
+                    sock.send(b"a")
+        held[0] = sum(s is not None for s in socks)
+        stop.wait(trickle_s or 0.5)
+    for sock in socks:
+        if sock is not None:
+            sock.close()
+
+
+def run_attack(args: argparse.Namespace, console: Console) -> list[Attack]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from server_targets import TARGETS, normal_request, start
+
+    results = []
+    for target in TARGETS:
+        with start(target) as server:
+            normal_request(server, timeout_s=120)  # warm up
+            stop, idle, trickling = threading.Event(), [0], [0]
+            holders = [threading.Thread(target=hold, args=(server.host, server.port, args.idle, None, stop, idle)),
+                       threading.Thread(target=hold, args=(server.host, server.port, args.trickling, 1.5, stop,
+                                                           trickling))]
+            for thread in holders:
+                thread.start()
+            time.sleep(2.0)  # all connections open
+            held = idle[0] + trickling[0]
+            latencies, lost = [], 0
+            for _ in range(args.attack_requests):
+                try:
+                    status, seconds = normal_request(server, timeout_s=60)
+                except OSError:
+                    status, seconds = 0, 60.0
+                lost += status != 200
+                latencies.append(seconds * 1000)
+            stop.set()
+            for thread in holders:
+                thread.join()
+        latencies.sort()
+        results.append(Attack(target.name, held, len(latencies), lost, statistics.median(latencies), latencies[-1]))
+        console.print(results[-1])
+    return results
+
+
+def attack_table(results: list[Attack]) -> Table:
+    t = Table(title="a normal request while idle and trickling connections are held")
+    for column in ("server", "connections held", "requests", "lost", "p50 ms", "max ms"):
+        t.add_column(column, justify="left" if column == "server" else "right")
+    for r in results:
+        t.add_row(r.server, str(r.connections_held), str(r.requests), str(r.requests_lost), f"{r.p50_ms:.1f}",
+                  f"{r.max_ms:.1f}")
+    return t
+
+
+def main_attack(args: argparse.Namespace) -> int:
+    console = Console(width=200)
+    results = run_attack(args, console)
+    console.print(attack_table(results))
+    existing = json.loads(args.json.read_text(encoding="utf-8")) if args.json.exists() else {}
+    existing["attack"] = {
+        "settings": {"idle": args.idle, "trickling": args.trickling, "trickle_s": 1.5,
+                     "requests": args.attack_requests},
+        "machine": {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "load_average": list(os.getloadavg())},
+        "notes": args.note,
+        "results": [asdict(r) for r in results]}
+    args.json.write_text(json.dumps(existing, indent=1) + "\n", encoding="utf-8")
+    console.print(f"wrote {args.json}")
+    return 0 if all(r.requests_lost == 0 for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=32, help="concurrent clients per server (default 32)")
@@ -513,7 +626,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-tolerance", type=float, default=1.5, help="bounded: end <= start x this (default 1.5)")
     p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "soak.json")
     p.add_argument("--note", action="append", default=[], help="a line for the JSON's notes (repeatable)")
+    p.add_argument("--attack", action="store_true", help="measure every server under idle and trickling "
+                                                         "connections instead (see the docstring)")
+    p.add_argument("--idle", type=int, default=50, help="--attack: idle connections held (default 50)")
+    p.add_argument("--trickling", type=int, default=10, help="--attack: trickling connections held (default 10)")
+    p.add_argument("--attack-requests", type=int, default=20, help="--attack: normal requests timed (default 20)")
     args = p.parse_args(argv)
+    if args.attack:
+        return main_attack(args)
     if min(args.clients, args.short_clients) < 1 or args.minutes <= 0 or min(args.slow_clients, args.long_clients) < 0:
         p.error("--clients, --short-clients and --minutes must be positive, --slow-clients and --long-clients >= 0")
 

@@ -51,6 +51,7 @@ import bisect
 import copy
 import logging
 import math
+import select
 import socket
 import threading
 import time
@@ -206,11 +207,15 @@ def socket_alive(sock: socket.socket) -> bool:
     """Whether the peer of `sock` is still connected: a non-blocking peek that reads end-of-stream (b'') or
     fails means it closed or reset the connection; no data yet (BlockingIOError) or data means it is there.
     The peek consumes nothing and does not change the socket's blocking mode, so it is safe while another
-    thread owns the socket. Without MSG_DONTWAIT (Windows) every client counts as connected."""
+    thread owns the socket. Without MSG_DONTWAIT (Windows) every client counts as connected. A socket with a
+    timeout (the pooled server's) waits for data even with MSG_DONTWAIT and reads its timeout as a hang-up, so
+    the peek is made only once a zero-wait select says there is something to read (data or the end)."""
     flags = getattr(socket, "MSG_DONTWAIT", None)
     if flags is None:
         return True
     try:
+        if not select.select([sock], [], [], 0)[0]:
+            return True
         return sock.recv(1, socket.MSG_PEEK | flags) != b""
     except (BlockingIOError, InterruptedError):
         return True

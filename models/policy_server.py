@@ -29,6 +29,10 @@ Limits, each answered with a JSON error:
 - A prompt with more characters than its token limit can hold (`--max-prompt-tokens`, or the context when
   smaller, times `--prompt-chars-per-token`, 16 by default; each message counts 4 tokens' worth more for
   its template) -> 400 before it is tokenised, so a huge prompt costs no tokenising time.
+- Connections are read by the serving kit's connection layer (`agentgym_opsd.serving.pool`, flags
+  `--workers`, `--header-timeout`, `--body-timeout`, ...): a client that sends nothing or trickles its request
+  holds no worker and gets a JSON 408 after its deadline; a declared body over `--max-body-bytes` gets 413 at
+  once; SIGINT/SIGTERM lets requests in progress end for `--shutdown-grace` while new connections get 503.
 - `--max-queue` requests already waiting -> 503 with Retry-After; a request that waited more than
   `--queue-timeout` seconds without being scheduled -> 503. The `openai:` client retries both.
 - A client that disconnects while its request is queued: the request leaves the queue and is never
@@ -70,14 +74,17 @@ from agentgym_opsd.models.policy_batcher import (
 )
 from agentgym_opsd.serving.bodies import BodyError, read_json_body
 from agentgym_opsd.serving.cli import (
+    add_pool_arguments,
     non_negative_float,
     non_negative_int,
     number_type,
+    pool_from_args,
     port_number,
     positive_float,
     positive_int,
     serve_until_interrupted,
 )
+from agentgym_opsd.serving.pool import WorkerPool
 
 __all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "UnknownModel", "check_model", "create_app", "main",
            "validate_chat_request"]
@@ -104,6 +111,13 @@ class ServerLimits:
     batch_window_s: float = 0.02
     prompt_chars_per_token: float = PROMPT_CHARS_PER_TOKEN  # the size a prompt may have before tokenising
     short_lane_tokens: int = SHORT_LANE_TOKENS  # prompt + max_tokens up to this: the short lane (0 = one lane)
+
+
+def default_pool(limits: ServerLimits) -> WorkerPool:
+    """The connection layer of a server with `limits`: a worker holds a request while it waits in the batcher's
+    queue and while it is generated, so there are workers for a full queue and a full batch in each of the two
+    lanes (and a few for /health); the batcher, not the pool, is what refuses a request with 503."""
+    return WorkerPool(workers=limits.max_queue + 2 * limits.max_batch + 4, max_body_bytes=limits.max_body_bytes)
 
 
 class BadRequest(ValueError):
@@ -326,6 +340,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "of their own, beside longer ones (0 = one lane for all)")
     p.add_argument("--batch-window-ms", type=non_negative_float, default=defaults.batch_window_s * 1000,
                    help="how long a batch may wait for as many requests as the previous batch had (0 = never)")
+    add_pool_arguments(p, default_pool(defaults))
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = p.parse_args(argv)
@@ -345,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           short_lane_tokens=args.short_lane_tokens)
     app = create_app(policy, args.model_name or model, limits)
     try:
-        serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}")
+        pool = pool_from_args(args, default_pool(limits))
+        serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}", pool=pool)
     finally:
         app.extensions["policy_batcher"].close()
     return 0

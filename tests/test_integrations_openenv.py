@@ -226,11 +226,11 @@ def test_bad_input_gets_a_clear_4xx() -> None:
             raw.reset(seed=0)
             with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
                 raw.step({"text": "<action>look</action>", "mood": "calm"})
-            garbled = raw.step({"text": "<action>\ud800</action>"}).observation  # a lone surrogate is not text
-            assert garbled["action_valid"] is False and garbled["turn"] == 1
-            with pytest.raises(RuntimeError, match="task_id must be text"):
+            with pytest.raises(RuntimeError, match="lone UTF-16 surrogate"):  # refused as over HTTP, not played
+                raw.step({"text": "<action>\ud800</action>"})
+            with pytest.raises(RuntimeError, match="lone UTF-16 surrogate"):
                 raw.reset(task_id="\ud800")
-            assert raw.step({"text": "<action>look</action>"}).observation["turn"] == 2
+            assert raw.step({"text": "<action>look</action>"}).observation["turn"] == 1
         with AgentGymEnvClient(base_url=url).sync() as env, pytest.raises(Exception):  # noqa: B017 - closed 1009
             env.step(AgentAction(text="x" * 5000))
 
@@ -327,3 +327,20 @@ def test_a_signal_stops_the_server_cleanly(signum: int) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_malformed_websocket_messages_get_an_error_and_the_session_goes_on() -> None:
+    """Issue 45: `[1,2]`, `null`, `5`, a binary frame, deep nesting, NaN, a lone surrogate each get an error message
+    without Python internals, and the same session then plays on."""
+    with running(SessionSettings("ALFWorld-v0:easy")) as url, \
+            ws_connect(url.replace("http", "ws", 1) + "/ws", open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "observation"
+        for message in ["[1,2]", "null", "5", b"\x00\x01", "[" * 10_000 + "]" * 10_000, '{"type": "step", "x": NaN}',
+                        '{"type": "step", "data": {"action": {"text": "\\ud800"}}}', '{"type": 5}']:
+            ws.send(message)
+            reply = json.loads(ws.recv(timeout=30))
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", (message, reply)
+            assert "object has no attribute" not in reply["data"]["message"] and "recursion" not in reply["data"]["message"]
+        ws.send(json.dumps({"type": "state"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "state"  # the session lives on

@@ -15,10 +15,13 @@ Around it, the hardening of our other servers:
   checks our other servers apply (`serving.bodies`); unknown reset or step fields, a task that does not
   exist, a step with no episode get 400 (over the WebSocket: an error message, the session goes on); an action
   of the wrong shape gets OpenEnv's 422;
-- at most `--max-sessions` (8) WebSocket sessions (one more gets OpenEnv's CAPACITY_REACHED error and is
+- a WebSocket message must be a JSON object with a string "type" and pass the same checks (nesting, NaN, lone
+  surrogates): `[1,2]`, `null`, `5`, a binary frame get an error message, the session goes on (`openenv_guards`);
+- at most `--max-sessions` (8) WebSocket sessions (one more always gets the CAPACITY_REACHED error and is
   closed) and as many plain-HTTP POSTs in progress (one more: 503 with Retry-After); a session idle for
-  `--session-timeout` (600 s) is ended; `--max-connections` (64) bounds open connections of any kind (uvicorn
-  answers one more with 503);
+  `--session-timeout` (600 s) is told so and ended, and its slot is free again; `--max-connections` (64)
+  bounds open connections of any kind (one more: a JSON 503); a request head that takes over
+  `--header-timeout` (10 s), or a POST body over `--body-timeout` (30 s), gets a JSON 408;
 - an unknown environment or split is a usage error at startup (exit 2) that lists what exists;
 - SIGINT or SIGTERM stops it: no new connections, the sessions are closed, requests in progress get
   `--shutdown-grace` (5 s) to end, exit 0. It binds 127.0.0.1 unless told otherwise.
@@ -27,6 +30,7 @@ Around it, the hardening of our other servers:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import json
 import signal
@@ -35,6 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from agentgym_opsd.integrations.openenv_guards import SessionGate, connection_protocol, guard_session
 from agentgym_opsd.registry import RegistryError, import_user_module, make, parse_env_spec
 from agentgym_opsd.serving import (
     BodyError,
@@ -75,6 +80,10 @@ class ServerLimits:
     """The largest POST body and WebSocket message."""
     max_connections: int = 64
     """Open connections of any kind (sessions, requests, idle keep-alive ones); must exceed max_sessions."""
+    header_timeout_s: float = 10.0
+    """Seconds from a connection's accept (or its previous answer) to the end of its request head; then 408."""
+    body_timeout_s: float = 30.0
+    """Seconds a POST body may take to arrive once its head has; then 408."""
     retry_after_s: int = 1
     """The Retry-After of a 503."""
     shutdown_grace_s: float = 5.0
@@ -94,13 +103,15 @@ class ServerLimits:
 
 class GuardedApp:
     """OpenEnv's FastAPI app (`app`) behind the checks of its plain-HTTP requests: the body limit, hostile JSON,
-    the cap on POSTs in progress. WebSocket and lifespan traffic passes straight through: uvicorn bounds a
-    WebSocket message (`ws_max_size`) and OpenEnv caps the sessions."""
+    the cap on POSTs in progress, the body deadline. A WebSocket session goes through `openenv_guards.guard_session`
+    (the session cap, the idle timeout, the message checks; uvicorn bounds a message's size, `ws_max_size`);
+    lifespan traffic passes straight through."""
 
     def __init__(self, app: Any, limits: ServerLimits) -> None:
         self.app = app
         self.limits = limits
         self.posts_in_progress = 0  # touched only on the event loop's thread
+        self.sessions = SessionGate(limits.max_sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -132,7 +143,7 @@ class GuardedApp:
         from starlette.websockets import WebSocketDisconnect
 
         try:
-            await self.app(scope, receive, send)
+            await guard_session(self.app, self.sessions, self.limits.session_timeout_s, scope, receive, send)
         except WebSocketDisconnect:
             # OpenEnv's /ws handler closes the socket when a session ends and expects only RuntimeError from that
             # close; a client that closed first makes it raise this instead, which uvicorn would log as a crash
@@ -147,8 +158,13 @@ class GuardedApp:
         if declared.isdigit() and int(declared) > limit:
             raise BodyError(f"the body is {int(declared)} bytes; at most {limit} are accepted", 413)
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.limits.body_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                raise BodyError(f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
+                                408) from None
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
@@ -176,7 +192,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], *, retry_after_s: int | None = None) -> None:
     data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    # a refusal closes the connection: the rest of a body it did not read would be taken for the next request
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+               (b"connection", b"close")]
     if retry_after_s is not None:
         headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -226,12 +244,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def build_server(app: GuardedApp) -> Any:
-    """The uvicorn server of `app`, with its limits: the WebSocket message bound, the connection cap, the
-    graceful-shutdown wait. Run it with `.run(sockets=[bind(...)])`; `.should_exit = True` stops it."""
+    """The uvicorn server of `app`, with its limits: the WebSocket message bound, the connection cap and the head
+    deadline (`openenv_guards.connection_protocol`), the graceful-shutdown wait. Run it with `.run(sockets=[bind(...)])`; `.should_exit = True` stops it."""
     import uvicorn
 
     limits = app.limits
-    config = uvicorn.Config(app, ws_max_size=limits.max_body_bytes, limit_concurrency=limits.max_connections,
+    protocol = connection_protocol(limits.header_timeout_s, limits.max_connections, limits.retry_after_s,
+                                   limits.max_body_bytes)
+    config = uvicorn.Config(app, http=protocol, ws_max_size=limits.max_body_bytes,
                             timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), log_level="warning",
                             lifespan="on")
     return uvicorn.Server(config)
@@ -270,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="largest POST body or WebSocket message (default %(default)s)")
     ap.add_argument("--max-connections", type=positive_int, default=ServerLimits.max_connections,
                     help="open connections of any kind (default %(default)s)")
+    ap.add_argument("--header-timeout", type=positive_float, default=ServerLimits.header_timeout_s,
+                    help="seconds a client may take to send a request head; then 408 (default %(default)s)")
+    ap.add_argument("--body-timeout", type=positive_float, default=ServerLimits.body_timeout_s,
+                    help="seconds a POST body may take once its head has arrived; then 408 (default %(default)s)")
     ap.add_argument("--shutdown-grace", type=positive_float, default=ServerLimits.shutdown_grace_s,
                     help="seconds requests in progress get to end at a stop (default %(default)s)")
     ap.add_argument("--max-turns", type=non_negative_int, default=0,
@@ -288,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import_user_module(spec)
         limits = ServerLimits(max_sessions=args.max_sessions, session_timeout_s=args.session_timeout,
                               max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
+                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                               shutdown_grace_s=args.shutdown_grace)
         settings = SessionSettings(args.env, max_turns=args.max_turns, skill_context=args.skill_context,
                                    oracle=args.oracle)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from agentgym_opsd.serving.bodies import MAX_JSON_DEPTH, BodyError, parse_json_text, read_json_body
 from agentgym_opsd.serving.cli import (
+    add_pool_arguments,
     non_negative_float,
     non_negative_int,
     number_type,
+    pool_from_args,
     port_number,
     positive_float,
     positive_int,
@@ -24,6 +26,6 @@ from agentgym_opsd.serving.cli import (
 )
 from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
 
-__all__ = ["BodyError", "MAX_JSON_DEPTH", "non_negative_float", "non_negative_int", "number_type", "parse_json_text",
-           "PooledWSGIServer", "port_number", "positive_float", "positive_int", "read_json_body",
-           "serve_until_interrupted", "stop_on_sigint_and_sigterm", "WorkerPool"]
+__all__ = ["add_pool_arguments", "BodyError", "MAX_JSON_DEPTH", "non_negative_float", "non_negative_int",
+           "number_type", "parse_json_text", "pool_from_args", "PooledWSGIServer", "port_number", "positive_float",
+           "positive_int", "read_json_body", "serve_until_interrupted", "stop_on_sigint_and_sigterm", "WorkerPool"]

@@ -4,6 +4,7 @@ and serving an app in the foreground."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import signal
 import threading
@@ -14,8 +15,8 @@ from werkzeug.serving import make_server
 
 from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
 
-__all__ = ["non_negative_float", "non_negative_int", "number_type", "port_number", "positive_float", "positive_int",
-           "serve_until_interrupted", "stop_on_sigint_and_sigterm"]
+__all__ = ["add_pool_arguments", "non_negative_float", "non_negative_int", "number_type", "pool_from_args",
+           "port_number", "positive_float", "positive_int", "serve_until_interrupted", "stop_on_sigint_and_sigterm"]
 
 
 def number_type(cast: Callable[[str], Any], accept: Callable[[Any], bool], requirement: str, *,
@@ -49,6 +50,35 @@ positive_float = number_type(float, lambda v: 0 < v < math.inf, "a finite number
 """argparse type: a finite number > 0."""
 non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 """argparse type: a finite number >= 0."""
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser, defaults: WorkerPool) -> None:
+    """The connection layer's flags (`WorkerPool`), the same on every server that runs on it; `defaults` are
+    the server's own. `pool_from_args` turns them back into a WorkerPool."""
+    group = parser.add_argument_group("connections (beyond a cap: a JSON 503 with Retry-After; too slow: 408)")
+    group.add_argument("--workers", type=positive_int, default=defaults.workers,
+                       help=f"threads answering requests, the most answered at once (default {defaults.workers})")
+    group.add_argument("--max-pending", type=positive_int, default=defaults.max_pending,
+                       help=f"requests that may wait for a worker (default {defaults.max_pending})")
+    group.add_argument("--max-reading", type=positive_int, default=defaults.max_reading,
+                       help=f"connections whose request is still arriving, read without a worker (default "
+                            f"{defaults.max_reading})")
+    group.add_argument("--header-timeout", type=positive_float, default=defaults.header_timeout_s,
+                       help=f"seconds a client may take to send its request head; then 408 (default "
+                            f"{defaults.header_timeout_s:g})")
+    group.add_argument("--body-timeout", type=positive_float, default=defaults.body_timeout_s,
+                       help=f"seconds a client may take to send its body after the head; then 408 (default "
+                            f"{defaults.body_timeout_s:g})")
+    group.add_argument("--shutdown-grace", type=positive_float, default=defaults.shutdown_grace_s,
+                       help=f"seconds the requests in progress at SIGINT/SIGTERM may take to end; meanwhile new "
+                            f"connections get 503 (default {defaults.shutdown_grace_s:g})")
+
+
+def pool_from_args(args: argparse.Namespace, defaults: WorkerPool) -> WorkerPool:
+    """The WorkerPool of the flags `add_pool_arguments` added, the rest of it from `defaults`."""
+    return dataclasses.replace(defaults, workers=args.workers, max_pending=args.max_pending,
+                               max_reading=args.max_reading, header_timeout_s=args.header_timeout,
+                               body_timeout_s=args.body_timeout, shutdown_grace_s=args.shutdown_grace)
 
 
 def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[str], str], *,

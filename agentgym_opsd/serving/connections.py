@@ -11,7 +11,11 @@ client costs a socket and a buffer, never a worker. What this thread enforces:
   MAX_HEAD_BYTES, the body within `body_timeout_s` of the head's end; otherwise the client gets a JSON 408
   (431 for an oversize head) and the connection is closed. The deadlines are totals, not per read, so a
   trickle of bytes does not extend them;
+- a body larger than `max_body_bytes`, by its Content-Length or by a chunk size, gets a JSON 413 as soon as
+  the head or that chunk's size line has arrived (not a 408 once the body deadline has passed);
 - at most `max_reading` connections are read at once; one more is refused with a JSON 503 at once;
+- once the server is stopping (`begin_stop`), every connection, arriving or still being read, gets a JSON 503
+  with Retry-After at once (a refused connection would look like a crashed server);
 - a request read whole joins the workers' queue (`offer`); when that queue is full it is refused with the
   server's busy 503.
 
@@ -115,26 +119,38 @@ def _body_framing(head: bytes) -> tuple[bool, int | None]:
     return chunked, length if length is not None and length >= 0 else None
 
 
-def _scan_chunks(buffer: bytearray, pos: int) -> tuple[int, int | None]:
-    """Scan a chunked body from `pos`, the start of a chunk's size line: (where the first incomplete chunk
-    starts, where the body ends or None while it has not all arrived). A malformed size line ends the body
-    there: the worker's Werkzeug refuses it."""
+class _BodyTooLarge(Exception):
+    """A declared body size (Content-Length, or the chunk sizes so far) over the limit; `size` is that size."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def _scan_chunks(buffer: bytearray, pos: int, counted: int, max_bytes: int) -> tuple[int, int | None, int]:
+    """Scan a chunked body from `pos`, the start of a chunk's size line, `counted` bytes of chunks before it:
+    (where the first incomplete chunk starts, where the body ends or None while it has not all arrived, the
+    bytes of the chunks before that start). A malformed size line ends the body there: the worker's Werkzeug
+    refuses it. A size line taking the body over `max_bytes` raises _BodyTooLarge before its data arrives."""
     while True:
         eol = buffer.find(b"\r\n", pos)
         if eol < 0:
-            return pos, None
+            return pos, None, counted
         try:
             size = int(bytes(buffer[pos:eol]).split(b";", 1)[0].strip(), 16)
         except ValueError:
-            return pos, len(buffer)
+            return pos, len(buffer), counted
         if size < 0:
-            return pos, len(buffer)
+            return pos, len(buffer), counted
+        if counted + size > max_bytes:
+            raise _BodyTooLarge(counted + size)
         if size == 0:  # the last chunk, then trailer lines up to an empty one
             end = buffer.find(b"\r\n\r\n", eol)
-            return pos, end + 4 if end >= 0 else None
+            return pos, end + 4 if end >= 0 else None, counted
         if eol + 2 + size + 2 > len(buffer):
-            return pos, None
+            return pos, None, counted
         pos = eol + 2 + size + 2
+        counted += size
 
 
 @dataclass(eq=False)
@@ -149,6 +165,7 @@ class _Reading:
     chunked: bool = False
     body_end: int | None = None  # known once the head is (Content-Length), or found by the chunk scan
     chunk_pos: int = 0
+    chunk_bytes: int = 0  # data bytes of the chunks before chunk_pos
 
 
 @dataclass(eq=False)
@@ -160,6 +177,7 @@ class _Lingering:
 
 
 _STOP = object()
+_BEGIN_STOP = object()
 
 
 class ConnectionReader:
@@ -181,6 +199,7 @@ class ConnectionReader:
         self._order = itertools.count()
         self._reading: set[_Reading] = set()
         self._lingering: set[_Lingering] = set()
+        self._stopping = False  # set by `begin_stop` (through the inbox): every connection is answered 503
         self.refused = 0  # connections answered 503 (max_reading or max_pending), written by this thread only
         self.timed_out = 0  # connections answered 408 or 431
         self._thread = threading.Thread(target=self._run, name="http-connections", daemon=True)
@@ -190,9 +209,19 @@ class ConnectionReader:
         """Connections whose request is still arriving."""
         return len(self._reading)
 
+    def holding(self) -> int:
+        """Connections this thread holds: being read, or answered and being drained."""
+        return len(self._reading) + len(self._lingering)
+
     def add(self, sock: socket.socket, address: Any) -> None:
         """From the accepting thread: read this connection's request (the thread never waits here)."""
         self._inbox.put((sock, address, time.monotonic()))
+        self._wake()
+
+    def begin_stop(self) -> None:
+        """The server is stopping: from now on every connection, new or still being read, is answered 503 with
+        Retry-After (and drained and closed as refused ones are), until `close`."""
+        self._inbox.put(_BEGIN_STOP)
         self._wake()
 
     def close(self) -> None:
@@ -221,8 +250,7 @@ class ConnectionReader:
                         self._drain(key.data)
                 self._expire(time.monotonic())
         finally:  # stopped: a request still arriving hears so (a reset would look like a crash), then all close
-            stopping = json_response(503, "Service Unavailable", {"error": "the server is stopping"},
-                                     self.pool.retry_after_s)
+            stopping = self._stopping_response()
             for conn in [*self._reading, *self._lingering]:
                 self._forget(conn)
                 if isinstance(conn, _Reading):
@@ -236,6 +264,11 @@ class ConnectionReader:
             self._wake_r.close()
             self._wake_w.close()
 
+    def _stopping_response(self) -> bytes:
+        return json_response(503, "Service Unavailable", {"error": f"the server is stopping; retry after "
+                                                                   f"{self.pool.retry_after_s} s"},
+                             self.pool.retry_after_s)
+
     def _take_inbox(self) -> bool:
         """Start reading the newly accepted connections; False once told to stop."""
         with contextlib.suppress(BlockingIOError):
@@ -248,8 +281,18 @@ class ConnectionReader:
                 return True
             if item is _STOP:
                 return False
+            if item is _BEGIN_STOP:
+                self._stopping = True
+                for conn in list(self._reading):
+                    self._forget(conn)
+                    self._answer(conn.sock, self._stopping_response())
+                continue
             sock, address, accepted_at = item
             sock.setblocking(False)
+            if self._stopping:
+                self.refused += 1
+                self._answer(sock, self._stopping_response())
+                continue
             if len(self._reading) >= self.pool.max_reading:
                 self.refused += 1
                 self._answer(sock, json_response(
@@ -285,12 +328,20 @@ class ConnectionReader:
                                       MAX_HEAD_BYTES)
                 return
             conn.chunked, length = _body_framing(bytes(conn.buffer[:conn.head_end]))
+            if length is not None and length > self.pool.max_body_bytes:
+                self._refuse_too_large(conn, length)
+                return
             conn.chunk_pos = conn.head_end
             conn.body_end = None if conn.chunked else conn.head_end + (length or 0)
             conn.deadline = time.monotonic() + self.pool.body_timeout_s
             self._schedule(conn)
         if conn.chunked and conn.body_end is None:
-            conn.chunk_pos, conn.body_end = _scan_chunks(conn.buffer, conn.chunk_pos)
+            try:
+                conn.chunk_pos, conn.body_end, conn.chunk_bytes = _scan_chunks(
+                    conn.buffer, conn.chunk_pos, conn.chunk_bytes, self.pool.max_body_bytes)
+            except _BodyTooLarge as exc:
+                self._refuse_too_large(conn, exc.size)
+                return
         complete = conn.body_end is not None and len(conn.buffer) >= conn.body_end
         if complete or len(conn.buffer) >= self.pool.read_ahead_bytes:
             self._hand_over(conn)
@@ -329,6 +380,14 @@ class ConnectionReader:
             else:
                 self._refuse_late(conn, 408, "Request Timeout", f"the request body did not arrive within "
                                   f"{self.pool.body_timeout_s:g} s", "body_timeout_s", self.pool.body_timeout_s)
+
+    def _refuse_too_large(self, conn: _Reading, size: int) -> None:
+        self._forget(conn)
+        self.refused += 1
+        limit = self.pool.max_body_bytes
+        self._answer(conn.sock, json_response(413, "Content Too Large", {
+            "error": f"the body is {size} bytes or more; at most {limit} are accepted", "limit": "max_body_bytes",
+            "max": limit}))
 
     def _refuse_late(self, conn: _Reading, status: int, reason: str, message: str, limit: str, maximum: float) -> None:
         self._forget(conn)

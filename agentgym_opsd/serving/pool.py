@@ -15,8 +15,14 @@ Each connection carries one request (HTTP/1.0, `Connection: close`): with keep-a
 hold a worker between its requests. A worker's read or write that waits more than `request_timeout_s` ends
 the connection.
 
-Stopping (`stop`): the listening socket and the connections not yet with a worker are closed, the requests
-in progress get `shutdown_grace_s` to end, then the app is asked to cancel them (`cancel_in_flight`, say
+Every answer the server writes itself is JSON: the connection thread's 408/413/431/503 and the worker's refusal
+of a request it cannot parse (`http.server`'s 400, 414, 431 for too many headers, ...), which would otherwise be
+an HTML page.
+
+Stopping (`stop`): the requests waiting for a worker and the connections still being read get a JSON 503 with
+Retry-After; the listening socket stays open through the grace, and anyone who connects then gets that 503 at
+once (a refused connection reads as a crashed server, a 503 as one to retry); the requests in progress get
+`shutdown_grace_s` to end, then the app is asked to cancel them (`cancel_in_flight`, say
 ending them at their next chunk of work), and the workers are waited for. A process that exits while a worker
 is still inside native code (a torch encoder call, say) can abort ("terminate called without an active
 exception"), so the stop waits for the workers instead of leaving them to the interpreter's exit.
@@ -26,10 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import math
 import queue
+import selectors
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +52,8 @@ from agentgym_opsd.serving.connections import LINGER_CAPACITY, ConnectionReader,
 __all__ = ["CLOSER_CAPACITY", "PooledWSGIServer", "WorkerPool"]
 
 log = logging.getLogger(__name__)
+
+_ACCEPT_POLL_S = 0.05  # how often the stopping server's acceptor checks whether the grace is over
 
 CLOSER_CAPACITY = LINGER_CAPACITY
 """Refused connections that may wait to be closed at once (kept under its old name)."""
@@ -64,6 +75,9 @@ class WorkerPool:
     body_timeout_s: float = 30.0
     """Seconds from the end of the head to the end of the body; then 408 (or, past `read_ahead_bytes`, the
     connection is dropped)."""
+    max_body_bytes: int = 2 * 1024 * 1024
+    """The largest request body: a larger Content-Length or chunk size gets 413 as soon as it is read. The app
+    checks its own (equal or smaller) limit on what it reads."""
     read_ahead_bytes: int = 256 * 1024
     """Bytes of a request read before a worker takes it; a longer body is read on by the worker, within
     `body_timeout_s`."""
@@ -77,7 +91,7 @@ class WorkerPool:
     """Seconds the requests in progress at a stop may take to end before they are cancelled."""
 
     def __post_init__(self) -> None:
-        for name in ("workers", "max_pending", "max_reading", "read_ahead_bytes", "retry_after_s"):
+        for name in ("workers", "max_pending", "max_reading", "max_body_bytes", "read_ahead_bytes", "retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"WorkerPool.{name} must be an integer >= 1, got {value!r}")
@@ -106,6 +120,20 @@ class _ReadAheadHandler(WSGIRequestHandler):
             self.rfile.close()  # the socket's own reader, unused: closing it lets the socket close in time
             self.rfile = io.BufferedReader(read_ahead)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's refusal of a request it cannot parse (400, 414, 431 too many headers, 505), as JSON
+        `{"error"}` like every other answer instead of its HTML page."""
+        reason = self.responses.get(code, ("Error", ""))[0]
+        body = json.dumps({"error": message or reason}).encode()
+        self.log_error("code %d, message %s", code, message)
+        self.send_response(code, reason)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
 
 class PooledWSGIServer(BaseWSGIServer):
     """Werkzeug's server with a connection thread and a fixed pool of worker threads (see the module
@@ -129,6 +157,7 @@ class PooledWSGIServer(BaseWSGIServer):
         self._connections = ConnectionReader(pool, self._offer,
                                              busy_response if busy_response is not None else pool.busy_response())
         self._closed = False
+        self._stop_accepting = threading.Event()
         self._workers = [threading.Thread(target=self._work, name=f"http-worker-{i}", daemon=True)
                          for i in range(pool.workers)]
         for thread in self._workers:
@@ -179,15 +208,27 @@ class PooledWSGIServer(BaseWSGIServer):
                 self._current.read_ahead = None
                 self.shutdown_request(request)
 
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until `shutdown` (or an exception, such as the KeyboardInterrupt of a signal). Unlike Werkzeug's
+        it leaves the socket open: `stop` keeps answering it 503 through the grace, then closes it."""
+        socketserver.BaseServer.serve_forever(self, poll_interval)
+
     def server_close(self) -> None:
         """Close the listening socket and the connections being read, answer the requests still waiting 503,
         and let the workers stop once their request in progress is answered (`stop` waits for them). Safe to
-        call twice (`serve_forever` calls it too)."""
+        call twice."""
+        self._stop_accepting.set()
         super().server_close()
+        self._begin_stop()
+        self._connections.close()
+
+    def _begin_stop(self) -> None:
+        """Refuse from now on: the connection thread answers every connection 503, the requests still waiting
+        for a worker get it too, and the workers end after their request in progress."""
         if self._closed:
             return
         self._closed = True
-        self._connections.close()
+        self._connections.begin_stop()
         stopping = json_response(503, "Service Unavailable", {"error": "the server is stopping"},
                                  self.pool.retry_after_s)
         with contextlib.suppress(queue.Empty):
@@ -200,19 +241,53 @@ class PooledWSGIServer(BaseWSGIServer):
             self._pending.put(None)
 
     def stop(self, cancel_in_flight: Callable[[], None] | None = None) -> bool:
-        """Close the server (`server_close`), give the requests in progress `pool.shutdown_grace_s` to end,
-        then call `cancel_in_flight` (the app's way to end its work early) and wait up to
-        `pool.request_timeout_s` more. True when every worker has ended."""
-        self.server_close()
-        if self._join_workers(self.pool.shutdown_grace_s):
-            return True
-        if cancel_in_flight is not None:
-            cancel_in_flight()
-        if self._join_workers(self.pool.request_timeout_s):
-            return True
-        busy = sum(thread.is_alive() for thread in self._workers)
-        log.warning("%d requests were still in progress when the server stopped", busy)
-        return False
+        """Refuse new work (503 to every connection, the listening socket still answered), give the requests in
+        progress `pool.shutdown_grace_s` to end, then call `cancel_in_flight` (the app's way to end its work
+        early) and wait up to `pool.request_timeout_s` more; then close the server (`server_close`). True when
+        every worker has ended."""
+        self._begin_stop()
+        acceptor = threading.Thread(target=self._refuse_while_stopping, name="http-stopping", daemon=True)
+        acceptor.start()
+        try:
+            if self._join_workers(self.pool.shutdown_grace_s):
+                return True
+            if cancel_in_flight is not None:
+                cancel_in_flight()
+            if self._join_workers(self.pool.request_timeout_s):
+                return True
+            busy = sum(thread.is_alive() for thread in self._workers)
+            log.warning("%d requests were still in progress when the server stopped", busy)
+            return False
+        finally:
+            self._stop_accepting.set()
+            acceptor.join(timeout=2 * _ACCEPT_POLL_S + 1)
+            self._answer_backlog()
+            self.server_close()
+
+    def _answer_backlog(self) -> None:
+        """At the end of a stop: answer 503 to the connections still in the listening socket's backlog, then let
+        the answered ones drain for up to `linger_s` (closing a socket the client still writes to resets it,
+        and the client would see the reset instead of the 503)."""
+        with contextlib.suppress(OSError):
+            self.socket.setblocking(False)
+            for _ in range(self.request_queue_size):  # what the backlog holds now; clients that retry at once
+                sock, address = self.socket.accept()  # would keep this loop going for ever
+                self._connections.add(sock, address)
+        deadline = time.monotonic() + self.pool.linger_s
+        while self._connections.holding() and time.monotonic() < deadline:
+            time.sleep(_ACCEPT_POLL_S)
+
+    def _refuse_while_stopping(self) -> None:
+        """During the grace: accept on the listening socket and hand each connection to the connection thread,
+        which answers it 503 (a closed socket would refuse it)."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            while not self._stop_accepting.is_set():
+                if not selector.select(_ACCEPT_POLL_S):
+                    continue
+                with contextlib.suppress(OSError):
+                    sock, address = self.socket.accept()
+                    self._connections.add(sock, address)
 
     def _join_workers(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -44,7 +44,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,10 @@ from agentgym_opsd.environments.search_qa.retriever import (
 from agentgym_opsd.environments.search_qa.scheduler import FairScheduler, Ticket
 from agentgym_opsd.serving import (
     BodyError,
+    add_pool_arguments,
     number_type,
+    pool_from_args,
     port_number,
-    positive_float,
     positive_int,
     read_json_body,
     serve_until_interrupted,
@@ -265,25 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits.add_argument("--chunk-queries", type=positive_int, default=defaults.chunk_queries,
                         help=f"queries a request works on per turn, so small requests slip in between "
                              f"(default {defaults.chunk_queries})")
-    pool_defaults = WorkerPool()
-    concurrency = p.add_argument_group("concurrency (a connection beyond the queue: a JSON 503 with Retry-After)")
-    concurrency.add_argument("--workers", type=positive_int, default=pool_defaults.workers,
-                             help=f"threads answering requests, the most answered at once (default "
-                                  f"{pool_defaults.workers})")
-    concurrency.add_argument("--max-pending", type=positive_int, default=pool_defaults.max_pending,
-                             help=f"requests that may wait for a worker (default {pool_defaults.max_pending})")
-    concurrency.add_argument("--max-reading", type=positive_int, default=pool_defaults.max_reading,
-                             help=f"connections whose request is still arriving, read without a worker (default "
-                                  f"{pool_defaults.max_reading})")
-    concurrency.add_argument("--header-timeout", type=positive_float, default=pool_defaults.header_timeout_s,
-                             help=f"seconds a client may take to send its request head; then 408 (default "
-                                  f"{pool_defaults.header_timeout_s:g})")
-    concurrency.add_argument("--body-timeout", type=positive_float, default=pool_defaults.body_timeout_s,
-                             help=f"seconds a client may take to send its body after the head; then 408 (default "
-                                  f"{pool_defaults.body_timeout_s:g})")
-    concurrency.add_argument("--shutdown-grace", type=positive_float, default=pool_defaults.shutdown_grace_s,
-                             help=f"seconds the requests in progress at SIGINT/SIGTERM may take before they are "
-                                  f"cancelled (default {pool_defaults.shutdown_grace_s:g})")
+    pool_defaults = WorkerPool(max_body_bytes=defaults.max_body_bytes)
+    add_pool_arguments(p, pool_defaults)
     args = p.parse_args(argv)
     if not Path(args.index).is_dir():
         p.error(f"--index {args.index}: no such folder (build one with "
@@ -300,9 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--index {args.index}: {exc}")
     retriever.encode(["warm up"])  # load the encoder before the first request
     app = create_app(retriever, limits, num_passages=len(retriever.index))
-    pool = WorkerPool(workers=args.workers, max_pending=args.max_pending, max_reading=args.max_reading,
-                      header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                      shutdown_grace_s=args.shutdown_grace)
+    pool = pool_from_args(args, replace(pool_defaults, max_body_bytes=limits.max_body_bytes))
     serve_until_interrupted(app, args.host, args.port,
                             lambda url: f"serving {len(retriever.index)} passages of {args.index} on {url} "
                                         f"(per request: <= {limits.max_queries} queries, topk <= {limits.max_topk}, "

@@ -36,18 +36,21 @@ from typing import Any
 
 from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+from werkzeug.serving import WSGIRequestHandler
 
 from agentgym_opsd.environments.webshop.html import render_message, render_page
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
-from agentgym_opsd.serving import read_json_body
+from agentgym_opsd.serving import PooledWSGIServer, WorkerPool, read_json_body
 
-__all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer", "MAX_BODY_BYTES"]
+__all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer", "MAX_BODY_BYTES", "POOL"]
 
 _MAX_FORM_CHARS = 10_000
 MAX_BODY_BYTES = 64 * 1024
 """Form posts and JSON bodies are tiny."""
+POOL = WorkerPool(max_body_bytes=MAX_BODY_BYTES)
+"""The site's connection layer (`serving.pool`): idle or trickling clients hold no worker and get a JSON 408, a
+declared body over MAX_BODY_BYTES gets 413 at once, a stop answers newcomers 503 through its grace."""
 _TOO_LARGE = "agentgym_opsd.body_too_large"
 
 
@@ -311,10 +314,10 @@ class ShopServer:
     `port=0` picks a free port; `url` is known once `start()` returns (the socket is bound before the
     thread starts, so the server accepts connections immediately — no sleep needed)."""
 
-    def __init__(self, shop: Shop, *, host: str = "127.0.0.1", port: int = 0, **app_kwargs: float) -> None:
+    def __init__(self, shop: Shop, *, host: str = "127.0.0.1", port: int = 0, pool: WorkerPool = POOL,
+                 **app_kwargs: float) -> None:
         self.app = create_app(shop, **app_kwargs)  # type: ignore[arg-type]
-        self._server: BaseWSGIServer = make_server(host, port, self.app, threaded=True,
-                                                   request_handler=_QuietHandler)
+        self._server = PooledWSGIServer(host, port, self.app, pool, request_handler=_QuietHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="webshop-server", daemon=True)
         self.url = f"http://{host}:{self._server.server_port}"
 
