@@ -59,7 +59,8 @@ from agentgym_opsd.registry import env_profile, parse_env_spec, prompt_renderer_
 from agentgym_opsd.rollout import RolloutRunner
 
 __all__ = ["AgentGymRollout", "PackedEpisode", "TRLGeneratePolicy", "cut_completion", "episode_score", "episode_won",
-           "invalid_action_penalty", "pack_episode", "task_dataset", "task_prompts", "template_prompt_ids"]
+           "invalid_action_penalty", "pack_episode", "task_dataset", "task_of", "task_prompts",
+           "template_prompt_ids"]
 
 PromptEncoder = Callable[[Any, Sequence[ChatMessage]], list[int]]
 """(tokenizer, chat messages) -> prompt token ids ending with the assistant header."""
@@ -82,13 +83,14 @@ def task_dataset(tasks: Iterable[TaskSpec | int]) -> Any:
     return Dataset.from_dict({"prompt": task_prompts(tasks)})
 
 
-def _task_of(prompt: Any) -> TaskSpec:
+def task_of(prompt: Any) -> TaskSpec:
+    """The task a `task_prompts` entry names."""
     try:
         data = json.loads(prompt)
         return TaskSpec(int(data["seed"]), dict(data.get("options") or {}))
     except (TypeError, ValueError, KeyError) as exc:
-        raise ValueError(f"a dataset prompt for AgentGymRollout is a task as JSON (task_dataset / task_prompts), "
-                         f"got {str(prompt)[:80]!r}") from exc
+        raise ValueError(f"a task for our TRL adapters is a task as JSON (task_dataset / tool_task_dataset / "
+                         f"task_prompts), got {str(prompt)[:80]!r}") from exc
 
 
 # ---- reward functions (TRL passes the rollout's extra fields by name) ---------------------------------------
@@ -300,4 +302,4 @@ def _tasks_in_groups(prompts: Sequence[Any], group: int) -> list[TaskSpec]:
         if any(p != prompts[i] for p in prompts[i:i + group]):
             raise ValueError(f"expected groups of {group} identical task prompts from TRL's sampler; prompts "
                              f"{i}..{i + group - 1} differ: {[str(p)[:60] for p in prompts[i:i + group]]}")
-    return [_task_of(p) for p in prompts[::group]]
+    return [task_of(p) for p in prompts[::group]]
