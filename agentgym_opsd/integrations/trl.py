@@ -246,7 +246,7 @@ class AgentGymRollout:
         self.last_rows: list[PackedEpisode] = []
         self.seconds_rollout = 0.0
         self._runner: RolloutRunner | None = None
-        self._groups_played = 0
+        self._prompts_played = 0  # global batch positions played so far, on all processes
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if getattr(trainer, "use_vllm", False):
@@ -254,14 +254,19 @@ class AgentGymRollout:
                              "(generation through TRL's vLLM client is not supported by this adapter)")
         training = bool(trainer.model.training)
         group = int(trainer.num_generations if training else trainer.num_generations_eval)
-        tasks = _tasks_in_groups(prompts, group)
+        # TRL hands each process a contiguous slice of the global batch, whose rows repeat each task `group` times
+        # in a row; only the global batch must divide into groups, so a group may straddle processes. Each process
+        # plays its own copies (the same seed gives the same task) and names them by their global position, so the
+        # group id of a straddling group is the same on every process.
+        first = self._prompts_played + trainer.accelerator.process_index * len(prompts)
+        tasks = _tasks_of(prompts, group, first)
         policy = TRLGeneratePolicy(trainer, self.encode_prompt)
         t0 = time.perf_counter()
-        trajs = self._runner_for(len(prompts)).run(policy, tasks, group_size=group,
-                                                   first_group_id=self._groups_played,
-                                                   first_traj_id=self._groups_played * group)
+        trajs = self._runner_for(len(prompts)).run(policy, tasks, group_size=1, first_traj_id=first)
         self.seconds_rollout = time.perf_counter() - t0
-        self._groups_played += len(tasks)
+        self._prompts_played += len(prompts) * trainer.accelerator.num_processes
+        for i, traj in enumerate(trajs):
+            traj.group_id = (first + i) // group
         for traj in trajs:
             traj.metadata.update(trl_global_step=int(trainer.state.global_step),
                                  trl_mode="train" if training else "eval")
@@ -293,13 +298,16 @@ class AgentGymRollout:
         return self._runner
 
 
-def _tasks_in_groups(prompts: Sequence[Any], group: int) -> list[TaskSpec]:
-    """The tasks of TRL's prompts: its sampler repeats each dataset prompt `group` times in a row."""
-    if group < 1 or len(prompts) % group:
-        raise ValueError(f"expected groups of {group} copies of each task prompt (num_generations), got "
-                         f"{len(prompts)} prompts")
-    for i in range(0, len(prompts), group):
-        if any(p != prompts[i] for p in prompts[i:i + group]):
+def _tasks_of(prompts: Sequence[Any], group: int, first: int) -> list[TaskSpec]:
+    """The task of each of this process's prompts, `prompts[0]` being position `first` of TRL's global batch: its
+    sampler repeats each dataset prompt `group` times in a row, so positions `g*group .. g*group+group-1` (group
+    `g`) name one task, wherever the processes' slices cut them."""
+    if group < 1:
+        raise ValueError(f"num_generations must be >= 1, got {group}")
+    for i in range(len(prompts)):
+        start = max(0, (first + i) // group * group - first)  # this process's first prompt of i's group
+        if prompts[i] != prompts[start]:
             raise ValueError(f"expected groups of {group} identical task prompts from TRL's sampler; prompts "
-                             f"{i}..{i + group - 1} differ: {[str(p)[:60] for p in prompts[i:i + group]]}")
-    return [task_of(p) for p in prompts[::group]]
+                             f"{start} and {i} (global positions {first + start}, {first + i}) of group "
+                             f"{(first + i) // group} differ: {str(prompts[start])[:60]!r} vs {str(prompts[i])[:60]!r}")
+    return [task_of(p) for p in prompts]
