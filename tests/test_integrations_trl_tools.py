@@ -98,3 +98,34 @@ def test_tool_env_takes_a_bare_action_or_a_reply_and_exposes_one_tool(tmp_path: 
         env.reset(prompt="hello")
     with pytest.raises(ValueError, match="outcome must be one of"):
         AgentGymToolEnvFactory("ALFWorld-v0:easy", outcome="return")
+
+
+@pytest.mark.parametrize("env_spec", list(ACTIONS))
+def test_the_same_episodes_in_process_and_through_a_server(env_spec: str, tmp_path: Path) -> None:
+    """TRL's environment_factory played against a running serve-openenv server records what it records in-process."""
+    from test_integrations_openenv import running
+
+    from agentgym_opsd.integrations.openenv_env import SessionSettings
+
+    argument, _ = ACTIONS[env_spec]
+    replies = [argument, "no action here", argument]  # a valid, an invalid, a valid action (the limit ends it)
+
+    def play(factory: AgentGymToolEnvFactory) -> list[float]:
+        envs = [factory(), factory()]  # as TRL pools them: one instance per rollout of a group
+        rewards = []
+        for seed in (0, 1):
+            for env in envs:
+                env.reset(task=json.dumps({"seed": seed, "options": {"task_index": seed}}))
+                for reply in replies:
+                    env.act(reply)
+                rewards.append(env.get_reward())
+        return rewards
+
+    here = play(AgentGymToolEnvFactory(env_spec, record_path=tmp_path / "here.jsonl", max_turns=2, use_skills=True))
+    with running(SessionSettings(env_spec, max_turns=2, skill_context=True)) as url:
+        there = play(AgentGymToolEnvFactory(env_spec, server_url=url, record_path=tmp_path / "there.jsonl"))
+    assert here == there
+    recorded_here, recorded_there = load_jsonl(tmp_path / "here.jsonl"), load_jsonl(tmp_path / "there.jsonl")
+    assert len(recorded_here) == 4 and all(t.num_turns >= 2 for t in recorded_here)  # Search-QA: 3, an answer turn
+    assert [t.turns[1].action_valid for t in recorded_here] == [False] * 4
+    assert recorded_here == recorded_there
