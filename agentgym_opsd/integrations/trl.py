@@ -13,17 +13,17 @@
 
 TRL 1.16 offers two hooks for multi-turn environments (`GRPOTrainer.__init__`):
 - `environment_factory`: an object whose public methods become *tools*; the model calls them with the tool-call
-  syntax of its chat template, in one growing conversation, parsed by TRL (`parse_response`). That is not our
-  agent: our policies are prompted by `PromptRenderer` (system prompt, task, the last k turns, the admissible
-  actions, rebuilt each turn) and answer in text that the environment's parser reads (`<action>...</action>`,
-  `search[...]`); it also needs a chat template that renders tool calls.
+  syntax of its chat template, in one growing conversation, parsed by TRL. `trl_tools.AgentGymToolEnvFactory`
+  offers our environments that way; it trains TRL's agent, not ours (our policies are prompted by
+  `PromptRenderer`, rebuilt each turn, and answer in text our parsers read).
 - `rollout_func(prompts, trainer) -> dict`: TRL hands over the dataset prompts of a generation batch (each
   repeated `num_generations` times, consecutively, by its sampler) and takes back, per prompt, `prompt_ids`,
   `completion_ids` and `logprobs` (required), `env_mask` (1 on tokens the model sampled, 0 on tokens it did
   not; TRL trains only the 1s), and any other list, which it passes to the reward functions by name.
 
-`AgentGymRollout` is the second. A dataset prompt names a task (`task_dataset`: the reset seed and options as
-JSON); each group of `num_generations` copies is played as one group of our episodes by `RolloutRunner`, so
+`AgentGymRollout` is the second: our agent. A dataset prompt names a task (`task_dataset`: the reset seed and
+options as JSON); the copies of a task are played as one group of our episodes by `RolloutRunner` (a group
+that straddles processes is played in part on each, under its global group id), so
 the prompts, the parser, invalid actions (answered by the environment, the episode goes on), the turn limit
 and the records are exactly those of our trainer. Generation is TRL's own non-vLLM path (the trainer's
 `generation_config`, its model unwrapped by `unwrap_model_for_generation`). Each episode goes back as one
