@@ -13,7 +13,7 @@ import pytest
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.integrations.trl import (
     AgentGymRollout,
-    _tasks_in_groups,
+    _tasks_of,
     cut_completion,
     episode_won,
     invalid_action_penalty,
@@ -123,16 +123,19 @@ def test_cut_completion_tells_a_stop_string_from_the_padding_after_it() -> None:
     assert cut_completion([1, 6, 6], {2}, decode, stops) == ([1, 6, 6], "length")
 
 
-def test_prompts_must_come_in_groups_of_one_task() -> None:
-    prompts = task_prompts([TaskSpec(7, {"task_index": 3}), 5])
-    assert _tasks_in_groups([prompts[0]] * 2 + [prompts[1]] * 2, 2) == [TaskSpec(7, {"task_index": 3}),
-                                                                          TaskSpec(5, {"task_index": 5})]
+def test_prompts_must_come_in_groups_of_one_task_wherever_the_processes_cut_them() -> None:
+    a, b = task_prompts([TaskSpec(7, {"task_index": 3}), 5])
+    ta, tb = TaskSpec(7, {"task_index": 3}), TaskSpec(5, {"task_index": 5})
+    assert _tasks_of([a, a, b, b], 2, first=0) == [ta, ta, tb, tb]
+    # groups of 3 over two processes of 3 prompts: the second process holds a's last copy and b's group
+    assert _tasks_of([a, b, b], 3, first=2) == [ta, tb, tb]
+    assert _tasks_of([a], 2, first=1) == [ta]  # a group of 2 straddling two processes of one prompt each
     with pytest.raises(ValueError, match="groups of 2 identical"):
-        _tasks_in_groups([prompts[0], prompts[1]], 2)
-    with pytest.raises(ValueError, match="groups of 2 copies"):
-        _tasks_in_groups(prompts[:1] * 3, 2)
+        _tasks_of([a, b], 2, first=0)
+    with pytest.raises(ValueError, match="global positions 3, 4"):
+        _tasks_of([a, b, a], 3, first=2)
     with pytest.raises(ValueError, match="task as JSON"):
-        _tasks_in_groups(["What is the capital of France?"] * 2, 2)
+        _tasks_of(["What is the capital of France?"] * 2, 2, first=0)
 
 
 def test_an_unknown_environment_fails_when_the_adapter_is_made() -> None:
@@ -140,3 +143,56 @@ def test_an_unknown_environment_fails_when_the_adapter_is_made() -> None:
 
     with pytest.raises(RegistryError, match="unknown environment"):
         AgentGymRollout("NoSuchEnv-v0", record_path=os.devnull)
+
+
+# A GRPO group straddling two processes: num_generations=2 with one prompt per process, the configuration TRL
+# accepts (it only asks the global batch to divide) and that once made the adapter raise. Each rank records its
+# own episodes; rank 0 also writes TRL's log.
+TWO_PROCESS_CHILD = """
+import json, os, sys
+os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+from trl import GRPOConfig, GRPOTrainer
+from agentgym_opsd.integrations.trl import AgentGymRollout, episode_won, task_dataset
+from agentgym_opsd.models.loading import load_policy_model
+
+out, rank = sys.argv[1], int(os.environ["RANK"])
+model, tokenizer = load_policy_model("tiny-random")
+args = GRPOConfig(output_dir=out, max_steps=2, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                  num_generations=2, max_completion_length=8, generation_kwargs={"stop_strings": ["</action>"]},
+                  learning_rate=1e-4, use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
+                  logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False,
+                  shuffle_dataset=False, seed=0)
+rollout = AgentGymRollout("ALFWorld-v0:easy", record_path=f"{out}/episodes-{rank}.jsonl", env_kwargs={"max_turns": 2})
+trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=task_dataset(range(4)),
+                      reward_funcs=[episode_won], rollout_func=rollout)
+trainer.train()
+rollout.close()
+if rank == 0:
+    with open(f"{out}/log.json", "w") as fh:
+        json.dump(trainer.state.log_history, fh)
+"""
+
+
+def test_a_group_straddling_two_processes_is_played_by_both(tmp_path: Path) -> None:
+    pytest.importorskip("trl", reason="trl is not installed (pip install -e '.[integrations]')")
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(TWO_PROCESS_CHILD, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+    logged = [h for h in json.loads((tmp_path / "log.json").read_text()) if "loss" in h]
+    assert [h["step"] for h in logged] == [1, 2]
+    rank0, rank1 = load_jsonl(tmp_path / "episodes-0.jsonl"), load_jsonl(tmp_path / "episodes-1.jsonl")
+    # Each step's group of 2 is one copy on each rank: the same task, the same group id, global traj ids.
+    assert [(t.group_id, t.traj_id) for t in rank0] == [(0, 0), (1, 2)]
+    assert [(t.group_id, t.traj_id) for t in rank1] == [(0, 1), (1, 3)]
+    assert [(t.task_id, t.seed) for t in rank0] == [(t.task_id, t.seed) for t in rank1]
+    assert rank0[0].task_id != rank0[1].task_id

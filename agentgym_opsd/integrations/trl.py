@@ -11,14 +11,15 @@
         rollout_func=AgentGymRollout("ALFWorld-v0:easy", record_path="episodes.jsonl"))
     trainer.train()
 
-Why `rollout_func` and not TRL's `environment_factory`: the latter makes an environment's methods tools called
-in one growing conversation, while our agents are prompted afresh each turn (`PromptRenderer`) and answer in
-text the environment's parser reads. A dataset prompt names a task (`task_dataset`); each group of
-`num_generations` copies is played as one group of our episodes by `RolloutRunner`, so prompts, parsing,
-invalid actions and records are exactly our trainer's. Each episode goes back as one row (turn 1's prompt as
-`prompt_ids`, then action 1, turn 2's prompt with `env_mask` 0, action 2, ...), with `won`, `score`,
-`num_turns`, `invalid_actions` and `invalid_penalty` for the reward functions (`episode_won`,
-`episode_score`, `invalid_action_penalty`), and is appended to `record_path` in our JSONL format.
+TRL 1.16 takes multi-turn environments two ways. `environment_factory` (our `trl_tools.AgentGymToolEnvFactory`)
+makes an environment's methods tools called in one growing conversation: TRL's agent. `rollout_func` is this
+module's `AgentGymRollout`: our agent, prompted afresh each turn (`PromptRenderer`) and answering in text the
+environment's parser reads. A dataset prompt names a task (`task_dataset`); the copies of a task are played as
+one group of our episodes by `RolloutRunner` (a group that straddles processes is played in part on each, under
+its global group id), so prompts, parsing, invalid actions and records are exactly our trainer's. Each episode
+goes back as one row (turn 1's prompt as `prompt_ids`, then action 1, turn 2's prompt with `env_mask` 0, action
+2, ...), with `won`, `score`, `num_turns`, `invalid_actions` and `invalid_penalty` for the reward functions
+(`episode_won`, `episode_score`, `invalid_action_penalty`), and is appended to `record_path` in our JSONL format.
 How TRL's update on such rows differs from ours, and what to leave off (`mask_truncated_completions`,
 `use_vllm`), is in docs/integrations.md.
 """
@@ -42,7 +43,8 @@ from agentgym_opsd.registry import env_profile, parse_env_spec, prompt_renderer_
 from agentgym_opsd.rollout import RolloutRunner
 
 __all__ = ["AgentGymRollout", "PackedEpisode", "TRLGeneratePolicy", "cut_completion", "episode_score", "episode_won",
-           "invalid_action_penalty", "pack_episode", "task_dataset", "task_prompts", "template_prompt_ids"]
+           "invalid_action_penalty", "pack_episode", "task_dataset", "task_of", "task_prompts",
+           "template_prompt_ids"]
 
 PromptEncoder = Callable[[Any, Sequence[ChatMessage]], list[int]]
 """(tokenizer, chat messages) -> prompt token ids ending with the assistant header."""
@@ -65,13 +67,14 @@ def task_dataset(tasks: Iterable[TaskSpec | int]) -> Any:
     return Dataset.from_dict({"prompt": task_prompts(tasks)})
 
 
-def _task_of(prompt: Any) -> TaskSpec:
+def task_of(prompt: Any) -> TaskSpec:
+    """The task a `task_prompts` entry names."""
     try:
         data = json.loads(prompt)
         return TaskSpec(int(data["seed"]), dict(data.get("options") or {}))
     except (TypeError, ValueError, KeyError) as exc:
-        raise ValueError(f"a dataset prompt for AgentGymRollout is a task as JSON (task_dataset / task_prompts), "
-                         f"got {str(prompt)[:80]!r}") from exc
+        raise ValueError(f"a task for our TRL adapters is a task as JSON (task_dataset / tool_task_dataset / "
+                         f"task_prompts), got {str(prompt)[:80]!r}") from exc
 
 
 # ---- reward functions (TRL passes the rollout's extra fields by name) ---------------------------------------
@@ -227,7 +230,7 @@ class AgentGymRollout:
         self.last_rows: list[PackedEpisode] = []
         self.seconds_rollout = 0.0
         self._runner: RolloutRunner | None = None
-        self._groups_played = 0
+        self._prompts_played = 0  # global batch positions played so far, on all processes
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if getattr(trainer, "use_vllm", False):
@@ -235,14 +238,19 @@ class AgentGymRollout:
                              "(generation through TRL's vLLM client is not supported by this adapter)")
         training = bool(trainer.model.training)
         group = int(trainer.num_generations if training else trainer.num_generations_eval)
-        tasks = _tasks_in_groups(prompts, group)
+        # TRL hands each process a contiguous slice of the global batch, whose rows repeat each task `group` times
+        # in a row; only the global batch must divide into groups, so a group may straddle processes. Each process
+        # plays its own copies (the same seed gives the same task) and names them by their global position, so the
+        # group id of a straddling group is the same on every process.
+        first = self._prompts_played + trainer.accelerator.process_index * len(prompts)
+        tasks = _tasks_of(prompts, group, first)
         policy = TRLGeneratePolicy(trainer, self.encode_prompt)
         t0 = time.perf_counter()
-        trajs = self._runner_for(len(prompts)).run(policy, tasks, group_size=group,
-                                                   first_group_id=self._groups_played,
-                                                   first_traj_id=self._groups_played * group)
+        trajs = self._runner_for(len(prompts)).run(policy, tasks, group_size=1, first_traj_id=first)
         self.seconds_rollout = time.perf_counter() - t0
-        self._groups_played += len(tasks)
+        self._prompts_played += len(prompts) * trainer.accelerator.num_processes
+        for i, traj in enumerate(trajs):
+            traj.group_id = (first + i) // group
         for traj in trajs:
             traj.metadata.update(trl_global_step=int(trainer.state.global_step),
                                  trl_mode="train" if training else "eval")
@@ -274,13 +282,16 @@ class AgentGymRollout:
         return self._runner
 
 
-def _tasks_in_groups(prompts: Sequence[Any], group: int) -> list[TaskSpec]:
-    """The tasks of TRL's prompts: its sampler repeats each dataset prompt `group` times in a row."""
-    if group < 1 or len(prompts) % group:
-        raise ValueError(f"expected groups of {group} copies of each task prompt (num_generations), got "
-                         f"{len(prompts)} prompts")
-    for i in range(0, len(prompts), group):
-        if any(p != prompts[i] for p in prompts[i:i + group]):
+def _tasks_of(prompts: Sequence[Any], group: int, first: int) -> list[TaskSpec]:
+    """The task of each of this process's prompts, `prompts[0]` being position `first` of TRL's global batch: its
+    sampler repeats each dataset prompt `group` times in a row, so positions `g*group .. g*group+group-1` (group
+    `g`) name one task, wherever the processes' slices cut them."""
+    if group < 1:
+        raise ValueError(f"num_generations must be >= 1, got {group}")
+    for i in range(len(prompts)):
+        start = max(0, (first + i) // group * group - first)  # this process's first prompt of i's group
+        if prompts[i] != prompts[start]:
             raise ValueError(f"expected groups of {group} identical task prompts from TRL's sampler; prompts "
-                             f"{i}..{i + group - 1} differ: {[str(p)[:60] for p in prompts[i:i + group]]}")
-    return [_task_of(p) for p in prompts[::group]]
+                             f"{start} and {i} (global positions {first + start}, {first + i}) of group "
+                             f"{(first + i) // group} differ: {str(prompts[start])[:60]!r} vs {str(prompts[i])[:60]!r}")
+    return [task_of(p) for p in prompts]
