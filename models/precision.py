@@ -3,7 +3,7 @@
 `model.dtype: auto` is decided by measurement, never by CPU flags: two machines with the same flags
 (`avx512_bf16`, no AMX) ran bf16 matmuls at 0.5x float32 (an Intel part) and 4.4x (an AMD EPYC), so only timing
 the model's own matmul shapes in both formats tells. `probe_bf16` does that in a second or two, and the result
-is cached per machine (CPU model name, flags, torch version, threads; for a GPU its name and capability) in
+is cached per machine (CPU model name, flags, torch version; for a GPU its name and capability) in
 `$AGENTGYM_OPSD_CACHE/precision_probe.json`. bf16 is chosen where it is at least `BF16_MIN_SPEEDUP` times
 faster; the log line gives both figures.
 
@@ -91,7 +91,8 @@ def _cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, str]:
 
 def machine_key(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS) -> str:
     """What the probe's answer depends on: the processor (model name and flags, or the GPU's name and
-    capability), torch's version, the thread count and the shapes."""
+    capability), torch's version and the shapes. Not the thread count: the ratio is the processor's, and one
+    answer per machine keeps runs at different thread counts (a study's parallel runs) on one dtype."""
     device = torch.device(device)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -99,7 +100,7 @@ def machine_key(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAUL
     else:
         name, flags = _cpu_info()
         hardware = f"{name or 'unknown CPU'} flags:{hashlib.sha1(flags.encode()).hexdigest()[:12]}"
-    return f"{device.type}|{hardware}|torch {torch.__version__}|threads {torch.get_num_threads()}|dims {list(dims)}"
+    return f"{device.type}|{hardware}|torch {torch.__version__}|dims {list(dims)}"
 
 
 def probe_matmuls(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS, *, tokens: int = 512,
