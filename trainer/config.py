@@ -609,7 +609,7 @@ def available_presets() -> list[str]:
 def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """A preset name (see `available_presets()`) or a YAML path, plus `key.sub=value` overrides. A file that
     does not set `trainer.output_dir` (nor do its bases) writes to `runs/<preset>`, so no two presets share one."""
-    layers = []
+    layers: list[DictConfig] = []
     if name_or_path:
         path = Path(name_or_path)
         if not path.is_file():
@@ -677,8 +677,8 @@ def _build(data: DictConfig) -> Config:
     """`data` merged over the dataclasses' defaults as an OmegaConf structured config (unknown keys and values
     that do not convert to the field's type are refused), then instantiated: each section's `__post_init__`
     checks its ranges and choices."""
-    _check_scalars(data, Config, "")
     try:
+        _check_scalars(data, Config, "")
         typed = OmegaConf.merge(OmegaConf.structured(Config), data)
         _check_finite(typed, data)
         return typing.cast(Config, OmegaConf.to_object(typed))
@@ -718,8 +718,7 @@ def _check_finite(typed: DictConfig, data: DictConfig) -> None:
     for cls, section in _section_keys().items():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            value = typed[section][f.name]
-            if hints[f.name] is float and not math.isfinite(value):
+            if hints[f.name] is float and not math.isfinite(value := typed[section][f.name]):
                 given = OmegaConf.select(data, f"{section}.{f.name}", default=value)
                 raise ConfigError(f"{section}.{f.name}: expected a finite number, got {given!r}")
 
@@ -727,32 +726,23 @@ def _check_finite(typed: DictConfig, data: DictConfig) -> None:
 def _named(exc: OmegaConfBaseException, data: DictConfig) -> ConfigError:
     """OmegaConf's error as our one line naming the key: an unknown key with the valid keys at its level, a
     value of the wrong type with the type expected and the value as given in `data`."""
-    key = exc.full_key or ""
-    parent, _, _ = key.rpartition(".")
-    if isinstance(exc, ConfigKeyError) and dataclasses.is_dataclass(where := _schema_type(parent)):
-        valid = ", ".join(sorted(f.name for f in dataclasses.fields(where)))
-        return ConfigError(f"unknown key '{key}'; valid keys at {parent or 'config'}: {valid}")
-    tp = _schema_type(key) if key else None
+    key, section = exc.full_key or "", exc.object_type  # the section (dataclass) holding the key
+    if not dataclasses.is_dataclass(section):
+        return ConfigError(f"{key or 'config'}: {_first_line(exc)}")
+    if isinstance(exc, ConfigKeyError):
+        valid = ", ".join(sorted(f.name for f in dataclasses.fields(section)))
+        return ConfigError(f"unknown key '{key}'; valid keys at {key.rpartition('.')[0] or 'config'}: {valid}")
+    tp = typing.get_type_hints(section).get(str(exc.key))
     if isinstance(exc, ValidationError) and isinstance(tp, type):
         value = OmegaConf.select(data, key, throw_on_resolution_failure=False)
         value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
         return ConfigError(f"{key}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
-    return ConfigError(f"{key or 'config'}: {_first_line(exc)}")
+    return ConfigError(f"{key}: {_first_line(exc)}")
 
 
 def _first_line(exc: OmegaConfBaseException) -> str:
     """OmegaConf's message without the lines it appends (full_key, reference_type, object_type)."""
     return str(exc.msg or exc).splitlines()[0]
-
-
-def _schema_type(key: str) -> Any:
-    """The declared type of a dotted key (`Config` for ''), None below a field that is not a section."""
-    tp: Any = Config
-    for part in filter(None, key.split(".")):
-        if not dataclasses.is_dataclass(tp):
-            return None
-        tp = typing.get_type_hints(tp).get(part)
-    return tp
 
 
 def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
