@@ -251,3 +251,25 @@ def test_overrides_work_on_either_side_of_print_config(capsys) -> None:
     assert "\n  total_steps: 3\n" in out and "\n  lam: 0.3\n" in out
     assert main(["--print-config", "env.history_turns=-5", "--config", "cpu-tiny"]) == 2
     assert "env.history_turns: expected at least 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("override", "message"), [  # OmegaConf alone would read 2 as True and '3' as 3
+    ("model.lora=2", "model.lora: expected bool, got 2 (int)"),
+    ("trainer.tensorboard=1", "trainer.tensorboard: expected bool, got 1 (int)"),
+    ("trainer.total_steps='3'", "trainer.total_steps: expected int, got '3' (str)"),
+    ("trainer.total_steps=true", "trainer.total_steps: expected int, got True (bool)"),
+    ("optim.betas=5", "optim.betas: expected list, got 5 (int)"),
+    ("trainer=5", "trainer: expected a mapping, got 5"),
+])
+def test_a_value_of_another_type_is_refused_not_converted(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        load_config("cpu-tiny", [override])
+
+
+def test_nested_mappings_merge_key_by_key_and_values_may_interpolate(tmp_path) -> None:
+    child = tmp_path / "child.yaml"
+    child.write_text("base: cpu-tiny\ndeepspeed:\n  extra:\n    a: {x: 1}\n")
+    cfg = load_config(str(child), ["deepspeed.extra.a.y=2", "trainer.output_dir=runs/${preset}-b"])
+    assert cfg.deepspeed.extra == {"a": {"x": 1, "y": 2}} and cfg.trainer.output_dir == "runs/child-b"
+    with pytest.raises(ConfigError, match=r"^trainer\.output_dir: Interpolation key 'nope' not found$"):
+        load_config("cpu-tiny", ["trainer.output_dir=${nope}"])

@@ -1,10 +1,11 @@
 """Training configuration: one dataclass per component, YAML presets, dotted command-line overrides.
 
 `load_config("cpu-small", ["trainer.total_steps=3"])` reads the preset `trainer/presets/cpu-small.yaml` (or
-any YAML path), applies the overrides and validates everything against the dataclasses below. An unknown
-key is an error naming the key and listing the valid keys at that level; a value of the wrong type is an
-error naming the key and the expected type. The resolved config is saved with every run and checkpoint
-(`Config.to_dict()` round-trips through `config_from_dict`).
+any YAML path), applies the overrides and validates everything against the dataclasses below, which OmegaConf
+reads as a structured config (verl's and SkyRL's way): it merges the `base:` chain and the overrides and refuses
+unknown keys and values of the wrong type; the sections' `__post_init__` check ranges and choices. Every error
+is one line naming the key (an unknown key lists the valid keys at its level). The resolved config is saved
+with every run and checkpoint (`Config.to_dict()` round-trips through `config_from_dict`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
 from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
@@ -48,7 +50,6 @@ __all__ = [
     "config_from_dict",
     "config_help",
     "load_config",
-    "apply_overrides",
     "parse_env_mix",
 ]
 
@@ -608,7 +609,7 @@ def available_presets() -> list[str]:
 def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """A preset name (see `available_presets()`) or a YAML path, plus `key.sub=value` overrides. A file that
     does not set `trainer.output_dir` (nor do its bases) writes to `runs/<preset>`, so no two presets share one."""
-    data: dict[str, Any] = {}
+    layers: list[DictConfig] = []
     if name_or_path:
         path = Path(name_or_path)
         if not path.is_file():
@@ -616,24 +617,21 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | tuple[st
         if not path.is_file():
             raise ConfigError(f"config {name_or_path!r}: not a file and not a preset; presets: "
                               f"{', '.join(available_presets())}")
-        data = _read_config_file(path)
-        data.setdefault("preset", Path(name_or_path).stem)
-        trainer = data.setdefault("trainer", {})
-        if isinstance(trainer, dict):  # not a mapping: refused by name when the config is built
-            trainer.setdefault("output_dir", f"runs/{data['preset']}")
-    data = apply_overrides(data, overrides)
-    return config_from_dict(data)
+        stem = Path(name_or_path).stem
+        layers += [OmegaConf.create({"preset": stem, "trainer": {"output_dir": f"runs/{stem}"}}),
+                   _read_config_file(path)]
+    return _build(OmegaConf.merge(*layers, _parse_overrides(overrides)))
 
 
-def _read_config_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _read_config_file(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     """A config file as a mapping of sections. `base: NAME_OR_PATH` in it: the base config (read the same
-    way, so bases chain), with this file's sections merged over it key by key; a preset then shows only
-    what it changes. `seen`: the files that led here (a cycle is an error)."""
+    way, so bases chain), with this file merged over it key by key (OmegaConf's merge); a preset then shows
+    only what it changes. `seen`: the files that led here (a cycle is an error)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = OmegaConf.load(path)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
+    if not isinstance(data, DictConfig):
         raise ConfigError(f"config {path}: expected a mapping of sections, got {type(data).__name__}")
     base_name = data.pop("base", None)
     if base_name is None:
@@ -647,20 +645,14 @@ def _read_config_file(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]
     seen = (*seen, path.resolve())
     if base_path.resolve() in seen:
         raise ConfigError(f"config {path}: base {base_name!r} leads back to itself")
-    merged = _read_config_file(base_path, seen)
-    for section, values in data.items():
-        if isinstance(values, dict) and isinstance(merged.get(section), dict):
-            merged[section] = {**merged[section], **values}
-        else:
-            merged[section] = values
-    return merged
+    return typing.cast(DictConfig, OmegaConf.merge(_read_config_file(base_path, seen), data))
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`section.key=value` (the value parsed as YAML: numbers, booleans, lists) into a nested dict copy."""
-    import copy
-
-    data = copy.deepcopy(data)
+def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    """`section.key=value` overrides as one config, the value read as YAML (numbers, booleans, lists). Ours, not
+    `OmegaConf.from_dotlist`, which takes `key` without `=value` as null and refuses text that is not YAML: here
+    the first is an error and the second stays text (`warm_start.thought=[draft`), as `key=` is ''."""
+    out = OmegaConf.create()
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -669,82 +661,95 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node[parts[-1]] = value
-    return data
+        try:
+            OmegaConf.update(out, key, value)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"override {item!r}: {_first_line(exc)}") from None
+    return out
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
     """Build a validated Config; unknown keys and badly typed values raise ConfigError naming the key."""
-    return _build(Config, data, prefix="")
+    return _build(OmegaConf.create(data))
 
 
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
-    fields_by_name = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields_by_name))
-    if unknown:
-        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys at {where}: "
-                          f"{', '.join(sorted(fields_by_name))}")
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for name, value in data.items():
-        tp = hints[name]
-        key = f"{prefix}{name}"
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, value, prefix=f"{key}.")
-        else:
-            kwargs[name] = _coerce(key, tp, value)
+def _build(data: DictConfig) -> Config:
+    """`data` merged over the dataclasses' defaults as an OmegaConf structured config (unknown keys and values
+    that do not convert to the field's type are refused), then instantiated: each section's `__post_init__`
+    checks its ranges and choices."""
     try:
-        return cls(**kwargs)
+        _check_scalars(data, Config, "")
+        typed = OmegaConf.merge(_schema(), data)
+        _check_finite(typed, data)
+        return typing.cast(Config, OmegaConf.to_object(typed))
     except ConfigError:
         raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+    except OmegaConfBaseException as exc:
+        raise _named(exc, data) from None
+    except (TypeError, ValueError) as exc:  # a check of a section that raised a plain error
+        raise ConfigError(f"config: {exc}") from exc
 
 
-def _coerce(key: str, tp: Any, value: Any) -> Any:
-    origin = typing.get_origin(tp) or tp
-    if origin in (types.UnionType, typing.Union):
-        for option in typing.get_args(tp):
-            try:
-                return _coerce(key, option, value)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
-    if origin is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            number = float(value)  # YAML 1.1 reads "1e-6" as a string
-        except (ValueError, OverflowError):
-            number = None
-        if number is not None:
-            # no setting of ours means anything at inf or nan (1e999 parses as inf): refuse them by name
-            if not math.isfinite(number):
-                raise ConfigError(f"{key}: expected a finite number, got {value!r}")
-            return number
-    if origin is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if origin is bool and isinstance(value, bool):
-        return value
-    if origin is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return str(value)
-    if origin is str and isinstance(value, bool):
-        return "on" if value else "off"  # YAML 1.1 reads a bare off / on (e.g. warm_start.cache=off) as a bool
-    if origin is list and isinstance(value, list):
-        return list(value)
-    if origin is dict and isinstance(value, dict):
-        return dict(value)
-    if value is None and tp is type(None):
-        return None
-    name = getattr(origin, "__name__", str(origin))
-    raise ConfigError(f"{key}: expected {name}, got {value!r} ({type(value).__name__})")
+@functools.cache
+def _schema() -> DictConfig:
+    """`Config` as an OmegaConf structured config of its defaults, built once (it is half of a load's time);
+    `OmegaConf.merge` copies it, never changes it."""
+    return OmegaConf.structured(Config)
+
+
+def _check_scalars(data: DictConfig, cls: type, prefix: str) -> None:
+    """Where OmegaConf's conversions would change what a YAML value means, the old rule stays (ours): a bare
+    `off` / `on` in a str field is that word (YAML 1.1 reads a bool, OmegaConf would then store 'False'), and
+    int and bool fields take only ints and booleans (OmegaConf turns '3' into 3 and 2 or 'y' into True, so a
+    typo such as model.lora=2 would pass). Sections must be mappings. Unknown keys are OmegaConf's to name."""
+    hints = typing.get_type_hints(cls)
+    for name in list(data):
+        tp, key = hints.get(str(name)), f"{prefix}{name}"
+        if tp is None or OmegaConf.is_interpolation(data, name):
+            continue
+        value = data[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, DictConfig):
+                raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            _check_scalars(value, tp, f"{key}.")
+        elif tp is str and isinstance(value, bool):
+            data[name] = "on" if value else "off"  # e.g. warm_start.cache=off
+        elif (tp is bool and not isinstance(value, bool)) or (tp is int and isinstance(value, (bool, str))):
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
+
+
+def _check_finite(typed: DictConfig, data: DictConfig) -> None:
+    """No float setting of ours means anything at inf or nan (1e999 reads as inf): refused by name, with the
+    value as given in `data`, before the range checks, which would call nan out of range. OmegaConf's float
+    conversion takes both."""
+    for cls, section in _section_keys().items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if hints[f.name] is float and not math.isfinite(value := typed[section][f.name]):
+                given = OmegaConf.select(data, f"{section}.{f.name}", default=value)
+                raise ConfigError(f"{section}.{f.name}: expected a finite number, got {given!r}")
+
+
+def _named(exc: OmegaConfBaseException, data: DictConfig) -> ConfigError:
+    """OmegaConf's error as our one line naming the key: an unknown key with the valid keys at its level, a
+    value of the wrong type with the type expected and the value as given in `data`."""
+    key, section = exc.full_key or "", exc.object_type  # the section (dataclass) holding the key
+    if not dataclasses.is_dataclass(section):
+        return ConfigError(f"{key or 'config'}: {_first_line(exc)}")
+    if isinstance(exc, ConfigKeyError):
+        valid = ", ".join(sorted(f.name for f in dataclasses.fields(section)))
+        return ConfigError(f"unknown key '{key}'; valid keys at {key.rpartition('.')[0] or 'config'}: {valid}")
+    tp = typing.get_type_hints(section).get(str(exc.key))
+    if isinstance(exc, ValidationError) and isinstance(tp, type):
+        value = OmegaConf.select(data, key, throw_on_resolution_failure=False)
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        return ConfigError(f"{key}: expected {tp.__name__}, got {value!r} ({type(value).__name__})")
+    return ConfigError(f"{key}: {_first_line(exc)}")
+
+
+def _first_line(exc: OmegaConfBaseException) -> str:
+    """OmegaConf's message without the lines it appends (full_key, reference_type, object_type)."""
+    return str(exc.msg or exc).splitlines()[0]
 
 
 def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
