@@ -124,12 +124,17 @@ class SessionSettings:
     """Send the expert's next action (`oracle_action`): privileged, for demonstrations and tests."""
     penalize: str = "any"
     """Which invalid turns cost the profile's penalty (`PENALISED_KINDS`, as `algorithm.penalize`)."""
+    seed: int | None = None
+    """The seed of a session's first reset when it names neither a seed nor a task (OpenEnv's web playground
+    resets so); later such resets go on with that generator, as Gymnasium's do. None: an unseeded task."""
 
     def __post_init__(self) -> None:
         if self.penalize not in PENALISED_KINDS:
             raise ValueError(f"SessionSettings.penalize must be one of {sorted(PENALISED_KINDS)}, got {self.penalize!r}")
         if self.max_turns < 0:
             raise ValueError(f"SessionSettings.max_turns must be >= 0 (0 = the profile's), got {self.max_turns}")
+        if self.seed is not None and not _is_int(self.seed, minimum=0):
+            raise ValueError(f"SessionSettings.seed must be an integer >= 0 or None, got {self.seed!r}")
 
 
 class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]):
@@ -172,8 +177,11 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         if seed is not None and not _is_int(seed, minimum=0):
             raise BadRequest(f"seed must be an integer >= 0, got {seed!r}")
         _check_id("episode_id", episode_id)
+        first_reset = self._env is None
         env = self._environment()
         options = self._task_options(env, kwargs)
+        if seed is None and not options and first_reset:
+            seed = self.settings.seed
         try:
             text, info = env.reset(seed=seed, options=options)
         except (ValueError, KeyError) as exc:
