@@ -91,6 +91,8 @@ class AgentObservation(Observation):
     max_turns: int = 0
     oracle_distance: int | None = Field(
         default=None, description="the expert's actions still needed, where the environment reports it")
+    env_reward: float | None = Field(
+        default=None, description="the environment's own reward for the turn, before any penalty (None after a reset)")
     oracle_action: str | None = Field(default=None, description="the expert's next action (server opt-in)")
     skill_context: str | None = Field(default=None, description="the task's skill context c+ (server opt-in)")
     prompt: list[dict[str, str]] = Field(default_factory=list,
@@ -229,7 +231,7 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         state.won, state.score = bool(info.get(core.WON, state.won)), float(info.get(core.SCORE, state.score))
         state.done = terminated or truncated
         return self._observe(text, info, reward=reward, action=parsed.action, valid=valid, reason=reason,
-                             terminated=terminated, truncated=truncated)
+                             terminated=terminated, truncated=truncated, env_reward=turn.reward)
 
     @property
     def state(self) -> AgentState:
@@ -272,7 +274,8 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         return options
 
     def _observe(self, text: str, info: dict[str, Any], *, reward: float | None, action: str, valid: bool,
-                 reason: str | None, terminated: bool, truncated: bool) -> AgentObservation:
+                 reason: str | None, terminated: bool, truncated: bool,
+                 env_reward: float | None = None) -> AgentObservation:
         admissible = info.get(core.ADMISSIBLE_ACTIONS)
         admissible = [str(a) for a in admissible] if admissible is not None else None
         done = self._state.done
@@ -286,7 +289,7 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
             task_text=self._task_text, admissible_actions=admissible, action=action, action_valid=valid,
             invalid_reason=reason, won=self._state.won, score=self._state.score, terminated=terminated,
             truncated=truncated, turn=self._state.step_count, max_turns=int(info.get(core.MAX_TURNS, 0)),
-            oracle_distance=None if distance is None else int(distance),
+            oracle_distance=None if distance is None else int(distance), env_reward=env_reward,
             oracle_action=self._oracle_action() if self.settings.oracle and not done else None,
             skill_context=self._skill_context if self.settings.skill_context else None,
             prompt=prompt, done=done, reward=reward)
