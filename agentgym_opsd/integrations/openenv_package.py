@@ -29,7 +29,7 @@ from pathlib import Path
 
 from agentgym_opsd.registry import RegistryError, env_profile, parse_env_spec
 
-__all__ = ["BUILTIN_PACKAGES", "Package", "lock", "main", "package_files", "write_package"]
+__all__ = ["BUILTIN_PACKAGES", "FolderServer", "Package", "lock", "main", "package_files", "write_package"]
 
 OPENENV_REQUIREMENT = "openenv-core[core]==0.3.0"
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -92,40 +92,19 @@ environments = ["sys_platform == 'linux' and platform_machine == 'x86_64'"]
 
     uv run server [--port 8000] [--host 0.0.0.0]   # serve-openenv with its limits; the playground at /web/
     uvicorn server.app:app --port 8000             # OpenEnv's Docker command: the app's own checks only
-
-The app is `agentgym-opsd serve-openenv {package.env_spec} --web`'s; `main()` takes serve-openenv's options.
 """
 
-from __future__ import annotations
+from agentgym_opsd.integrations.openenv_package import FolderServer
 
-import os
-import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
-
-ENV_SPEC = "{package.env_spec}"
-
-# OpenEnv's own switches (a value set outside wins): its web playground on, this folder's README shown in it.
-os.environ.setdefault("ENABLE_WEB_INTERFACE", "true")
-os.environ.setdefault("ENV_README_PATH", str(Path(__file__).resolve().parents[1] / "README.md"))
+_server = FolderServer("{package.env_spec}", __file__)
 
 
-def __getattr__(name: str) -> Any:
-    # `app` is built when uvicorn asks for it, so `uv run server` (which builds its own) makes the environment once.
-    if name != "app":
-        raise AttributeError(name)
-    from agentgym_opsd.integrations.openenv_env import SessionSettings
-    from agentgym_opsd.integrations.openenv_server import create_app
-
-    globals()["app"] = app = create_app(SessionSettings(ENV_SPEC))
-    return app
+def main(argv: list[str] | None = None) -> int:  # OpenEnv's `server` script (openenv validate looks for it)
+    return _server.main(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from agentgym_opsd.integrations.openenv_server import main as serve_openenv
-
-    return serve_openenv([ENV_SPEC, "--web", *(sys.argv[1:] if argv is None else argv)])
+def __getattr__(name: str) -> object:
+    return _server.attribute(name)  # `app`, built when uvicorn asks for it
 
 
 if __name__ == "__main__":
@@ -147,6 +126,34 @@ parser. The observation carries the environment's text, the admissible actions, 
 agentgym-opsd's policies see. Its options are `agentgym-opsd serve-openenv --help`'s.
 """,
     }
+
+
+class FolderServer:
+    """What an environment folder's `server/app.py` (at `app_file`) runs: `main(argv)` is `serve-openenv ENV
+    --web ARGV`; `attribute("app")` the same app for `uvicorn server.app:app`, built on first use so that
+    `uv run server`, which builds its own, makes the environment once. OpenEnv's own switches get defaults (a
+    value set outside wins): the web playground on, the folder's README.md shown in it."""
+
+    def __init__(self, env_spec: str, app_file: str) -> None:
+        self.env_spec = env_spec
+        os.environ.setdefault("ENABLE_WEB_INTERFACE", "true")
+        os.environ.setdefault("ENV_README_PATH", str(Path(app_file).resolve().parents[1] / "README.md"))
+        self._app: object | None = None
+
+    def main(self, argv: Sequence[str] | None = None) -> int:
+        from agentgym_opsd.integrations.openenv_server import main as serve_openenv
+
+        return serve_openenv([self.env_spec, "--web", *(sys.argv[1:] if argv is None else argv)])
+
+    def attribute(self, name: str) -> object:
+        if name != "app":
+            raise AttributeError(name)
+        if self._app is None:
+            from agentgym_opsd.integrations.openenv_env import SessionSettings
+            from agentgym_opsd.integrations.openenv_server import create_app
+
+            self._app = create_app(SessionSettings(self.env_spec))
+        return self._app
 
 
 def lock(folder: Path) -> bool:
