@@ -1,9 +1,11 @@
 """OpenEnv's web playground on our server (`serve-openenv --web`), played by a person's clicks in headless
 Chromium: Reset shows the seeded task, the oracle's replies typed into the form and sent with Step win it, and
-Get state says so. The page is kept as docs/images/openenv_playground.png (docs/integrations.md shows it)."""
+Get state says so. Its screenshot, docs/images/openenv_playground.png (docs/integrations.md shows it), is
+regenerated with `python tests/test_openenv_playground.py`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -90,7 +92,11 @@ def wait_for(check: Callable[[], Any], what: str, timeout_s: float = 30.0) -> An
     raise AssertionError(f"the playground did not show {what} within {timeout_s:g} s")
 
 
-def test_the_playground_plays_an_oracle_episode_to_a_win(chromium: Any) -> None:
+def test_the_playground_plays_an_oracle_episode_to_a_win(chromium: Any, tmp_path: Path) -> None:
+    play_and_screenshot(chromium, tmp_path / "playground.png")
+
+
+def play_and_screenshot(chromium: Any, screenshot: Path) -> None:
     from selenium.webdriver.common.by import By
 
     first, replies = oracle_episode()
@@ -112,10 +118,15 @@ def test_the_playground_plays_an_oracle_episode_to_a_win(chromium: Any) -> None:
             shown = wait_for(lambda before=shown: (now := chromium.execute_script(_OBSERVATION)) != before and now,
                              f"the answer to {reply!r}")
         assert "Done: True" in shown and "Reward: 1.0" in shown, shown
-        chromium.save_screenshot(str(SCREENSHOT))  # the won episode: before Get state replaces the JSON
+        chromium.save_screenshot(str(screenshot))  # the won episode: before Get state replaces the JSON
         button["Get state"].click()
         state = wait_for(lambda: json.loads(chromium.execute_script(_RAW_JSON)).get("won") is not None
                          and json.loads(chromium.execute_script(_RAW_JSON)), "the state")
     assert state["won"] and state["done"] and state["step_count"] == len(replies)
     assert state["num_invalid_actions"] == 0 and state["task_id"] == first.task_id
-    assert Path(SCREENSHOT).stat().st_size > 10_000
+    assert screenshot.stat().st_size > 10_000
+
+
+if __name__ == "__main__":  # regenerate docs/images/openenv_playground.png
+    with contextlib.contextmanager(chromium.__wrapped__)() as driver:  # type: ignore[attr-defined]
+        play_and_screenshot(driver, SCREENSHOT)
