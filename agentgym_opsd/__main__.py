@@ -38,6 +38,8 @@ FORWARDED: dict[str, tuple[str, str]] = {
                 "write the credit inspector's HTML page of a training step (see inspect --help)"),
     "serve-openenv": ("agentgym_opsd.integrations.openenv_server",
                       "serve an environment with OpenEnv's server (see serve-openenv --help)"),
+    "openenv-package": ("agentgym_opsd.integrations.openenv_package",
+                        "write an environment's OpenEnv folder: openenv.yaml, server/app.py (see openenv-package --help)"),
 }
 
 

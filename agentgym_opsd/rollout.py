@@ -45,7 +45,9 @@ class RolloutRunner:
     """Plays policies on one environment id (optionally `Env-v0:split`).
 
     `env_workers` says where the `num_envs` environments run: `threads` (this process), `processes` or `ray`
-    (`num_env_workers` workers, default one per core; see `agentgym_opsd.envpool`)."""
+    (`num_env_workers` workers, default one per core; see `agentgym_opsd.envpool`). `env_fn` makes each
+    environment instead of `make(env_spec, **env_kwargs)` (picklable for processes and ray), e.g. a server's
+    session (`integrations.openenv_session.SessionEnv`)."""
 
     def __init__(
         self,
@@ -62,13 +64,16 @@ class RolloutRunner:
         hint_level: str = "",
         env_workers: str = "threads",
         num_env_workers: int | None = None,
+        env_fn: Callable[[], Any] | None = None,
     ) -> None:
         self.env_spec = env_spec
         self.hint_level = hint_level  # which of the env's privileged hints to record ("" = none)
         self.env_id, split = parse_env_spec(env_spec)
         self.profile = profile or env_profile(self.env_id)
         kwargs = dict(env_kwargs or {})
-        self.pool: BaseEnvPool = make_env_pool(env_workers, EnvFactory.for_spec(env_spec, kwargs), num_envs,
+        if env_fn is not None and kwargs:
+            raise ValueError("RolloutRunner takes env_kwargs or env_fn, not both (env_fn makes the environments)")
+        self.pool: BaseEnvPool = make_env_pool(env_workers, env_fn or EnvFactory.for_spec(env_spec, kwargs), num_envs,
                                                step_timeout_s=step_timeout_s, num_workers=num_env_workers)
         self.renderer = renderer or PromptRenderer(
             self.profile.system_prompt, history_turns=self.profile.history_turns, max_chars=max_prompt_chars

@@ -196,3 +196,49 @@ def test_a_group_straddling_two_processes_is_played_by_both(tmp_path: Path) -> N
     assert [(t.group_id, t.traj_id) for t in rank1] == [(0, 1), (1, 3)]
     assert [(t.task_id, t.seed) for t in rank0] == [(t.task_id, t.seed) for t in rank1]
     assert rank0[0].task_id != rank0[1].task_id
+
+
+def test_the_same_seeded_episodes_in_process_and_through_a_server(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`AgentGymRollout(server_url=...)`: one GRPO step through TRL's trainer, from the same weights and seed, plays
+    and records the same episodes on a running serve-openenv server as in this process (random replies: invalid
+    actions, penalties and the turn limit included). Only `metadata` differs: the info a server never sends."""
+    pytest.importorskip("trl", reason="trl is not installed (pip install -e '.[integrations]')")
+    import copy
+    import dataclasses
+
+    from test_integrations_openenv import running
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentgym_opsd.integrations.openenv_env import SessionSettings
+    from agentgym_opsd.models.loading import load_policy_model
+
+    spec = "ALFWorld-v0:easy"
+    model, tokenizer = load_policy_model("tiny-random")
+    weights = copy.deepcopy(model.state_dict())
+
+    def one_step(name: str, **where: object) -> list[Trajectory]:
+        model.load_state_dict(weights)
+        args = GRPOConfig(output_dir=str(tmp_path / name), max_steps=1, per_device_train_batch_size=4,
+                          gradient_accumulation_steps=1, num_generations=2, max_completion_length=8,
+                          generation_kwargs={"stop_strings": ["</action>"]}, use_cpu=True, bf16=False,
+                          activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False,
+                          shuffle_dataset=False, seed=0)
+        rollout = AgentGymRollout(spec, record_path=tmp_path / f"{name}.jsonl", **where)  # type: ignore[arg-type]
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=task_dataset(range(4)),
+                              reward_funcs=[episode_won], rollout_func=rollout)
+        try:
+            trainer.train()
+        finally:
+            rollout.close()
+        return load_jsonl(tmp_path / f"{name}.jsonl")
+
+    here = one_step("here", env_kwargs={"max_turns": 2})
+    with running(SessionSettings(spec, max_turns=2)) as url:
+        there = one_step("there", server_url=url)
+    assert len(here) == 4 and sum(t.num_invalid_actions for t in here) > 0  # random replies: invalid ones too
+    assert [dataclasses.replace(t, metadata={}) for t in here] == [dataclasses.replace(t, metadata={}) for t in there]
+    assert [t.metadata["trl_global_step"] for t in there] == [0] * 4
+    assert "game_path" in here[0].metadata and "game_path" not in there[0].metadata  # never sent by a server

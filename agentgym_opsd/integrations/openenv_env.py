@@ -91,6 +91,8 @@ class AgentObservation(Observation):
     max_turns: int = 0
     oracle_distance: int | None = Field(
         default=None, description="the expert's actions still needed, where the environment reports it")
+    env_reward: float | None = Field(
+        default=None, description="the environment's own reward for the turn, before any penalty (None after a reset)")
     oracle_action: str | None = Field(default=None, description="the expert's next action (server opt-in)")
     skill_context: str | None = Field(default=None, description="the task's skill context c+ (server opt-in)")
     prompt: list[dict[str, str]] = Field(default_factory=list,
@@ -124,12 +126,17 @@ class SessionSettings:
     """Send the expert's next action (`oracle_action`): privileged, for demonstrations and tests."""
     penalize: str = "any"
     """Which invalid turns cost the profile's penalty (`PENALISED_KINDS`, as `algorithm.penalize`)."""
+    seed: int | None = None
+    """The seed of a session's first reset when it names neither a seed nor a task (OpenEnv's web playground
+    resets so); later such resets go on with that generator, as Gymnasium's do. None: an unseeded task."""
 
     def __post_init__(self) -> None:
         if self.penalize not in PENALISED_KINDS:
             raise ValueError(f"SessionSettings.penalize must be one of {sorted(PENALISED_KINDS)}, got {self.penalize!r}")
         if self.max_turns < 0:
             raise ValueError(f"SessionSettings.max_turns must be >= 0 (0 = the profile's), got {self.max_turns}")
+        if self.seed is not None and not _is_int(self.seed, minimum=0):
+            raise ValueError(f"SessionSettings.seed must be an integer >= 0 or None, got {self.seed!r}")
 
 
 class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]):
@@ -172,8 +179,11 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         if seed is not None and not _is_int(seed, minimum=0):
             raise BadRequest(f"seed must be an integer >= 0, got {seed!r}")
         _check_id("episode_id", episode_id)
+        first_reset = self._env is None
         env = self._environment()
         options = self._task_options(env, kwargs)
+        if seed is None and not options and first_reset:
+            seed = self.settings.seed
         try:
             text, info = env.reset(seed=seed, options=options)
         except (ValueError, KeyError) as exc:
@@ -221,7 +231,7 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         state.won, state.score = bool(info.get(core.WON, state.won)), float(info.get(core.SCORE, state.score))
         state.done = terminated or truncated
         return self._observe(text, info, reward=reward, action=parsed.action, valid=valid, reason=reason,
-                             terminated=terminated, truncated=truncated)
+                             terminated=terminated, truncated=truncated, env_reward=turn.reward)
 
     @property
     def state(self) -> AgentState:
@@ -264,7 +274,8 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
         return options
 
     def _observe(self, text: str, info: dict[str, Any], *, reward: float | None, action: str, valid: bool,
-                 reason: str | None, terminated: bool, truncated: bool) -> AgentObservation:
+                 reason: str | None, terminated: bool, truncated: bool,
+                 env_reward: float | None = None) -> AgentObservation:
         admissible = info.get(core.ADMISSIBLE_ACTIONS)
         admissible = [str(a) for a in admissible] if admissible is not None else None
         done = self._state.done
@@ -278,7 +289,7 @@ class AgentGymEnvironment(Environment[AgentAction, AgentObservation, AgentState]
             task_text=self._task_text, admissible_actions=admissible, action=action, action_valid=valid,
             invalid_reason=reason, won=self._state.won, score=self._state.score, terminated=terminated,
             truncated=truncated, turn=self._state.step_count, max_turns=int(info.get(core.MAX_TURNS, 0)),
-            oracle_distance=None if distance is None else int(distance),
+            oracle_distance=None if distance is None else int(distance), env_reward=env_reward,
             oracle_action=self._oracle_action() if self.settings.oracle and not done else None,
             skill_context=self._skill_context if self.settings.skill_context else None,
             prompt=prompt, done=done, reward=reward)

@@ -4,10 +4,12 @@
     agentgym-opsd serve-openenv WebShop-v0 --max-sessions 16 --oracle   # + the expert's next action
     agentgym-opsd serve-openenv Lights-v0 --import my_envs.py           # a plugin environment
 
-The app is OpenEnv's (`create_fastapi_app` of openenv-core 0.3) over `openenv_env.AgentGymEnvironment`:
+The app is OpenEnv's (`create_app` of openenv-core 0.3) over `openenv_env.AgentGymEnvironment`:
 WebSocket sessions at /ws, one environment each (what OpenEnv's `EnvClient` and our `AgentGymEnvClient` play
 episodes over); OpenEnv's stateless POST /reset and /step (a fresh session per request: /reset shows a first
-observation, /step has no episode to play and says so); GET /health, /metadata, /schema, /state.
+observation, /step has no episode to play and says so); GET /health, /metadata, /schema, /state. With `--web`
+(OpenEnv's switch ENABLE_WEB_INTERFACE=true) OpenEnv's web playground is at /web: one environment that a person
+plays with Reset and Step buttons (`--seed N` makes its first Reset task N's seed).
 
 Around it, the hardening of our other servers:
 - a POST body over `--max-body-bytes` (1 MiB) gets 413, a WebSocket message over it closes the session (1009);
@@ -31,8 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
+import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
@@ -57,7 +59,8 @@ if TYPE_CHECKING:
 # OpenEnv (and `openenv_env`, which builds on it) is imported where it is used: its server package imports gradio,
 # seconds that `serve-openenv --help` and a usage error need not wait for.
 
-__all__ = ["MAX_BODY_BYTES", "GuardedApp", "ServerLimits", "bind", "build_server", "create_app", "main", "serve"]
+__all__ = ["MAX_BODY_BYTES", "GuardedApp", "ServerLimits", "bind", "build_server", "create_app", "main", "serve",
+           "session_class"]
 
 MAX_BODY_BYTES = 1024 * 1024
 """A reply is at most `MAX_REPLY_CHARS` (100,000) characters, up to 12 bytes each when JSON-escaped: room for it."""
@@ -202,35 +205,44 @@ async def _send_json(send: Send, status: int, body: dict[str, Any], *, retry_aft
 
 
 def create_app(settings: SessionSettings, limits: ServerLimits | None = None) -> GuardedApp:
-    """The ASGI app serving `settings.env_spec`. The environment is made once here, so an unknown id, split
-    or argument fails now (RegistryError / ValueError), not in the first session."""
+    """The ASGI app serving `settings.env_spec`: OpenEnv's `create_app`, so OpenEnv's own switch
+    `ENABLE_WEB_INTERFACE=true` (`serve-openenv --web`) adds its web playground at /web. The environment is made
+    once here, so an unknown id, split or argument fails now (RegistryError / ValueError), not in the first
+    session."""
     limits = limits or ServerLimits()
     make(settings.env_spec, **({"max_turns": settings.max_turns} if settings.max_turns else {})).close()
     from fastapi import Request
     from fastapi.responses import JSONResponse
-    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.http_server import create_app as openenv_create_app
     from openenv.core.env_server.types import ConcurrencyConfig
 
-    from agentgym_opsd.integrations.openenv_env import (
-        AgentAction,
-        AgentGymEnvironment,
-        AgentObservation,
-        BadRequest,
-    )
+    from agentgym_opsd.integrations.openenv_env import AgentAction, AgentObservation, BadRequest
 
-    # A partial of the class (not a closure): OpenEnv then reads SUPPORTS_CONCURRENT_SESSIONS off the class
-    # instead of building a throwaway environment to ask it.
-    factory = functools.partial(AgentGymEnvironment, settings)
-    app = create_fastapi_app(factory, AgentAction, AgentObservation, concurrency_config=ConcurrencyConfig(
-        max_concurrent_envs=limits.max_sessions, session_timeout=limits.session_timeout_s))
+    env_id, split = parse_env_spec(settings.env_spec)
+    title = f"{env_id}" + (f" (split {split})" if split else "")
+    app = openenv_create_app(session_class(settings), AgentAction, AgentObservation, env_name=title,
+                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=limits.max_sessions,
+                                                                  session_timeout=limits.session_timeout_s))
 
     async def bad_request(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
 
     app.add_exception_handler(BadRequest, bad_request)
-    env_id, split = parse_env_spec(settings.env_spec)
-    app.title = f"OpenEnv: {env_id}" + (f" (split {split})" if split else "")
+    app.title = f"OpenEnv: {title}"
     return GuardedApp(app, limits)
+
+
+def session_class(settings: SessionSettings) -> type:
+    """`AgentGymEnvironment` bound to `settings`, as a class OpenEnv builds with no arguments: its web playground
+    instantiates only a class or a function (a `functools.partial` it would take for an environment), and its
+    server reads SUPPORTS_CONCURRENT_SESSIONS off a class instead of building a throwaway instance to ask."""
+    from agentgym_opsd.integrations.openenv_env import AgentGymEnvironment
+
+    class BoundEnvironment(AgentGymEnvironment):
+        def __init__(self) -> None:
+            super().__init__(settings)
+
+    return BoundEnvironment
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -302,6 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="send each task's skill context c+ in the observation (privileged: a self-teacher's)")
     ap.add_argument("--oracle", action="store_true",
                     help="send the expert's next action in the observation (privileged: demonstrations, tests)")
+    ap.add_argument("--seed", type=non_negative_int, default=None,
+                    help="the seed of a session's first reset that names no seed or task (the web playground's)")
+    ap.add_argument("--web", action="store_true",
+                    help="add OpenEnv's web playground at /web (= ENABLE_WEB_INTERFACE=true, OpenEnv's own switch)")
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                     help="a .py file or module that registers environments (repeatable)")
     args = ap.parse_args(argv)
@@ -315,14 +331,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                               header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                               shutdown_grace_s=args.shutdown_grace)
         settings = SessionSettings(args.env, max_turns=args.max_turns, skill_context=args.skill_context,
-                                   oracle=args.oracle)
+                                   oracle=args.oracle, seed=args.seed)
+        if args.web:
+            os.environ["ENABLE_WEB_INTERFACE"] = "true"  # OpenEnv's create_app reads its switch from there
         app = create_app(settings, limits)
     except (RegistryError, ValueError) as exc:
         ap.error(str(exc))
     env_id, split = parse_env_spec(args.env)
     where = f"{env_id}" + (f" (split {split})" if split else "")
+    web = os.environ.get("ENABLE_WEB_INTERFACE", "").lower() in ("true", "1", "yes")  # OpenEnv's own test of it
     serve(app, args.host, args.port,
-          lambda url: f"OpenEnv server for {where} on {url} (sessions: {url.replace('http', 'ws', 1)}/ws)")
+          lambda url: f"OpenEnv server for {where} on {url} (sessions: {url.replace('http', 'ws', 1)}/ws"
+                      + (f"; playground: {url}/web/)" if web else ")"))
     return 0
 
 

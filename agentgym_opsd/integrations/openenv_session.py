@@ -5,12 +5,18 @@ In-process it is an `AgentGymEnvironment` itself; through a server it is OpenEnv
 `AgentGymEnvClient`, one WebSocket session), which answers with the same observation. Either way the reply is
 parsed, validated and charged by `AgentGymEnvironment.step`, so an episode played here and one played through
 a server are the same episode (tests/test_integrations_openenv.py plays both).
+
+`SessionEnv` is a server's session as one of our text environments (the gymnasium turn API), so that our rollout
+plays a server's episodes unchanged (`RolloutRunner(env_fn=...)`, `AgentGymRollout(server_url=...)`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+import gymnasium as gym
+
+from agentgym_opsd import core
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.integrations.openenv_env import (
     RESET_FIELDS,
@@ -20,7 +26,7 @@ from agentgym_opsd.integrations.openenv_env import (
     SessionSettings,
 )
 
-__all__ = ["LocalSession", "RemoteSession", "Session", "open_session", "reset_fields"]
+__all__ = ["LocalSession", "RemoteSession", "Session", "SessionEnv", "open_session", "reset_fields"]
 
 
 class Session(Protocol):
@@ -87,3 +93,44 @@ def reset_fields(task: TaskSpec) -> dict[str, Any]:
         raise ValueError(f"TaskSpec.options {unknown} cannot be sent to an OpenEnv session; it takes "
                          f"{', '.join(f for f in RESET_FIELDS if f not in ('seed', 'episode_id'))}")
     return {"seed": task.seed, **task.options}
+
+
+class SessionEnv(gym.Env):  # type: ignore[misc]
+    """A session on the `serve-openenv` server at `server_url` (serving `env_spec`) with our environments'
+    `reset(seed, options) -> (text, info)` and `step(action)`. A step's action, already parsed by the caller, is
+    sent in the parser's reply form (`ActionParser.format`), which the server parses back to it; the answer's
+    `info` has what our rollout records (the task, admissible actions, whether the turn was valid, won, score,
+    the oracle's distance) and the reward is the environment's own (`env_reward`: our trainer charges the
+    invalid-action penalty itself). Info the server never sends (a WebShop goal's id, privileged hints, the
+    task's data source) is absent."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, server_url: str, env_spec: str) -> None:
+        from agentgym_opsd.parsers import make_parser
+        from agentgym_opsd.registry import env_profile, parse_env_spec
+
+        self.parser = make_parser(env_profile(parse_env_spec(env_spec)[0]).parser)
+        self.session = RemoteSession(server_url)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        obs = self.session.reset(**reset_fields(TaskSpec(seed, dict(options or {}))))  # type: ignore[arg-type]
+        return obs.text, _info(obs)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs = self.session.step(self.parser.format(action))
+        return obs.text, float(obs.env_reward or 0.0), obs.terminated, obs.truncated, _info(obs)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _info(obs: AgentObservation) -> dict[str, Any]:
+    """Our `info` keys from a server's observation."""
+    info: dict[str, Any] = {core.TASK_ID: obs.task_id, core.TASK_TYPE: obs.task_type, core.TASK_TEXT: obs.task_text,
+                            core.ADMISSIBLE_ACTIONS: obs.admissible_actions, core.ACTION_VALID: obs.action_valid,
+                            core.WON: obs.won, core.SCORE: obs.score, core.MAX_TURNS: obs.max_turns}
+    if obs.oracle_distance is not None:
+        info[core.ORACLE_DISTANCE] = obs.oracle_distance
+    return info

@@ -27,6 +27,7 @@ How TRL's update on such rows differs from ours, and what to leave off (`mask_tr
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import time
@@ -206,6 +207,9 @@ class AgentGymRollout:
     """TRL's `rollout_func` for one of our environments (`env_spec`: `Env-v0` or `Env-v0:split`).
 
     `record_path`: a JSONL file every episode is appended to (our `Trajectory` records; None: not recorded).
+    `server_url`: play on that `serve-openenv` server (one session per episode: `openenv_session.SessionEnv`;
+    the server's own settings set the turn limit) instead of in this process; the records are the same but for
+    `metadata`, which lacks the info a server never sends.
     `renderer`, `env_kwargs`, `use_skills`, `step_timeout_s`, `env_workers`: as `RolloutRunner` takes them (the
     default renderer is the profile's, `registry.prompt_renderer_for`). `encode_prompt(tokenizer, messages)`
     turns a prompt into token ids (default: the chat template, as TRL does; our trainer's exact ids, which keep
@@ -216,8 +220,12 @@ class AgentGymRollout:
     def __init__(self, env_spec: str, *, record_path: str | os.PathLike[str] | None = None,
                  renderer: PromptRenderer | None = None, env_kwargs: dict[str, Any] | None = None,
                  use_skills: bool = False, step_timeout_s: float = 60.0, env_workers: str = "threads",
-                 encode_prompt: PromptEncoder | None = None) -> None:
+                 encode_prompt: PromptEncoder | None = None, server_url: str | None = None) -> None:
+        if server_url is not None and env_kwargs:
+            raise ValueError("AgentGymRollout: env_kwargs configure an environment made here; with server_url the "
+                             "server's own options do (serve-openenv --max-turns ...)")
         self.env_spec = env_spec
+        self.server_url = server_url
         self.profile = env_profile(parse_env_spec(env_spec)[0])  # an unknown id fails here, not in train()
         self.record_path = Path(record_path) if record_path is not None else None
         self.renderer = renderer or prompt_renderer_for(env_spec)
@@ -276,9 +284,15 @@ class AgentGymRollout:
         if self._runner is not None and self._runner.pool.num_envs < num_envs:
             self.close()
         if self._runner is None:
+            env_fn = None
+            if self.server_url is not None:
+                from agentgym_opsd.integrations.openenv_session import SessionEnv
+
+                env_fn = functools.partial(SessionEnv, self.server_url, self.env_spec)
             self._runner = RolloutRunner(self.env_spec, num_envs=num_envs, env_kwargs=self.env_kwargs,
                                          renderer=self.renderer, use_skills=self.use_skills,
-                                         step_timeout_s=self.step_timeout_s, env_workers=self.env_workers)
+                                         step_timeout_s=self.step_timeout_s, env_workers=self.env_workers,
+                                         env_fn=env_fn)
         return self._runner
 
 

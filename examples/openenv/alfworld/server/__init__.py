@@ -1,0 +1,1 @@
+"""The OpenEnv server of ALFWorld-v0."""
