@@ -56,6 +56,9 @@ def main() -> None:
                                                                       "bench_study.py)")
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time (the cores are split between them)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--report-name", default="cpu_small_seeds",
+                    help="the report's file name under benchmarks/results (JSON + PNG): e.g. cpu_small_seeds_bf16 for "
+                         "the runs forced to model.dtype=bfloat16")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     runner = ExperimentRunner(Path(args.out), Path(args.results), parallel=args.parallel)
@@ -65,10 +68,10 @@ def main() -> None:
         if failed:
             print(f"failed: {failed} (see their .log files under {args.out}); re-run to retry them")
     names = {s.name for s in wanted}
-    report([r for r in load_results(Path(args.results)) if r["name"] in names], args.config)
+    report([r for r in load_results(Path(args.results)) if r["name"] in names], args.config, args.report_name)
 
 
-def report(results: list[dict], config: str) -> None:
+def report(results: list[dict], config: str, name: str = "cpu_small_seeds") -> None:
     runs: dict[str, list[dict]] = {}
     for r in results:
         runs.setdefault(r["labels"].get("estimator", r["labels"]["arm"]), []).append(r)
@@ -108,14 +111,15 @@ def report(results: list[dict], config: str) -> None:
               f"{100 * s['mean_pool_gain']:+.1f} points over {s['seeds']} seeds; held-out never worse: "
               f"{s['valid_never_worse']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cpu_small_seeds.json").write_text(json.dumps({**payload, "summary": summary, "config": config},
-                                                             indent=2) + "\n")
+    machine = {k: results[0][k] for k in ("cpu", "dtype") if results and results[0].get(k)}
+    (RESULTS / f"{name}.json").write_text(json.dumps({**payload, "summary": summary, "config": config, **machine},
+                                                     indent=2) + "\n")
     render_pages()  # the docs' and README's tables follow the new JSON
     if runs:
-        plot(runs)
+        plot(runs, RESULTS / f"{name}.png")
 
 
-def plot(runs: dict[str, list[dict]]) -> None:
+def plot(runs: dict[str, list[dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,7 +141,7 @@ def plot(runs: dict[str, list[dict]]) -> None:
     axes[2].set_title("training-batch success per step (%)")
     axes[2].set_xlabel("RL step")
     fig.tight_layout()
-    fig.savefig(RESULTS / "cpu_small_seeds.png", dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

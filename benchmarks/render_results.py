@@ -204,11 +204,11 @@ def render_study_resolve() -> str:
     return "\n".join(lines)
 
 
-def render_main_job() -> str:
-    seeds = _load("cpu_small_seeds.json")
+def render_main_job(name: str = "cpu_small_seeds.json") -> str:
+    seeds = _load(name)
     lines = ["| arm | seed | held-out before → after | pool before → after |", "|---|---|---|---|"]
     for arm, label in (("agentopsd", "**AgentOPSD** (`cpu-small`)"), ("grpo", "**GRPO**")):
-        for run in seeds[arm]:
+        for run in seeds.get(arm, []):
             lines.append(
                 f"| {label} | {run['seed']} "
                 f"| {_pct(run['valid_before'])} → **{_pct(run['valid_after'])}** "
@@ -218,11 +218,13 @@ def render_main_job() -> str:
     lines.append("")
     summary = seeds["summary"]
     means = "; ".join(
-        f"{name} **{_signed(100 * summary[arm]['mean_valid_gain'], 1)}** held out and "
+        f"{label} **{_signed(100 * summary[arm]['mean_valid_gain'], 1)}** held out and "
         f"**{_signed(100 * summary[arm]['mean_pool_gain'], 1)}** on the pool"
         + (" (held-out success rose in every seed)" if summary[arm]["valid_never_worse"] else "")
-        for arm, name in (("agentopsd", "AgentOPSD"), ("grpo", "GRPO")))
-    lines.append(f"Mean gain over the {summary['agentopsd']['seeds']} RL seeds, in points: {means}.")
+        for arm, label in (("agentopsd", "AgentOPSD"), ("grpo", "GRPO")) if arm in summary)
+    seeds_run = max(s["seeds"] for s in summary.values())
+    machine = f" ({seeds['dtype']}, {seeds['cpu']})" if "cpu" in seeds else ""
+    lines.append(f"Mean gain over the {seeds_run} RL seeds{machine}, in points: {means}.")
     return "\n".join(lines)
 
 
@@ -354,6 +356,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "study_answer": render_study_answer,
     "study_resolve": render_study_resolve,
     "main_job": render_main_job,
+    "main_job_bf16": lambda: render_main_job("cpu_small_seeds_bf16.json"),
     "precision": render_precision,
     "credit_quality": render_credit_quality,
     "evidence_variants": render_evidence_variants,

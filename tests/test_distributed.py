@@ -76,24 +76,25 @@ def traced_step(self):
     if self.step_done + 1 == int(os.environ.get("DP_SLEEP_AT_STEP", "0")):
         time.sleep(300)
     out = step(self)
-    folder = self.out / "probe"
+    folder = self.session.out / "probe"
     folder.mkdir(exist_ok=True)
-    (folder / f"weights_step{{self.step_done}}_rank{{self.rank}}.txt").write_text(digest(self))
+    (folder / f"weights_step{{self.step_done}}_rank{{self.session.rank}}.txt").write_text(digest(self))
     return out
 
 def uneven_collect(self):
     trajs = collect(self)
-    if self.rank == 1:
+    if self.session.rank == 1:
         trajs[-1].turns = trajs[-1].turns[:1]
     return trajs
 
 def probed_train(self):
     lines = train(self)
-    self.model.eval()
-    with self.engine.full_weights():
-        logp = self.trained.logprobs([{probe_prompt!r}], [{probe_response!r}])[0]
-    if self.is_main:
-        torch.save(logp, self.out / "probe" / "logprobs.pt")
+    trained = self.session.trained
+    trained.model.eval()
+    with trained.engine.full_weights():
+        logp = trained.logprobs([{probe_prompt!r}], [{probe_response!r}])[0]
+    if self.session.is_main:
+        torch.save(logp, self.session.out / "probe" / "logprobs.pt")
     return lines
 
 Trainer.step, Trainer.collect, Trainer.train = traced_step, uneven_collect, probed_train

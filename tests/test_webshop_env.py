@@ -99,7 +99,7 @@ def test_wrong_purchase_scores_below_one(env: WebShopEnv) -> None:
 def test_invalid_actions_change_nothing(env: WebShopEnv) -> None:
     obs0, _ = env.reset(options={"task_index": 0})
     for bad in ["", "buy it", "click[]", "click[not on page]", "click[buy now]", "search[" + "x" * 5000 + "]",
-                "search[a" * 3, None, "CLICK[[[", "Search[x]", "click[ buy now]", "look[around]"]:
+                "search[a" * 3, "CLICK[[[", "Search[x]", "click[ buy now]", "look[around]"]:
         obs, reward, terminated, truncated, info = env.step(bad)  # type: ignore[arg-type]
         assert obs == obs0 and reward == 0 and not terminated and not info["action_valid"]
         assert info["invalid_reason"]
