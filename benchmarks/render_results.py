@@ -220,7 +220,7 @@ def render_main_job(name: str = "cpu_small_seeds.json") -> str:
     means = "; ".join(
         f"{label} **{_signed(100 * summary[arm]['mean_valid_gain'], 1)}** held out and "
         f"**{_signed(100 * summary[arm]['mean_pool_gain'], 1)}** on the pool"
-        + (" (held-out success rose in every seed)" if summary[arm]["valid_never_worse"] else "")
+        + (" (held-out success fell in no seed)" if summary[arm]["valid_never_worse"] else "")
         for arm, label in (("agentopsd", "AgentOPSD"), ("grpo", "GRPO")) if arm in summary)
     seeds_run = max(s["seeds"] for s in summary.values())
     machine = f" ({seeds['dtype']}, {seeds['cpu']})" if "cpu" in seeds else ""
