@@ -52,17 +52,8 @@ def peak_rss_mb() -> float:
 def cpu_model() -> str:
     """`lscpu`'s model name (what `/proc/cpuinfo` calls it) with the CPU family: results say which CPU they came
     from, since the same kind of machine has come as different processors."""
-    from pathlib import Path
+    from agentgym_opsd.models.precision import first_cpu
 
-    info: dict[str, str] = {}
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "unknown CPU"
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
+    info = first_cpu()
     name = info.get("model name", "unknown CPU")
     return f"{name} (family {info['cpu family']})" if "cpu family" in info else name

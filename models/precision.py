@@ -37,7 +37,7 @@ from torch import Tensor
 
 from agentgym_opsd.files import atomic_write_text, cache_dir
 
-__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "ProbeResult", "float32_lm_head", "has_float32_lm_head",
+__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "ProbeResult", "first_cpu", "float32_lm_head", "has_float32_lm_head",
            "is_low_precision", "machine_key", "precision_summary", "probe_bf16", "probe_matmuls", "resolve_device",
            "resolve_dtype"]
 
@@ -73,20 +73,26 @@ class ProbeResult:
                 f"matmul shapes ({self.speedup:.2f}x; bf16 where >= {BF16_MIN_SPEEDUP}x)")
 
 
-def _cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, str]:
-    """(model name, flags) of the first CPU in /proc/cpuinfo ('' where unreadable)."""
+def first_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The fields of the first processor in /proc/cpuinfo (`model name`, `cpu family`, `flags`, ...); empty
+    where unreadable."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return "", ""
-    name = flags = ""
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
+        if not line.strip():
+            break
         key, _, value = line.partition(":")
-        if key.strip() == "model name" and not name:
-            name = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = " ".join(sorted(value.split()))
-    return name, flags
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, str]:
+    """(model name, sorted flags) of the first CPU ('' where unreadable)."""
+    fields = first_cpu(cpuinfo)
+    return fields.get("model name", ""), " ".join(sorted(fields.get("flags", "").split()))
 
 
 def machine_key(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS) -> str:
