@@ -80,20 +80,6 @@ from rich.console import Console
 from rich.table import Table
 
 SECOND_HALF_TOLERANCE = 1.10
-# The Search-QA child: the real CLI, with the hashing encoder in place of the MiniLM default.
-SEARCH_QA_CHILD = """
-import sys
-from agentgym_opsd.environments.search_qa import retriever
-from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
-from agentgym_opsd.environments.search_qa.serve import main
-
-class HashingRetriever(retriever.DenseRetriever):
-    def __init__(self, folder, encoder=None, **kwargs):
-        super().__init__(folder, encoder or HashingEncoder().encode, **kwargs)
-
-retriever.DenseRetriever = HashingRetriever  # serve.main looks the class up when it runs
-raise SystemExit(main(sys.argv[1:]))
-"""
 PRODUCT_ID = re.compile(r"^b0[a-z0-9]{8}$")
 INSTRUCTION = re.compile(r"Instruction: \[SEP\] (.*?) \[SEP\]")
 STOPWORDS = {"i", "a", "an", "the", "and", "with", "that", "is", "for", "of", "need", "want", "looking", "am",
@@ -429,7 +415,7 @@ def search_qa_server() -> Iterator[tuple[subprocess.Popen[str], str, float | Non
     with tempfile.TemporaryDirectory() as tmp:
         index = write_index_folder(Path(tmp) / "idx", data.passages, HashingEncoder().encode,
                                    IndexConfig(kind="flat"), progress=False)
-        argv = ["-c", SEARCH_QA_CHILD, "--index", str(index), "--port", "0"]
+        argv = ["-c", server_targets().SEARCH_QA_CHILD, "--index", str(index), "--port", "0"]
         with server_process(argv, "Search-QA") as (proc, base):
             ready = rss_mb(proc.pid)
             status, body = http(base + "/retrieve", {"queries": ["warm up"], "topk": 3})
@@ -548,9 +534,20 @@ def hold(target_host: str, port: int, count: int, trickle_s: float | None, stop:
             sock.close()
 
 
+def server_targets() -> Any:
+    """`tests/server_targets.py`: the servers we ship, how each is started (the Search-QA child with the hashing
+    encoder among them) and a normal request to each; the hostile-client battery and this benchmark share it."""
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import server_targets as targets
+
+    return targets
+
+
 def run_attack(args: argparse.Namespace, console: Console) -> list[Attack]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from server_targets import TARGETS, normal_request, start
+    targets = server_targets()
+    TARGETS, normal_request, start = targets.TARGETS, targets.normal_request, targets.start
 
     results = []
     for target in TARGETS:
