@@ -6,7 +6,9 @@ reuses the HF chat encoding; the HF policy knows nothing of vLLM).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agentgym_opsd.models.hf_policy import HFPolicy
@@ -16,9 +18,50 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["BACKENDS", "RolloutBackend", "make_policy_backend"]
+__all__ = ["BACKENDS", "BACKEND_CHOICES", "VLLM_CPU_MIN_EPISODES", "BackendChoice", "RolloutBackend",
+           "choose_rollout_backend", "make_policy_backend"]
 
 BACKENDS = ("hf", "vllm")
+BACKEND_CHOICES = ("auto", *BACKENDS)
+VLLM_CPU_MIN_EPISODES = 64
+"""`auto` takes vLLM's CPU build for a run that plays at least this many episodes. Its engine start is paid back
+after ~21-29 episodes in both measurements of `bench_rollout_backends.py` (32 ALFWorld episodes): an AMD EPYC in
+bf16, vLLM 23.4 s against HF 112.4 s with a 79 s start; a loaded 2-core machine in float32
+(`benchmarks/results/rollout_backends.json`), 189 s against 379 s with a 130 s start. Twice that leaves room
+for slower machines and shorter episodes. On a GPU the start pays for any real run."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The rollout backend a run uses and why (the log line and the run's config say it)."""
+
+    name: str
+    reason: str
+
+
+def choose_rollout_backend(requested: str, *, device_type: str, planned_episodes: int,
+                           vllm_installed: bool | None = None) -> BackendChoice:
+    """`rollout.backend` resolved: `hf` and `vllm` as asked; `auto` is vLLM where it is installed and its
+    engine start pays for the episodes the run will play (any run on a GPU, `VLLM_CPU_MIN_EPISODES` on the
+    CPU), else HF. The sampler then differs from the trainer's computation, which `algorithm.tis=auto`
+    corrects for (`trainer/tis.py`)."""
+    if requested not in BACKEND_CHOICES:
+        raise ValueError(f"unknown generation backend {requested!r}; choose one of {BACKEND_CHOICES}")
+    if requested != "auto":
+        return BackendChoice(requested, "asked for")
+    if vllm_installed is None:
+        vllm_installed = importlib.util.find_spec("vllm") is not None
+    if not vllm_installed:
+        return BackendChoice("hf", "vLLM is not installed (`./.ci/setup.sh --vllm` makes .venv-vllm with its CPU build)")
+    if device_type == "cuda":
+        return BackendChoice("vllm", "vLLM is installed and the run is on a GPU")
+    if device_type != "cpu":
+        return BackendChoice("hf", f"vLLM has no build for device {device_type!r} here")
+    if planned_episodes >= VLLM_CPU_MIN_EPISODES:
+        return BackendChoice("vllm", f"vLLM's CPU build is installed and the run plays {planned_episodes} episodes "
+                                     f"(its engine start pays from {VLLM_CPU_MIN_EPISODES})")
+    return BackendChoice("hf", f"the run plays {planned_episodes} episodes, fewer than the {VLLM_CPU_MIN_EPISODES} "
+                               "that pay for vLLM's engine start on the CPU")
 
 
 @runtime_checkable

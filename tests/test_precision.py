@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from agentgym_opsd.models import precision
+from agentgym_opsd.models.backends import VLLM_CPU_MIN_EPISODES, choose_rollout_backend
 from agentgym_opsd.models.precision import resolve_dtype
 from agentgym_opsd.trainer.config import ConfigError, OptimConfig, load_config
 from agentgym_opsd.trainer.engine import TorchEngine
@@ -245,3 +246,32 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
     finally:
         fp32.close()
         bf16.close()
+
+
+@pytest.mark.parametrize(("requested", "device", "episodes", "installed", "expected"), [
+    ("hf", "cpu", 10_000, True, "hf"),             # asked for: kept, even where vLLM would pay
+    ("vllm", "cpu", 1, False, "vllm"),             # asked for: building it says what is missing
+    ("auto", "cpu", 10_000, False, "hf"),          # not installed
+    ("auto", "cuda", 1, True, "vllm"),             # a GPU: the start pays for any run
+    ("auto", "cpu", VLLM_CPU_MIN_EPISODES, True, "vllm"),
+    ("auto", "cpu", VLLM_CPU_MIN_EPISODES - 1, True, "hf"),  # too few episodes to pay for the engine's start
+    ("auto", "mps", 10_000, True, "hf"),           # no vLLM build for it
+])
+def test_auto_rollout_backend_is_vllm_where_installed_and_its_start_pays(requested, device, episodes, installed,
+                                                                          expected) -> None:
+    choice = choose_rollout_backend(requested, device_type=device, planned_episodes=episodes, vllm_installed=installed)
+    assert choice.name == expected and choice.reason
+    with pytest.raises(ValueError, match="unknown generation backend 'vlm'"):
+        choose_rollout_backend("vlm", device_type="cpu", planned_episodes=1)
+
+
+def test_planned_episodes_count_rollouts_and_validations() -> None:
+    # cpu-small: 6 steps x 2 tasks x 4 rollouts, validated before and after on 48 held-out episodes and the
+    # 16-game pool x 4: what vLLM's engine start is weighed against
+    cfg = load_config("cpu-small")
+    t = cfg.trainer
+    assert (t.total_steps, t.eval_every, t.eval_at_start) == (6, 6, True)
+    pool = cfg.env.num_train_tasks * t.eval_pool_rollouts
+    assert cfg.planned_episodes() == 6 * 2 * 4 + 2 * (t.eval_episodes + pool) == 48 + 2 * (48 + 64)
+    assert load_config("cpu-small", ["trainer.total_steps=0", "trainer.eval_at_start=false"]).planned_episodes() == 0
+    assert load_config("cpu-small").rollout.backend == "auto"

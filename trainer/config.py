@@ -280,7 +280,9 @@ class EnvConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = _f("hf", "generation backend: hf (transformers generate, CPU/GPU) | vllm (GPU, `gpu` extra)")
+    backend: str = _f("auto", "generation backend: hf (transformers generate, CPU/GPU) | vllm (GPU `gpu` extra, or "
+                              "vLLM's CPU build in .venv-vllm) | auto (vLLM where it is installed and its engine "
+                              "start pays for the run's episodes, else hf: models.backends.choose_rollout_backend)")
     tasks_per_step: int = _f(16, "B: distinct tasks per training step", Range(1, 65_536, "DAPO's largest batches "
                                                                                        "are 512 prompts"))
     group_size: int = _f(8, "G: rollouts per task (a GRPO group)",
@@ -311,7 +313,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        _check_choice("rollout.backend", self.backend, ("hf", "vllm"))
+        _check_choice("rollout.backend", self.backend, ("auto", "hf", "vllm"))
         _check_choice("rollout.env_workers", self.env_workers, tuple(ENV_WORKERS))
 
 
@@ -546,6 +548,15 @@ class Config:
             raise ConfigError(f"env.id: the warm start plays one environment, {self.env.id!r} names "
                               f"{len(self.env.mix)}; set warm_start.steps=0 and warm_start.epochs=0, or warm-start "
                               "a one-environment run and start this one from its checkpoint (model.name_or_path)")
+
+    def planned_episodes(self) -> int:
+        """About how many episodes the run's sampler plays: B x G per RL step (dynamic sampling's extra rounds
+        not counted) and every validation's held-out and pool episodes (a pool of unknown size not counted).
+        `rollout.backend=auto` weighs the vLLM engine's start against it."""
+        t = self.trainer
+        validations = (t.total_steps // t.eval_every if t.eval_every else 0) + int(t.eval_at_start)
+        pool = self.env.num_train_tasks * t.eval_pool_rollouts
+        return t.total_steps * self.rollout.tasks_per_step * self.rollout.group_size + validations * (t.eval_episodes + pool)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentgym_opsd.models.backends import RolloutBackend
+from agentgym_opsd.models.backends import RolloutBackend, choose_rollout_backend
 from agentgym_opsd.models.precision import resolve_device, resolve_dtype
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
@@ -142,6 +142,12 @@ class RunSession:
         resolved = resolve_dtype(cfg.model.dtype, device)
         if resolved != cfg.model.dtype:
             cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=resolved))
+        # `rollout.backend: auto` likewise, once: TIS, the checkpoint and config.yaml see the backend that sampled.
+        backend = choose_rollout_backend(cfg.rollout.backend, device_type=device.type,
+                                         planned_episodes=cfg.planned_episodes())
+        if backend.name != cfg.rollout.backend:
+            log.info("rollout.backend=%s -> %s: %s", cfg.rollout.backend, backend.name, backend.reason)
+            cfg = self.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend=backend.name))
         self._join_ranks(device)
         self.state: ckpt.TrainerState | None = None
         # rank 0 decides, so every rank resumes from the same folder
