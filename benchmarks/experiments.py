@@ -202,17 +202,18 @@ def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def machine_record(run_dir: Path) -> dict[str, Any]:
-    """Where and how the run computed: the CPU model, the dtype `model.dtype` resolved to (its config.yaml), the
-    torch threads, and the run's own wall-time line per phase (the last `time:` line of its log)."""
+    """Where and how the run computed: the CPU model, the dtype `model.dtype` and the sampler `rollout.backend`
+    resolved to (its config.yaml), and the run's own wall-time line per phase (the last `time:` line of its log)."""
     import yaml
     from harness import cpu_model
 
     config = run_dir / "config.yaml"
-    model = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("model", {}) if config.is_file() else {}
+    resolved = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}) if config.is_file() else {}
     log_path = run_log(run_dir)
     times = [line.strip() for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
              if line.startswith("time: ")] if log_path.is_file() else []
-    return {"cpu": cpu_model(), "dtype": model.get("dtype"), "time_report": times[-1] if times else None}
+    return {"cpu": cpu_model(), "dtype": resolved.get("model", {}).get("dtype"),
+            "rollout_backend": resolved.get("rollout", {}).get("backend"), "time_report": times[-1] if times else None}
 
 
 def run_log(run_dir: Path) -> Path:
