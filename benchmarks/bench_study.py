@@ -170,6 +170,9 @@ def summarize(results: list[dict]) -> dict:
             "evidence_auc": _mean_auc(rows, "evidence"),
             "teacher": _reads_teacher(rows),
             "valid_by_task_type": {"before": _by_task_type(rows, "before"), "after": _by_task_type(rows, "after")},
+            # where the runs computed (recorded since the precision work; older runs are float32)
+            "dtype": sorted({r["dtype"] for r in rows if r.get("dtype")}),
+            "cpu": sorted({r["cpu"] for r in rows if r.get("cpu")}),
         }
     return table
 

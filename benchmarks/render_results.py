@@ -115,6 +115,8 @@ def render_study() -> str:
         auc = f"{_auc(arm['credit_auc']['success'])} / {_auc(arm['credit_auc']['failure'])}"
         teacher = arm.get("evidence_auc") or {}
         auc += f" | {_auc(teacher.get('success'))} / {_auc(teacher.get('failure'))}"
+        if arm.get("dtype"):
+            label += f" ({', '.join(arm['dtype'])})"
         lines.append(
             f"| {label} | {len(arm['seeds'])} | {held_out} "
             f"| {_pct(arm['pool_before'])} → **{_pct(pool['mean'])}** {_ci(pool['episodes_ci'])} "
