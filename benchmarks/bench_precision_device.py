@@ -81,22 +81,20 @@ def attention_in_float32() -> Any:
 
 def make_model(layers: int, dtype: torch.dtype, device: str, head32: bool, *,
                model_path: str | None = None) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if model_path:
         from agentgym_opsd.models.loading import load_policy_model
 
         name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
         model = load_policy_model(model_path, dtype=name, float32_head=head32)[0].to(device)
     else:
-        model = _random_model(LlamaConfig, LlamaForCausalLM, layers, dtype, device)
+        model = _random_model(layers, dtype, device)
         if head32:
             float32_lm_head(model)
     return model.eval()
 
 
-def _random_model(LlamaConfig: Any, LlamaForCausalLM: Any, layers: int, dtype: torch.dtype,  # noqa: N803
-                  device: str) -> torch.nn.Module:
+def _random_model(layers: int, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,

@@ -6,7 +6,6 @@ reuses the HF chat encoding; the HF policy knows nothing of vLLM).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -50,7 +49,9 @@ def choose_rollout_backend(requested: str, *, device_type: str, planned_episodes
     if requested != "auto":
         return BackendChoice(requested, "asked for")
     if vllm_installed is None:
-        vllm_installed = importlib.util.find_spec("vllm") is not None
+        from agentgym_opsd.models.vllm_policy import vllm_available  # never imports vLLM itself
+
+        vllm_installed = vllm_available()
     if not vllm_installed:
         return BackendChoice("hf", "vLLM is not installed (`./.ci/setup.sh --vllm` makes .venv-vllm with its CPU build)")
     if device_type == "cuda":

@@ -26,6 +26,7 @@ from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
 from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
 from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
+from agentgym_opsd.models.backends import BACKEND_CHOICES
 from agentgym_opsd.models.precision import DTYPE_CHOICES
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
@@ -313,7 +314,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        _check_choice("rollout.backend", self.backend, ("auto", "hf", "vllm"))
+        _check_choice("rollout.backend", self.backend, BACKEND_CHOICES)
         _check_choice("rollout.env_workers", self.env_workers, tuple(ENV_WORKERS))
 
 
