@@ -76,8 +76,8 @@ def report(results: list[dict], config: str, name: str = "cpu_small_seeds") -> N
     for r in results:
         runs.setdefault(r["labels"].get("estimator", r["labels"]["arm"]), []).append(r)
     table = Table(title=f"{config}: RL seeds from one warm start (held-out 48 episodes at T=0.4; pool 16 games x 4)")
-    for col in ("estimator", "seed", "held-out before -> after [95% CI]", "pool before -> after [95% CI]",
-                "invalid (held-out)", "lost-rollout rows > 0", "RL min"):
+    for col in ("estimator", "seed", "held-out before -> after [95% CI]", "episodes gained / lost (McNemar p)",
+                "pool before -> after [95% CI]", "invalid (held-out)", "lost-rollout rows > 0", "RL min"):
         table.add_column(col, justify="right")
     payload: dict = {}
     summary: dict = {}
@@ -86,12 +86,15 @@ def report(results: list[dict], config: str, name: str = "cpu_small_seeds") -> N
         flat = []
         for r in rows:
             b, a = r["before"], r["after"]
+            paired = r.get("valid_paired")  # the held-out episodes before and after, one by one (newer runs)
             flat.append({"seed": r["labels"]["seed"], "valid_before": b["valid"]["success"],
                          "valid_after": a["valid"]["success"], "pool_before": b["pool"]["success"],
-                         "pool_after": a["pool"]["success"]})
+                         "pool_after": a["pool"]["success"], **({"valid_paired": paired} if paired else {})})
             table.add_row(est, str(r["labels"]["seed"]),
                           f"{100 * b['valid']['success']:.1f} -> {100 * a['valid']['success']:.1f} "
                           f"[{100 * a['valid']['ci'][0]:.0f}, {100 * a['valid']['ci'][1]:.0f}]",
+                          f"+{paired['second_only']} / -{paired['first_only']} (p {paired['mcnemar_p']:.2f})"
+                          if paired else "-",
                           f"{100 * b['pool']['success']:.1f} -> {100 * a['pool']['success']:.1f} "
                           f"[{100 * a['pool']['ci'][0]:.0f}, {100 * a['pool']['ci'][1]:.0f}]",
                           f"{100 * b['valid']['invalid_action_rate']:.1f} -> "
@@ -103,6 +106,9 @@ def report(results: list[dict], config: str, name: str = "cpu_small_seeds") -> N
                         "mean_valid_gain": sum(x["valid_after"] - x["valid_before"] for x in flat) / n,
                         "mean_pool_gain": sum(x["pool_after"] - x["pool_before"] for x in flat) / n,
                         "valid_never_worse": all(x["valid_after"] >= x["valid_before"] for x in flat),
+                        # a fall the paired interval of the same episodes tells from the evaluation's noise
+                        "valid_clearly_worse_seeds": [x["seed"] for x in flat
+                                                      if x.get("valid_paired", {}).get("verdict") == "worse"],
                         "rl_steps": [r["rl_steps"] for r in rows],
                         "rl_minutes_mean": sum(r["rl_minutes"] for r in rows) / n}
     Console().print(table)

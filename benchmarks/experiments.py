@@ -28,9 +28,11 @@ from typing import Any
 
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
+from agentgym_opsd.evaluation.paired import paired_episodes
 from agentgym_opsd.files import atomic_write_text, to_json
 from agentgym_opsd.models.precision import resolve_device, resolve_dtype
 from agentgym_opsd.trainer.config import Config, load_config
+from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file
 
 __all__ = ["BEFORE_SETTINGS", "BeforeSpec", "ExperimentRunner", "RunSpec", "before_settings", "credit_check",
            "final_validation", "load_results", "read_metrics", "run_result", "same_warm_start", "start_training_run",
@@ -179,18 +181,24 @@ def final_validation(lines: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     return next((m for m in reversed(lines) if "val/success_rate" in m and m.get("step", 0) > 0), None)
 
 
-def run_result(run_dir: Path, before: dict[str, Any]) -> dict[str, Any] | None:
-    """Before / after (held-out `val` and `pool`, with Wilson intervals), the per-step numbers, the credit
-    check and the credit-quality AUC of the run's own rollouts (`run_credit_auc`) of a finished run; None while
-    it has no validation after its last step."""
+def run_result(run_dir: Path, before: dict[str, Any], before_dir: Path | None = None) -> dict[str, Any] | None:
+    """Before / after (held-out `val` and `pool`, with Wilson intervals), the held-out change episode by
+    episode (`valid_paired`, when the before run in `before_dir` and this run kept their episodes), the
+    per-step numbers, the credit check and the credit-quality AUC of the run's own rollouts (`run_credit_auc`)
+    of a finished run; None while it has no validation after its last step."""
     lines = read_metrics(run_dir)
     steps = [m for m in lines if "seconds_update" in m]
     after = final_validation(lines)
     if not steps or after is None:
         return None
+    paired = None
+    if before_dir is not None:
+        paired = paired_episodes(read_episode_outcomes(validation_file(before_dir, 0)),
+                                 read_episode_outcomes(validation_file(run_dir, int(after["step"]))))
     return {
         "before": {"valid": _rate(before, "val"), "pool": _rate(before, "pool")},
         "after": {"valid": _rate(after, "val"), "pool": _rate(after, "pool")},
+        "valid_paired": paired.to_json() if paired else None,
         "rl_steps": len(steps),
         "rl_minutes": sum(m.get("seconds_rollout", 0) + m.get("seconds_teacher", 0) + m.get("seconds_update", 0)
                           for m in steps) / 60,
@@ -315,9 +323,10 @@ class ExperimentRunner:
                 if proc.poll() is None:
                     continue
                 del running[name]
-                result = run_result(self.runs_dir / name, befores[spec.before.name]) if proc.returncode == 0 else None
-                if result is not None and not same_warm_start(self.runs_dir / name,
-                                                              self.runs_dir / "before" / spec.before.name):
+                before_dir = self.runs_dir / "before" / spec.before.name
+                result = run_result(self.runs_dir / name, befores[spec.before.name], before_dir) \
+                    if proc.returncode == 0 else None
+                if result is not None and not same_warm_start(self.runs_dir / name, before_dir):
                     result = None
                 if result is None:
                     failed.append(name)

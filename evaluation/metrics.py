@@ -21,6 +21,7 @@ __all__ = [
     "fit_horizon",
     "group_stats",
     "horizon_of",
+    "paired_success_difference_interval",
     "stats_by_task_type",
     "success_difference_interval",
     "wilson_interval",
@@ -55,12 +56,39 @@ def success_difference_interval(successes_a: int, trials_a: int, successes_b: in
     Two arms evaluated on a few dozen episodes each differ by a few episodes by chance alone; this says how
     large a difference the evaluation can tell from zero. It stays inside [−1, 1] and behaves at 0% and 100%.
     """
+    return _hybrid_score_interval(successes_a, trials_a, successes_b, trials_b, 0.0, z)
+
+
+def paired_success_difference_interval(both: int, only_a: int, only_b: int, neither: int,
+                                       z: float = 1.96) -> tuple[float, float]:
+    """95% interval of a − b for two success rates measured on the same episodes (Newcombe 1998, method 10):
+    the hybrid score interval with the two outcomes' correlation φ. `both` episodes were won by a and b,
+    `only_a` by a alone, `only_b` by b alone, `neither` by neither. Shared episodes that go together (φ > 0)
+    narrow the interval below the independent one; the discordant episodes are what it measures. As Newcombe
+    does, a positive φ is shrunk by half an episode (AD − BC − n/2), which keeps the coverage at 95%."""
+    counts = (both, only_a, only_b, neither)
+    if min(counts) < 0 or sum(counts) == 0:
+        raise ValueError(f"counts: expected non-negative with at least one episode, got {counts}")
+    n = sum(counts)
+    wins_a, wins_b = both + only_a, both + only_b
+    margins = wins_a * (n - wins_a) * wins_b * (n - wins_b)
+    cross = both * neither - only_a * only_b
+    if cross > 0:
+        cross = max(cross - n / 2, 0.0)
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    return _hybrid_score_interval(wins_a, n, wins_b, n, phi, z)
+
+
+def _hybrid_score_interval(successes_a: int, trials_a: int, successes_b: int, trials_b: int, phi: float,
+                           z: float) -> tuple[float, float]:
+    """Newcombe's interval for p_a − p_b from the two Wilson intervals, with correlation φ (0: independent)."""
     p_a, p_b = successes_a / max(trials_a, 1), successes_b / max(trials_b, 1)
     low_a, high_a = wilson_interval(successes_a, trials_a, z)
     low_b, high_b = wilson_interval(successes_b, trials_b, z)
     diff = p_a - p_b
-    return (diff - math.sqrt((p_a - low_a) ** 2 + (high_b - p_b) ** 2),
-            diff + math.sqrt((high_a - p_a) ** 2 + (p_b - low_b) ** 2))
+    below = (p_a - low_a) ** 2 - 2 * phi * (p_a - low_a) * (high_b - p_b) + (high_b - p_b) ** 2
+    above = (high_a - p_a) ** 2 - 2 * phi * (high_a - p_a) * (p_b - low_b) + (p_b - low_b) ** 2
+    return diff - math.sqrt(max(below, 0.0)), diff + math.sqrt(max(above, 0.0))
 
 
 @dataclass

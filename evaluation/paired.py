@@ -13,6 +13,13 @@ its per-episode outcomes, so the interval is built from what is there:
   correlate) and cannot see the spread between seeds (narrower than the truth, which on WebShop is ten points
   between two GRPO seeds). So it bounds episode noise only, and such a row never reads "helps" or "hurts".
 
+One run's held-out success before and after RL (or two runs of one seed), episode by episode: the validation
+keeps each held-out episode's outcome (`validation/step_<step>.jsonl`) and samples every validation point with
+the same seed, so the two evaluations play the same episodes with the same random stream. `paired_episodes`
+counts the episodes won by both, by one only and by neither; its interval is Newcombe's for paired rates
+(method 10, with the outcomes' correlation) and its test McNemar's exact one: only the episodes that changed
+carry evidence of a change.
+
 What a ±`target` answer would need (`seeds_for_target`, `episodes_for_target`):
 - seeds, at the episodes per run used: the smallest k >= 2 with t(0.975, k−1) · s / √k <= target, s the standard
   deviation of one seed's paired difference: the arm's own when it has two or more paired seeds, else √2 × the
@@ -30,10 +37,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agentgym_opsd.evaluation.metrics import success_difference_interval
+from agentgym_opsd.evaluation.metrics import paired_success_difference_interval, success_difference_interval
 
-__all__ = ["MIN_SEEDS_FOR_T", "PairedDifference", "SeedPair", "episodes_for_target", "paired_difference",
-           "paired_spread", "seeds_for_target", "t_quantile_975"]
+__all__ = ["MIN_SEEDS_FOR_T", "PairedDifference", "PairedEpisodes", "SeedPair", "episodes_for_target",
+           "mcnemar_p", "paired_difference", "paired_episodes", "paired_spread", "seeds_for_target", "t_quantile_975"]
 
 Z_975 = 1.959963984540054
 MIN_SEEDS_FOR_T = 3
@@ -179,3 +186,55 @@ def paired_difference(pairs: Sequence[SeedPair], *, target: float = 0.03,
         verdict=verdict, target=target, spread=spread, spread_source=source,
         seeds_for_target=seeds_for_target(spread, target),
         episodes_for_target=episodes_for_target(arm_wins / arm_n, base_wins / base_n, target))
+
+
+@dataclass(frozen=True)
+class PairedEpisodes:
+    """Success of `second` minus `first` on the episodes both played (rates in [−1, 1]).
+
+    `episodes`: the shared episodes; `won_both`, `first_only` (won before, lost after), `second_only`, `neither`:
+    their counts; `low`/`high`: the 95% interval of `difference` (Newcombe, paired); `mcnemar_p`: McNemar's
+    exact two-sided p-value that the two win as often; `verdict`: "better" / "worse" when the interval excludes
+    0, else "cannot tell"."""
+
+    episodes: int
+    won_both: int
+    first_only: int
+    second_only: int
+    neither: int
+    difference: float
+    low: float
+    high: float
+    mcnemar_p: float
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mcnemar_p(first_only: int, second_only: int) -> float:
+    """McNemar's exact two-sided p-value: the discordant episodes split as a fair coin would (1.0 when none)."""
+    if first_only < 0 or second_only < 0:
+        raise ValueError(f"counts: expected non-negative, got {first_only}, {second_only}")
+    n = first_only + second_only
+    tail = sum(math.comb(n, i) for i in range(min(first_only, second_only) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_episodes(first: Sequence[dict[str, Any]], second: Sequence[dict[str, Any]]) -> PairedEpisodes | None:
+    """`PairedEpisodes` of two evaluations' episode records (`trainer.validation.EPISODE_FIELDS`: matched by
+    `env_spec` and `seed`, counted by `won`); None when they share no episode."""
+    before = {(e["env_spec"], e["seed"]): bool(e["won"]) for e in first}
+    after = {(e["env_spec"], e["seed"]): bool(e["won"]) for e in second}
+    shared = before.keys() & after.keys()
+    if not shared:
+        return None
+    both = sum(before[k] and after[k] for k in shared)
+    first_only = sum(before[k] and not after[k] for k in shared)
+    second_only = sum(after[k] and not before[k] for k in shared)
+    neither = len(shared) - both - first_only - second_only
+    low, high = paired_success_difference_interval(both, second_only, first_only, neither)
+    return PairedEpisodes(episodes=len(shared), won_both=both, first_only=first_only, second_only=second_only,
+                          neither=neither, difference=(second_only - first_only) / len(shared), low=low, high=high,
+                          mcnemar_p=mcnemar_p(first_only, second_only),
+                          verdict="better" if low > 0 else "worse" if high < 0 else "cannot tell")

@@ -86,6 +86,26 @@ def test_run_result_keeps_held_out_success_per_task_type(tmp_path) -> None:
     assert result is not None
     assert result["after"]["valid"]["by_task_type"]["look_at_obj_in_light"] == 1.0
     assert result["before"]["valid"]["by_task_type"]["pick_two_obj_and_place"] == 0.0
+    assert result["valid_paired"] is None  # no before run folder given
+
+
+def test_run_result_pairs_the_held_out_episodes_before_and_after(tmp_path) -> None:
+    from agentgym_opsd.trainer.validation import validation_file, write_episode_outcomes
+
+    before_dir, run = tmp_path / "before", tmp_path / "run"
+    run.mkdir()
+    metrics = {"val/success_rate": 0.5, "val/episodes": 4.0}
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 3, "seconds_update": 1.0, **metrics}) + "\n")
+
+    def episodes(wins: list[bool]) -> list[dict]:
+        return [{"env_spec": "E", "seed": 10_000 + i, "won": w} for i, w in enumerate(wins)]
+
+    write_episode_outcomes(validation_file(before_dir, 0), episodes([True, True, False, False]))
+    write_episode_outcomes(validation_file(run, 3), episodes([True, False, True, True]))
+    paired = experiments.run_result(run, before=metrics, before_dir=before_dir)["valid_paired"]
+    assert (paired["episodes"], paired["won_both"], paired["first_only"], paired["second_only"], paired["neither"]) \
+        == (4, 1, 1, 2, 0)
+    assert paired["difference"] == 0.25 and paired["low"] < 0.25 < paired["high"]
 
 
 class _Done:

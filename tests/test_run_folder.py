@@ -120,3 +120,6 @@ def test_the_validation_before_rl_is_computed_once_per_cached_warm_start(tmp_pat
     assert numbers(b) == numbers(a) and numbers(a)
     entries = list((tmp_path / "cache" / "warm_start").glob("*/start_evaluations/*.json"))
     assert len(entries) == 2
+    # the reused validation brings its held-out episodes along, so run b pairs its after-episodes with them
+    kept = [(tmp_path / run / "validation" / "step_000000.jsonl").read_text() for run in "abc"]
+    assert kept[0] == kept[1] and kept[0].count("\n") == 4

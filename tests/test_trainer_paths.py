@@ -14,6 +14,7 @@ from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.loop import Trainer
+from agentgym_opsd.trainer.validation import EPISODE_FIELDS
 
 TOY = ["env.id=ToyCounter-v0", "trainer.backend=torch", "trainer.tensorboard=false"]
 
@@ -73,6 +74,15 @@ def test_validation_runs_during_training(tmp_path, toy_env_ids) -> None:
             assert x["train/ToyCounter-v0/success_rate"] == x["success_rate"] and "seconds_teacher" in x
         if "val/success_rate" in x:
             assert 0.0 <= x["val/success_rate"] <= 1.0 and math.isfinite(x["val/invalid_action_rate"])
+    # each validation point keeps its held-out episodes, the same episodes every time, agreeing with its metrics
+    files = sorted((out / "validation").glob("step_*.jsonl"))
+    assert [f.name for f in files] == ["step_000000.jsonl", "step_000001.jsonl", "step_000002.jsonl"]
+    episodes = [[json.loads(t) for t in f.read_text().splitlines()] for f in files]
+    assert {len(e) for e in episodes} == {2}
+    assert all(sorted(r["seed"] for r in e) == sorted(r["seed"] for r in episodes[0]) for e in episodes)
+    for line, rows in zip([x for x in lines if "val/success_rate" in x], episodes, strict=True):
+        assert set(rows[0]) == set(EPISODE_FIELDS)
+        assert line["val/success_rate"] == pytest.approx(sum(r["won"] for r in rows) / len(rows))
 
 
 def test_reward_prior_is_the_group_mean_of_the_raw_reward(tmp_path, toy_env_ids) -> None:

@@ -187,7 +187,7 @@ def holds_run(folder: Path) -> bool:
 
 
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.*.jsonl", "training_curves.png", "checkpoints", "warm_start",
-               "trajectories", "credit", "tensorboard", "wandb", "wandb_run_id", "mlruns", "mlflow_run_id",
+               "trajectories", "credit", "validation", "tensorboard", "wandb", "wandb_run_id", "mlruns", "mlflow_run_id",
                "vllm_init_model")
 """Every name a run writes at the top of its folder (glob patterns): what `trainer.overwrite=true` deletes, and
 nothing else. A writer that adds a name adds it here (`tests/test_run_folder.py` checks a run's folder against

@@ -37,7 +37,12 @@ from agentgym_opsd.trainer.session import RunSession
 from agentgym_opsd.trainer.task_stream import mixed_task_specs
 from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
 from agentgym_opsd.trainer.update import PPOUpdate
-from agentgym_opsd.trainer.validation import StartEvaluationCache, start_evaluation_key
+from agentgym_opsd.trainer.validation import (
+    StartEvaluationCache,
+    start_evaluation_key,
+    validation_file,
+    write_episode_outcomes,
+)
 
 __all__ = ["PHASES", "Trainer"]
 
@@ -276,9 +281,12 @@ class Trainer:
 
     # ---- validation, checkpoints ------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Held-out episodes at the validation temperature, and the pool check (`Validation`)."""
+        """Held-out episodes at the validation temperature, and the pool check (`Validation`); the held-out
+        episodes' outcomes go to `validation/step_<step>.jsonl` (`Validation.episodes`)."""
         self.session.trained.model.eval()
-        return self.session.validation.run(self.session.sampler_at, self.step_done)
+        metrics = self.session.validation.run(self.session.sampler_at)
+        self._keep_episodes(self.session.validation.episodes)
+        return metrics
 
     def validate_at_start(self) -> dict[str, float]:
         """The validation before the first RL step; from a cached warm start, computed once per evaluation
@@ -290,11 +298,16 @@ class Trainer:
         hit = dist.broadcast_object(cache.load() if self.session.is_main else None)
         if hit is not None:
             log.info("validation before RL: reused %s", cache.path)
+            self._keep_episodes(cache.load_episodes())
             return hit
         metrics = self.validate()
         if self.session.is_main:
-            cache.store(metrics)
+            cache.store(metrics, self.session.validation.episodes)
         return metrics
+
+    def _keep_episodes(self, episodes: list[dict[str, Any]]) -> None:
+        if self.session.is_main and episodes:
+            write_episode_outcomes(validation_file(self.session.out, self.step_done), episodes)
 
     def save(self) -> Path:
         """A checkpoint of the run at this step (`RunSession.save`)."""

@@ -6,6 +6,12 @@ pool check plays every pool game `eval_pool_rollouts` times at the rollout tempe
 the training range, so no training episode repeats. Every rank plays the same episodes with the same seeds
 (same numbers on every rank).
 
+Every validation point samples from the same sampler seed (common random numbers): the one before RL and the
+one after it play the same episodes with the same random stream, so the two differ by what the weights changed,
+not by another draw of the sampler (until the first token the new weights sample otherwise). Each held-out
+episode's outcome is kept (`episodes`, written by the loop to `validation/step_<step>.jsonl`), so before and
+after can be compared episode by episode (`evaluation.paired.paired_episodes`).
+
 Several environments (a mixed `env.id`, or `env.val_id` listing several): each validation environment plays
 `eval_episodes` episodes and writes its `val/<spec>/...` keys; `val/success_rate` and the other plain keys are
 over all episodes. The pool check plays every training environment's pool and adds `pool/<spec>/...` keys.
@@ -16,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +34,27 @@ from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import group_diversity
 from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT
 
-__all__ = ["Validation", "StartEvaluationCache", "start_evaluation_key"]
+__all__ = ["EPISODE_FIELDS", "HELD_OUT_SAMPLER_SEED", "POOL_SAMPLER_SEED", "StartEvaluationCache", "Validation",
+           "episode_outcome", "read_episode_outcomes", "start_evaluation_key", "validation_file",
+           "write_episode_outcomes"]
+
+HELD_OUT_SAMPLER_SEED = TRAIN_SEED_LIMIT
+POOL_SAMPLER_SEED = 2 * TRAIN_SEED_LIMIT
+EPISODE_FIELDS = ("env_spec", "seed", "task_id", "task_type", "won", "score", "turns", "invalid_actions", "error")
+"""One line of `validation/step_<step>.jsonl`: which held-out episode (environment spec and reset seed) and how
+it went. `won` follows `records.summarize`'s rule (an episode that errored is lost)."""
+
+
+def validation_file(run_dir: Path, step: int) -> Path:
+    """Where a run keeps the held-out episodes of its validation after `step` RL steps."""
+    return Path(run_dir) / "validation" / f"step_{step:06d}.jsonl"
+
+
+def episode_outcome(env_spec: str, traj: Trajectory) -> dict[str, Any]:
+    """The `EPISODE_FIELDS` record of one held-out episode."""
+    return {"env_spec": env_spec, "seed": traj.seed, "task_id": traj.task_id, "task_type": traj.task_type,
+            "won": traj.succeeded, "score": float(traj.score) if traj.error is None else 0.0,
+            "turns": traj.num_turns, "invalid_actions": traj.num_invalid_actions, "error": traj.error}
 
 Generating = Callable[[], contextlib.AbstractContextManager[Any]]
 
@@ -48,6 +74,8 @@ class Validation:
         self.make_runner = make_runner
         self.generating = generating
         self._runners: dict[str, RolloutRunner] = {}
+        self.episodes: list[dict[str, Any]] = []
+        """The last held-out call's episode outcomes (`episode_outcome`), in play order."""
 
     @staticmethod
     def default_spec(train_spec: str, profile: EnvProfile) -> str:
@@ -64,10 +92,11 @@ class Validation:
         specs = [self.default_spec(spec, runner.profile) for spec, runner in self.train_runners.items()]
         return list(dict.fromkeys(specs))
 
-    def run(self, sampler_at: Callable[[float, int], Any], step: int) -> dict[str, float]:
-        out = self.held_out(sampler_at(self.cfg.trainer.eval_temperature, TRAIN_SEED_LIMIT + step))
+    def run(self, sampler_at: Callable[[float, int], Any]) -> dict[str, float]:
+        """One validation point; the same sampler seeds at every point (common random numbers, module doc)."""
+        out = self.held_out(sampler_at(self.cfg.trainer.eval_temperature, HELD_OUT_SAMPLER_SEED))
         if self.cfg.trainer.eval_pool_rollouts and self.cfg.env.num_train_tasks:
-            out.update(self.pool(sampler_at(self.cfg.rollout.temperature, 2 * TRAIN_SEED_LIMIT + step)))
+            out.update(self.pool(sampler_at(self.cfg.rollout.temperature, POOL_SAMPLER_SEED)))
         return out
 
     def held_out(self, policy: Any) -> dict[str, float]:
@@ -85,6 +114,7 @@ class Validation:
             summaries = [evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs,
                                          runner=self._runners[spec]) for spec in specs]
         seconds = time.perf_counter() - t0
+        self.episodes = [episode_outcome(s.env_spec, x) for s in summaries for x in s.trajectories]
         # one rule for every environment and for the whole (`records.summarize`): errored episodes are failures
         every = summarize([x for s in summaries for x in s.trajectories])
         out = {"val/success_rate": every.success_rate, "val/episodes": float(every.episodes),
@@ -175,12 +205,16 @@ def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
 
 class StartEvaluationCache:
     """The validation before the first RL step, kept beside the cached warm start it evaluated
-    (`<warm-start cache entry>/start_evaluations/<key>.json`): every run from that warm start with the same
-    evaluation settings plays the same episodes with the same weights and seeds, so the numbers are computed
-    once. A reused result carries `val/from_cache: 1`."""
+    (`<warm-start cache entry>/start_evaluations/<key>.json`, its held-out episodes in `<key>.episodes.jsonl`):
+    every run from that warm start with the same evaluation settings plays the same episodes with the same
+    weights and seeds, so the numbers are computed once. A reused result carries `val/from_cache: 1`."""
 
     def __init__(self, warm_start_entry: Path | None, key: str) -> None:
         self.path = warm_start_entry / "start_evaluations" / f"{key}.json" if warm_start_entry else None
+
+    @property
+    def episodes_path(self) -> Path | None:
+        return self.path.with_suffix(".episodes.jsonl") if self.path else None
 
     def load(self) -> dict[str, float] | None:
         if self.path is None or not self.path.is_file():
@@ -193,7 +227,11 @@ class StartEvaluationCache:
             return None  # a damaged entry is recomputed
         return {**metrics, "val/from_cache": 1.0} if isinstance(metrics, dict) else None
 
-    def store(self, metrics: dict[str, float]) -> None:
+    def load_episodes(self) -> list[dict[str, Any]]:
+        """The cached held-out episodes ([] for an entry written before they were kept, or a damaged one)."""
+        return read_episode_outcomes(self.episodes_path) if self.episodes_path else []
+
+    def store(self, metrics: dict[str, float], episodes: Sequence[dict[str, Any]] = ()) -> None:
         if self.path is None or not self.path.parent.parent.is_dir():
             return
         from agentgym_opsd.files import atomic_write_text, to_json
@@ -201,4 +239,28 @@ class StartEvaluationCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = {k: float(v) for k, v in metrics.items()  # a nan metric stays out: the JSON is strict
                 if k != "val/from_cache" and isinstance(v, (int, float)) and math.isfinite(v)}
+        if episodes and self.episodes_path is not None:  # first, so a metrics file never lacks its episodes
+            write_episode_outcomes(self.episodes_path, episodes)
         atomic_write_text(self.path, to_json(kept, indent=2))
+
+
+def write_episode_outcomes(path: Path, episodes: Sequence[dict[str, Any]]) -> None:
+    """`episodes` (`EPISODE_FIELDS` records) as JSON lines, atomically."""
+    from agentgym_opsd.files import atomic_write_lines, to_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_lines(path, (to_json(e, ensure_ascii=False) + "\n" for e in episodes))
+
+
+def read_episode_outcomes(path: Path) -> list[dict[str, Any]]:
+    """The records of a `write_episode_outcomes` file ([] when it is missing or any line is unreadable: the
+    file is written whole, so a bad line means a damaged file, and half a comparison is worse than none)."""
+    import json
+
+    if not path.is_file():
+        return []
+    try:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+    return rows if all(isinstance(r, dict) and {"env_spec", "seed", "won"} <= r.keys() for r in rows) else []
