@@ -57,7 +57,7 @@ from agentgym_opsd.core import TASK_TYPE
 from agentgym_opsd.credit import estimator_spec
 from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
-from agentgym_opsd.evaluation.paired import SeedPair, paired_difference, t_quantile_975
+from agentgym_opsd.evaluation.paired import SeedPair, paired_difference, paired_episodes, t_quantile_975
 from agentgym_opsd.files import atomic_write_text
 from agentgym_opsd.registry import make
 
@@ -184,10 +184,22 @@ def _paired_intervals(pairs: list[tuple[dict, dict]], baseline_rows: list[dict])
     out = {}
     for key in ("valid", "pool"):
         seed_pairs = [SeedPair(r["labels"]["seed"], _wins(r["after"][key]), r["after"][key]["episodes"],
-                               _wins(g["after"][key]), g["after"][key]["episodes"]) for r, g in pairs]
+                               _wins(g["after"][key]), g["after"][key]["episodes"],
+                               _shared_counts(r, g) if key == "valid" else None) for r, g in pairs]
         base_rates = [g["after"][key]["success"] for g in baseline_rows if g["before_run"] == before_run]
         out[key] = paired_difference(seed_pairs, target=TARGET_HALF_WIDTH, baseline_rates=base_rates).to_json()
     return out
+
+
+def _shared_counts(arm: dict, base: dict) -> tuple[int, int, int, int] | None:
+    """The held-out episodes both runs played (`valid_episodes`, matched by env spec and reset seed): won by both,
+    by the arm only, by the baseline only, by neither; None when either run did not keep them."""
+    if not arm.get("valid_episodes") or not base.get("valid_episodes"):
+        return None
+    first = [{"env_spec": e, "seed": s, "won": w} for e, s, w in base["valid_episodes"]]
+    second = [{"env_spec": e, "seed": s, "won": w} for e, s, w in arm["valid_episodes"]]
+    shared = paired_episodes(first, second)
+    return None if shared is None else (shared.won_both, shared.second_only, shared.first_only, shared.neither)
 
 
 def _reads_teacher(rows: list[dict]) -> bool:

@@ -191,14 +191,16 @@ def run_result(run_dir: Path, before: dict[str, Any], before_dir: Path | None = 
     after = final_validation(lines)
     if not steps or after is None:
         return None
+    after_episodes = read_episode_outcomes(validation_file(run_dir, int(after["step"])))
     paired = None
     if before_dir is not None:
-        paired = paired_episodes(read_episode_outcomes(validation_file(before_dir, 0)),
-                                 read_episode_outcomes(validation_file(run_dir, int(after["step"]))))
+        paired = paired_episodes(read_episode_outcomes(validation_file(before_dir, 0)), after_episodes)
     return {
         "before": {"valid": _rate(before, "val"), "pool": _rate(before, "pool")},
         "after": {"valid": _rate(after, "val"), "pool": _rate(after, "pool")},
         "valid_paired": paired.to_json() if paired else None,
+        # [env spec, reset seed, won] per held-out episode after RL: arms of one seed pair on them (bench_study)
+        "valid_episodes": [[e["env_spec"], e["seed"], bool(e["won"])] for e in after_episodes] or None,
         "rl_steps": len(steps),
         "rl_minutes": sum(m.get("seconds_rollout", 0) + m.get("seconds_teacher", 0) + m.get("seconds_update", 0)
                           for m in steps) / 60,

@@ -84,7 +84,7 @@ def draw_forest(study: dict, path: Path = FOREST) -> Path:
     ax.set_yticks(range(len(rows)), [row["label"] for row in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("held-out success minus GRPO's, paired by seed (points; 95% interval: filled = t over ≥ 3 seeds, "
-                  "open = pooled episodes, episode noise only)", fontsize=8)
+                  "open = the episodes of < 3 seeds, episode noise only)", fontsize=8)
     ax.set_title("AgentOPSD and the other arms against GRPO, same warm start, seeds and held-out episodes", fontsize=10)
     if rows:
         ax.legend(loc="lower left", fontsize=7)

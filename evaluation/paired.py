@@ -8,10 +8,13 @@ its per-episode outcomes, so the interval is built from what is there:
   noise sources, the RL seed and the episodes, including how strongly the two arms' outcomes on the shared
   episodes go together (which rates alone cannot tell), so their spread measures the noise of the mean directly.
 - **one or two seeds** (or seeds whose differences are all equal, where the t interval has zero width):
-  Newcombe's interval for the difference of the episodes pooled over the seeds (`success_difference_interval`).
-  It treats the two arms' episodes as independent (wider than a paired count would be: shared episodes
-  correlate) and cannot see the spread between seeds (narrower than the truth, which on WebShop is ten points
-  between two GRPO seeds). So it bounds episode noise only, and such a row never reads "helps" or "hurts".
+  Newcombe's interval for the difference of the episodes pooled over the seeds. Where both runs of every seed
+  kept their held-out episodes (`SeedPair.shared`, from the result files' `valid_episodes`), it is the paired
+  one over the shared episodes ("paired episodes", `paired_success_difference_interval`); otherwise it treats
+  the two arms' episodes as independent ("pooled episodes", `success_difference_interval`: wider, since shared
+  episodes correlate). Neither can see the spread between seeds (narrower than the truth, which on WebShop is
+  ten points between two GRPO seeds). So it bounds episode noise only, and such a row never reads "helps" or
+  "hurts".
 
 One run's held-out success before and after RL (or two runs of one seed), episode by episode: the validation
 keeps each held-out episode's outcome (`validation/step_<step>.jsonl`) and samples every validation point with
@@ -75,6 +78,9 @@ class SeedPair:
     arm_episodes: int
     base_wins: int
     base_episodes: int
+    shared: tuple[int, int, int, int] | None = None
+    """Where both runs kept their held-out episodes: the shared episodes won by both, by the arm only, by the
+    baseline only, by neither (then the interval over the episodes is the paired one)."""
 
     def __post_init__(self) -> None:
         for wins, episodes, name in ((self.arm_wins, self.arm_episodes, "arm"),
@@ -82,6 +88,8 @@ class SeedPair:
             if episodes < 1 or not 0 <= wins <= episodes:
                 raise ValueError(f"seed {self.seed}: {name}_wins must be in [0, {name}_episodes] with "
                                  f"{name}_episodes >= 1, got {wins} of {episodes}")
+        if self.shared is not None and (len(self.shared) != 4 or min(self.shared) < 0 or sum(self.shared) < 1):
+            raise ValueError(f"seed {self.seed}: shared must be four non-negative counts, got {self.shared}")
 
     @property
     def difference(self) -> float:
@@ -171,14 +179,20 @@ def paired_difference(pairs: Sequence[SeedPair], *, target: float = 0.03,
     mean = statistics.fmean(diffs)
     arm_wins, arm_n = sum(p.arm_wins for p in pairs), sum(p.arm_episodes for p in pairs)
     base_wins, base_n = sum(p.base_wins for p in pairs), sum(p.base_episodes for p in pairs)
-    episodes_low, episodes_high = success_difference_interval(arm_wins, arm_n, base_wins, base_n)
+    if all(p.shared for p in pairs):  # every seed's episodes matched one by one
+        counts = [sum(c) for c in zip(*(p.shared for p in pairs), strict=True)]  # type: ignore[misc]
+        episodes_low, episodes_high = paired_success_difference_interval(*counts)
+        episodes_method = "paired episodes"
+    else:
+        episodes_low, episodes_high = success_difference_interval(arm_wins, arm_n, base_wins, base_n)
+        episodes_method = "pooled episodes"
     sd = statistics.stdev(diffs) if k >= 2 else 0.0
     if k >= MIN_SEEDS_FOR_T and sd > 0:
         half = t_quantile_975(k - 1) * sd / math.sqrt(k)
         method, low, high = "t over seeds", mean - half, mean + half
         verdict = "helps" if low > 0 else "hurts" if high < 0 else "cannot tell"
     else:
-        method, low, high, verdict = "pooled episodes", episodes_low, episodes_high, "cannot tell"
+        method, low, high, verdict = episodes_method, episodes_low, episodes_high, "cannot tell"
     spread, source = paired_spread(diffs, baseline_rates)
     return PairedDifference(
         seeds=tuple(p.seed for p in pairs), per_seed=tuple(diffs), episodes=min(p.arm_episodes for p in pairs),

@@ -185,3 +185,11 @@ def test_a_run_from_another_warm_start_than_its_before_gets_no_result(tmp_path) 
     own = folder("own", None)
     (own / "warm_start" / "summary.json").write_text(json.dumps({"warm_start/model_dir": str(own / "warm_start/model")}))
     assert experiments.same_warm_start(folder("run", str(tmp_path / "run" / "warm_start" / "model")), own)
+
+
+def test_the_study_pairs_two_arms_of_a_seed_on_their_episodes() -> None:
+    study = load_benchmark("bench_study")
+    base = {"valid_episodes": [["E", 10_000 + i, i < 4] for i in range(8)]}
+    arm = {"valid_episodes": [["E", 10_000 + i, 2 <= i < 7] for i in range(8)]}
+    assert study._shared_counts(arm, base) == (2, 3, 2, 1)  # both, arm only, base only, neither
+    assert study._shared_counts(arm, {"valid_episodes": None}) is None

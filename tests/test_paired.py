@@ -236,3 +236,18 @@ def test_paired_episodes_matches_by_spec_and_seed():
     assert pe.difference == pytest.approx(6 / 16) and pe.mcnemar_p == pytest.approx(mcnemar_p(2, 8))
     assert paired_episodes(before, other) is None
     assert paired_episodes(before, before).verdict == "cannot tell"
+
+
+def test_seeds_that_kept_their_episodes_get_the_paired_interval():
+    """The same rates, with and without the shared-episode counts: the paired interval (outcomes that go together)
+    is the narrower one, and one seed without counts sends the row back to the independent interval."""
+    shared = (30, 6, 3, 57)  # 96 episodes: arm 36 wins, base 33
+    with_counts = paired_difference([SeedPair(0, 36, 96, 33, 96, shared)])
+    without = paired_difference([SeedPair(0, 36, 96, 33, 96)])
+    assert with_counts.method == "paired episodes" and without.method == "pooled episodes"
+    assert with_counts.mean == without.mean and with_counts.verdict == "cannot tell"
+    assert with_counts.high - with_counts.low < 0.7 * (without.high - without.low)
+    mixed = paired_difference([SeedPair(0, 36, 96, 33, 96, shared), SeedPair(1, 30, 96, 33, 96)])
+    assert mixed.method == "pooled episodes"
+    with pytest.raises(ValueError, match="shared"):
+        SeedPair(0, 36, 96, 33, 96, (1, 2, 3))
