@@ -14,7 +14,6 @@ a suite can pass the same options to every policy. An option no kind knows is an
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,10 +66,13 @@ def _build_hf(argument: str, options: dict[str, Any]) -> Policy:
 
 
 def _build_vllm(argument: str, options: dict[str, Any]) -> Policy:
-    if importlib.util.find_spec("vllm") is None:
+    from agentgym_opsd.models.vllm_policy import vllm_available
+
+    if not vllm_available():
         raise RuntimeError(
             "policy 'vllm:...' needs vLLM, which is not installed here: install the GPU extra "
-            "(pip install 'agentgym-opsd[gpu]') on a machine with a CUDA device, or use 'hf:PATH' on CPU"
+            "(pip install 'agentgym-opsd[gpu]') on a machine with a CUDA device, or vLLM's CPU build "
+            "(./.ci/setup.sh --vllm, then .venv-vllm/bin/python), or use 'hf:PATH'"
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from agentgym_opsd.models.backends import make_policy_backend
