@@ -8,12 +8,14 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentgym_opsd.models import precision
 from agentgym_opsd.models.backends import VLLM_CPU_MIN_EPISODES, choose_rollout_backend
 from agentgym_opsd.models.precision import resolve_dtype
 from agentgym_opsd.trainer.config import ConfigError, OptimConfig, load_config
-from agentgym_opsd.trainer.engine import TorchEngine
+from agentgym_opsd.trainer.engine import TorchEngine, dither_masters
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND, StartDrift
 from agentgym_opsd.trainer.phases import PolicyLogProbs
@@ -154,7 +156,7 @@ def test_bf16_training_keeps_float32_master_weights() -> None:
     model = _tiny_linear(torch.bfloat16)
     engine = TorchEngine(model, cfg)
     assert engine.master_weights
-    start = model.weight.detach().float().clone()
+    start = engine._pairs[0][1].detach().clone()  # the masters' start (dithered within the weights' cells)
     x = torch.ones(4, 16, dtype=torch.bfloat16)
     for _ in range(200):  # AdamW moves each weight by ~lr per step: 2e-3 in all, vs bf16 spacing ~4e-3 near 0.2
         for k in range(2):  # two micro-batches: the gradient accumulates in float32
@@ -172,8 +174,53 @@ def test_bf16_training_keeps_float32_master_weights() -> None:
         naive(x).float().sum().backward()
         opt.step()
         opt.zero_grad()
-    large = start.abs() > 0.03  # bf16's spacing there is >= 1.2e-4, twelve times an update
-    assert torch.equal(naive.weight.detach().float()[large], start[large])  # every such update rounded away
+    bf16_start = _tiny_linear(torch.bfloat16).weight.detach().float()
+    large = bf16_start.abs() > 0.03  # bf16's spacing there is >= 1.2e-4, twelve times an update
+    assert torch.equal(naive.weight.detach().float()[large], bf16_start[large])  # every such update rounded away
+
+
+def _bf16_weights(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, generator=g) * 0.05
+    w[:4] = torch.tensor([0.0, -0.0, 1e-40, -3.0e38])  # zero, a subnormal, near the largest finite bf16
+    return w.to(torch.bfloat16)
+
+
+@given(st.integers(0, 2**31 - 1))
+@settings(max_examples=25, deadline=None)
+def test_dithered_masters_round_back_to_the_model(seed) -> None:
+    low = _bf16_weights(4096, seed)
+    master = torch.empty(low.shape)
+    dither_masters([(low, master)], seed=seed)
+    assert torch.equal(master.to(torch.bfloat16), low)  # the rounded model is unchanged
+    assert torch.isfinite(master).all() and float((master != low.float()).float().mean()) > 0.9
+
+
+def test_dithered_masters_pass_small_updates_on_in_expectation() -> None:
+    """An update of a tenth of a cell: from masters on the grid no weight moves; from dithered masters a tenth
+    of them move by one cell, so the model's mean change is the update (within sampling error)."""
+    low = torch.full((200_000,), 0.1).to(torch.bfloat16)  # one cell size for all: 2^-4 * 2^-7 near 0.1
+    cell = float(torch.nextafter(low[:1], torch.tensor([1.0], dtype=torch.bfloat16)).float() - low[:1].float())
+    delta = 0.1 * cell
+    on_grid = low.float() + delta
+    assert torch.equal(on_grid.to(torch.bfloat16), low)  # the dead zone: nothing reaches the model
+    master = torch.empty(low.shape)
+    dither_masters([(low, master)])
+    moved = (master + delta).to(torch.bfloat16).float() - low.float()
+    assert float(moved.mean()) == pytest.approx(delta, rel=0.05)
+    assert float((moved != 0).float().mean()) == pytest.approx(0.1, abs=0.005)
+
+
+def test_the_engines_dither_their_masters_only_when_asked() -> None:
+    on = TorchEngine(_tiny_linear(torch.bfloat16), OptimConfig())
+    off = TorchEngine(_tiny_linear(torch.bfloat16), OptimConfig(dither_masters=False))
+    (w_on, m_on), (w_off, m_off) = on._pairs[0], off._pairs[0]
+    assert torch.equal(m_off.detach(), w_off.detach().float())
+    assert not torch.equal(m_on.detach(), w_on.detach().float()) and torch.equal(m_on.detach().to(torch.bfloat16), w_on)
+    on.module.weight.data.copy_(torch.ones_like(w_on))  # weights loaded from outside: masters follow, dithered
+    on.refresh_masters()
+    assert torch.equal(m_on.detach().to(torch.bfloat16), on.module.weight.detach())
+    assert on.low_precision_stats() == {}  # no step yet
 
 
 def test_master_weights_survive_a_checkpoint_round_trip() -> None:
@@ -243,6 +290,11 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
         assert metrics["tis/on"] == 1.0 and math.isfinite(metrics["tis/mismatch_k3"])
         assert metrics["logprob_gap/mean"] <= metrics["logprob_gap/max"]
         assert all(torch.isfinite(p).all() for p in bf16.session.trained.model.parameters())
+        assert 0.0 < metrics["precision/weights_changed"] <= 1.0  # the bf16 weights the update's steps moved
+        if backend == "deepspeed":  # DeepSpeed's own fp32 masters, dithered like the torch engine's
+            pairs = bf16.session.trained.engine.master_pairs()
+            assert pairs and all(torch.equal(m.detach().to(low.dtype), low.detach()) for low, m in pairs)
+        assert "precision/weights_changed" not in fp32.step_on(trajs)[0]
     finally:
         fp32.close()
         bf16.close()

@@ -406,6 +406,9 @@ class OptimConfig:
     micro_batch_rows: int = _f(16, "max turn rows per micro-batch", _ROWS)
     teacher_prefix_cache: bool = _f(True, "teacher pass: run each shared prompt prefix (system prompt + skill "
                                           "block c+) once into a KV cache instead of once per row")
+    dither_masters: bool = _f(True, "a bf16 / fp16 model: float32 master weights copied from the low-precision "
+                                    "ones start at a random point of each weight's rounding cell, so updates "
+                                    "smaller than a cell still reach the model in expectation (docs/training.md)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)

@@ -27,6 +27,7 @@ weights back into the shards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -51,6 +52,11 @@ __all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "en
 log = logging.getLogger(__name__)
 
 
+@functools.cache
+def _note_once(message: str) -> None:
+    log.info(message)
+
+
 class Engine(Protocol):
     module: torch.nn.Module
 
@@ -71,6 +77,14 @@ class Engine(Protocol):
         ...
 
     def full_weights(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def low_precision_stats(self) -> dict[str, float]:
+        """What the optimiser steps since the last call did to a bf16 / fp16 model's weights ({} otherwise)."""
+        ...
+
+    def refresh_masters(self) -> None:
+        """The module's weights were written from outside: float32 master copies start from them."""
+        ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None: ...
 
@@ -98,22 +112,50 @@ def _adamw_over(params: list[torch.nn.Parameter], cfg: OptimConfig, lr: float | 
                              weight_decay=cfg.weight_decay)
 
 
+DITHER_SEED = 0
+"""The masters' dither is seeded (the same on every rank: ZeRO-0 ranks hold identical masters)."""
+
+
+@torch.no_grad()
+def dither_masters(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, seed: int = DITHER_SEED) -> None:
+    """Move each float32 master to a uniform random point of its low-precision weight's rounding cell.
+
+    Masters copied from low-precision weights (at the start, or after loading a bf16 warm start) sit exactly on
+    the rounding grid, in the middle of their cells: an update must then exceed half a cell before the model's
+    weight moves at all, so the small RL updates of the first steps never reach the model, and those that do
+    are the weights with the smallest cells (on a bf16 WebShop run, 8 steps at lr 2e-5 moved 17% of the weights
+    and carried 0.36 of the masters' update, `docs/training.md`). From a uniform point of the cell, an update
+    δ moves the weight by one cell with probability |δ| / cell: the model follows the masters in expectation.
+    The rounded model is unchanged by the dither itself."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for low, master in pairs:
+        w = low.detach()
+        up = torch.nextafter(w, torch.full_like(w, float("inf"))).float() - w.float()
+        down = w.float() - torch.nextafter(w, torch.full_like(w, float("-inf"))).float()
+        up, down = torch.nan_to_num(up, posinf=0.0), torch.nan_to_num(down, posinf=0.0)  # the largest finite values
+        u = (torch.rand(w.shape, generator=gen) - 0.5).to(w.device) * 0.999  # never the cell's edge (a tie)
+        master.copy_(w.float() + torch.where(u >= 0, u * up, u * down))
+
+
 class TorchEngine:
     """Single-process torch: accumulate gradients, clip, AdamW step.
 
     A bf16 / fp16 model trains against float32 master weights (as DeepSpeed's bf16 optimiser does): each
     micro-batch's gradient is added into the masters' float32 `.grad`, AdamW steps the masters, and the
     model's low-precision weights are rounded from them. Without the masters, lr 2e-5 updates vanish below
-    bf16's resolution."""
+    bf16's resolution; masters copied from the model are dithered (`dither_masters`, `optim.dither_masters`)."""
 
     def __init__(self, model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) -> None:
         self.module = model
         self.cfg = cfg
         trainable = [p for p in model.parameters() if p.requires_grad]
         self._pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
+        self._changed = self._rounded = 0
         if any(is_low_precision(p.dtype) for p in trainable):
             self._pairs = [(p, torch.nn.Parameter(p.detach().float().clone())) for p in trainable]
             self.optimizer = _adamw_over([m for _, m in self._pairs], cfg, lr)
+            if cfg.dither_masters:
+                dither_masters(self._pairs)
         else:
             self.optimizer = _adamw(model, cfg, lr)
 
@@ -144,13 +186,27 @@ class TorchEngine:
     @torch.no_grad()
     def _round_to_model(self) -> None:
         for param, master in self._pairs:
-            param.copy_(master)
+            rounded = master.to(param.dtype)
+            self._changed += int((rounded != param).sum())
+            self._rounded += param.numel()
+            param.copy_(rounded)
+
+    def low_precision_stats(self) -> dict[str, float]:
+        """`precision/weights_changed`: the share of the low-precision trainable weights that optimiser steps
+        since the last call moved (counted per step); {} for a float32 model or before any step."""
+        if not self._rounded:
+            return {}
+        out = {"precision/weights_changed": self._changed / self._rounded}
+        self._changed = self._rounded = 0
+        return out
 
     @torch.no_grad()
     def refresh_masters(self) -> None:
-        """The model's weights were loaded from outside: the masters start from them."""
+        """The model's weights were loaded from outside: the masters start from them (dithered)."""
         for param, master in self._pairs:
             master.copy_(param.float())
+        if self._pairs and self.cfg.dither_masters:
+            dither_masters(self._pairs)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
@@ -395,6 +451,11 @@ class DeepSpeedEngineAdapter:
         self.optimizer = optimizer
         self.module = engine.module
         self.zero_stage = ds.zero_stage
+        self.dither = optim.dither_masters
+        self._changed = self._rounded = 0
+        self._dither_masters()
+
+    low_precision_stats = TorchEngine.low_precision_stats
 
     def backward(self, loss: torch.Tensor, *, is_last: bool) -> None:
         # DeepSpeed's own forward() opens each micro-step (ZeRO counts them to accumulate rather than overwrite
@@ -411,7 +472,12 @@ class DeepSpeedEngineAdapter:
         self.engine.set_gradient_accumulation_boundary(True)
         # ZeRO-0 with a client optimiser does not report the norm; the full gradients are local there.
         local = _grad_norm(self.module) if self.zero_stage == 0 else None
+        pairs = self.master_pairs()
+        before = [low.detach().clone() for low, _ in pairs]  # ZeRO-0 only: the model fits, so a copy does
         self.engine.step()
+        for (low, _), old in zip(pairs, before, strict=True):
+            self._changed += int((low.detach() != old).sum())
+            self._rounded += old.numel()
         norm = self.engine.get_global_grad_norm()
         self.engine.zero_grad()
         if norm is None:
@@ -484,10 +550,35 @@ class DeepSpeedEngineAdapter:
                         param.data.copy_(state[name].to(param.dtype))
         else:
             result = self.module.load_state_dict(state, strict=False)
+        self.refresh_masters()
+        return result
+
+    def refresh_masters(self) -> None:
+        """The module's weights were written from outside: the optimiser's fp32 master copy (ZeRO-1/2/3, bf16)
+        starts from them (dithered), or the next step would undo the load."""
         refresh = getattr(self.optimizer, "refresh_fp32_params", None)
         if callable(refresh):
             refresh()
-        return result
+            self._dither_masters()
+
+    def master_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(low-precision weight, float32 master) of DeepSpeed's unpartitioned mixed-precision optimiser (ZeRO-0:
+        `fp16_groups` / `fp32_groups`, bf16 included); [] where the masters are flat partitions (ZeRO >= 1)."""
+        lows, highs = getattr(self.optimizer, "fp16_groups", None), getattr(self.optimizer, "fp32_groups", None)
+        if not lows or not highs:
+            return []
+        return [(low, high) for low_group, high_group in zip(lows, highs, strict=True)
+                for low, high in zip(low_group, high_group, strict=True) if is_low_precision(low.dtype)]
+
+    def _dither_masters(self) -> None:
+        if not self.dither:
+            return
+        pairs = self.master_pairs()
+        if pairs:
+            dither_masters(pairs)
+        elif any(is_low_precision(p.dtype) for p in self.module.parameters() if p.requires_grad):
+            _note_once("optim.dither_masters: DeepSpeed keeps this run's master weights in flat partitions "
+                       "(ZeRO >= 1); they stay where DeepSpeed copied them")
 
 
 class _LoadResult:

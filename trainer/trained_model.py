@@ -94,9 +94,7 @@ class TrainedModel:
 
             result = set_peft_model_state_dict(self.model, state)
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
-            refresh = getattr(getattr(self.engine, "optimizer", None), "refresh_fp32_params", None)
-            if callable(refresh):  # ZeRO / bf16 keep an fp32 master copy the next step would write back
-                refresh()
+            self.engine.refresh_masters()  # ZeRO / bf16 keep an fp32 master copy the next step would write back
         else:
             result = self.engine.load_full_state_dict(state)
             tied = {k for k in result.missing_keys if "lm_head" in k}

@@ -152,7 +152,8 @@ class PPOUpdate:
                 "approx_kl": sums["approx_kl"] / tokens, "grad_norm": float(np.nanmean(grad_norms)),
                 "optimizer_steps": float(len(grad_norms)),
                 **drift.metrics(dist.all_reduce if self.world > 1 else None),
-                **correction.metrics(dist.all_reduce if self.world > 1 else None)}
+                **correction.metrics(dist.all_reduce if self.world > 1 else None),
+                **self.engine.low_precision_stats()}  # the same on every rank (identical masters)
 
     def _logprobs(self, idx: list[int], prompts: list, responses: list) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
