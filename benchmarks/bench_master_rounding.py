@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import cpu_model  # noqa: E402
 
+from agentgym_opsd.models.precision import rounding_cell  # noqa: E402
 from agentgym_opsd.trainer.engine import dither_masters  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -57,11 +58,9 @@ def trainable_names(model_dir: Path, masters: list[torch.Tensor]) -> list[str]:
     return [name for name, _ in named]
 
 
-def cells(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distance from each bf16 weight to its lower and upper neighbours (the rounding cell's two halves × 2)."""
-    up = torch.nextafter(weights, torch.full_like(weights, float("inf"))).float() - weights.float()
-    down = weights.float() - torch.nextafter(weights, torch.full_like(weights, float("-inf"))).float()
-    return torch.nan_to_num(down, posinf=0.0), torch.nan_to_num(up, posinf=0.0)
+def run_relative(checkpoint: Path) -> str:
+    """The checkpoint as `<arm>/<seed>/checkpoints/step_N`: which run it was, without this machine's folders."""
+    return "/".join(checkpoint.resolve().parts[-4:])
 
 
 def measure(masters: list[torch.Tensor], start: list[torch.Tensor], now: list[torch.Tensor],
@@ -70,15 +69,18 @@ def measure(masters: list[torch.Tensor], start: list[torch.Tensor], now: list[to
     w0 = torch.cat([x.flatten() for x in start])
     w = torch.cat([x.float().flatten() for x in now])
     drift, change = m - w0.float(), w - w0.float()
-    down, up = cells(w0)
+    down, up = rounding_cell(w0)
     cell = torch.where(drift >= 0, up, down)
     steps = drift.abs() / cell.clamp_min(torch.finfo(torch.float32).tiny)
 
+    drift64 = drift.double()  # sums over tens of millions of terms: float32's would move with the thread count
+
     def summary(model_change: torch.Tensor) -> dict[str, float]:
-        return {"weights_changed": float((model_change != 0).float().mean()),
-                "projection": float(model_change @ drift / (drift @ drift)),
-                "cosine": float(torch.nn.functional.cosine_similarity(model_change, drift, dim=0)),
-                "norm_ratio": float(model_change.norm() / drift.norm())}
+        change = model_change.double()
+        return {"weights_changed": float((model_change != 0).double().mean()),
+                "projection": float(change @ drift64 / (drift64 @ drift64)),
+                "cosine": float(change @ drift64 / (change.norm() * drift64.norm())),
+                "norm_ratio": float(change.norm() / drift64.norm())}
 
     out = {"weights": int(m.numel()), "model_rounded_from_masters": bool(torch.equal(m.to(w0.dtype).float(), w)),
            "drift_cells_median": float(steps.median()), "drift_over_half_cell": float((steps > 0.5).float().mean()),
@@ -102,7 +104,8 @@ def main() -> None:
     start = load_file(str(args.warm_start / "model.safetensors"))
     now = load_file(str(args.checkpoint / "model" / "model.safetensors"))
     result = measure(masters, [start[n] for n in names], [now[n] for n in names])
-    result.update({"checkpoint": str(args.checkpoint), "step": int(state.get("step", 0)), "cpu": cpu_model()})
+    result.update({"checkpoint": run_relative(args.checkpoint), "warm_start": args.warm_start.parent.name,
+                   "step": int(state.get("step", 0)), "cpu": cpu_model()})
     table = Table(title=f"{result['weights']:,} bf16 weights, step {result['step']}: the masters moved a median "
                         f"{result['drift_cells_median']:.2f} cells ({100 * result['drift_over_half_cell']:.0f}% "
                         "past half a cell)")

@@ -39,7 +39,7 @@ from agentgym_opsd.files import atomic_write_text, cache_dir
 
 __all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "ProbeResult", "first_cpu", "float32_lm_head", "has_float32_lm_head",
            "is_low_precision", "machine_key", "precision_summary", "probe_bf16", "probe_matmuls", "resolve_device",
-           "resolve_dtype"]
+           "resolve_dtype", "rounding_cell"]
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,15 @@ def is_low_precision(dtype: str | torch.dtype) -> bool:
     if isinstance(dtype, str):
         return dtype in ("bfloat16", "float16")
     return dtype in (torch.bfloat16, torch.float16)
+
+
+def rounding_cell(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """The float32 distances from each low-precision weight down and up to its neighbouring representable
+    values (round-to-nearest sends everything within half of each to the weight); 0 on the side of the largest
+    finite values, whose neighbour is infinite."""
+    up = torch.nextafter(weights, torch.full_like(weights, float("inf"))).float() - weights.float()
+    down = weights.float() - torch.nextafter(weights, torch.full_like(weights, float("-inf"))).float()
+    return torch.nan_to_num(down, posinf=0.0), torch.nan_to_num(up, posinf=0.0)
 
 
 # ---- the float32 LM head ---------------------------------------------------------------------------------

@@ -7,12 +7,14 @@ import pytest
 import torch
 from benchmark_scripts import load_benchmark
 
+from agentgym_opsd.models.precision import rounding_cell
+
 bench = load_benchmark("bench_master_rounding")
 
 
 def test_a_drift_below_half_a_cell_reaches_the_model_only_from_dithered_masters() -> None:
     start = torch.full((100_000,), 0.1).to(torch.bfloat16)
-    _, up = bench.cells(start)
+    _, up = rounding_cell(start)
     masters = start.float() + 0.2 * up  # every master a fifth of a cell up
     result = bench.measure([masters], [start], [masters.to(torch.bfloat16)], draws=1)
     assert result["model_rounded_from_masters"] and result["drift_cells_median"] == pytest.approx(0.2, rel=1e-3)

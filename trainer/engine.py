@@ -27,7 +27,6 @@ weights back into the shards.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -40,7 +39,7 @@ from typing import Any, Protocol
 
 import torch
 
-from agentgym_opsd.models.precision import is_low_precision
+from agentgym_opsd.models.precision import is_low_precision, rounding_cell
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer.config import DeepSpeedConfig, OptimConfig
 
@@ -50,11 +49,6 @@ __all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "en
            "remove_stale_build_lock", "extension_build_dir"]
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _note_once(message: str) -> None:
-    log.info(message)
 
 
 class Engine(Protocol):
@@ -130,11 +124,29 @@ def dither_masters(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, seed: 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for low, master in pairs:
         w = low.detach()
-        up = torch.nextafter(w, torch.full_like(w, float("inf"))).float() - w.float()
-        down = w.float() - torch.nextafter(w, torch.full_like(w, float("-inf"))).float()
-        up, down = torch.nan_to_num(up, posinf=0.0), torch.nan_to_num(down, posinf=0.0)  # the largest finite values
+        down, up = rounding_cell(w)
         u = (torch.rand(w.shape, generator=gen) - 0.5).to(w.device) * 0.999  # never the cell's edge (a tie)
         master.copy_(w.float() + torch.where(u >= 0, u * up, u * down))
+
+
+class RoundingTally:
+    """How many low-precision weights the optimiser steps moved, out of how many rounded (both engines count)."""
+
+    def __init__(self) -> None:
+        self.changed = self.rounded = 0
+
+    def add(self, before: torch.Tensor, after: torch.Tensor) -> None:
+        self.changed += int((before != after).sum())
+        self.rounded += before.numel()
+
+    def take(self) -> dict[str, float]:
+        """`precision/weights_changed`: the share of the low-precision trainable weights that optimiser steps
+        since the last call moved (counted per step); {} for a float32 model or before any step."""
+        if not self.rounded:
+            return {}
+        out = {"precision/weights_changed": self.changed / self.rounded}
+        self.changed = self.rounded = 0
+        return out
 
 
 class TorchEngine:
@@ -150,7 +162,7 @@ class TorchEngine:
         self.cfg = cfg
         trainable = [p for p in model.parameters() if p.requires_grad]
         self._pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
-        self._changed = self._rounded = 0
+        self._tally = RoundingTally()
         if any(is_low_precision(p.dtype) for p in trainable):
             self._pairs = [(p, torch.nn.Parameter(p.detach().float().clone())) for p in trainable]
             self.optimizer = _adamw_over([m for _, m in self._pairs], cfg, lr)
@@ -187,18 +199,11 @@ class TorchEngine:
     def _round_to_model(self) -> None:
         for param, master in self._pairs:
             rounded = master.to(param.dtype)
-            self._changed += int((rounded != param).sum())
-            self._rounded += param.numel()
+            self._tally.add(param, rounded)
             param.copy_(rounded)
 
     def low_precision_stats(self) -> dict[str, float]:
-        """`precision/weights_changed`: the share of the low-precision trainable weights that optimiser steps
-        since the last call moved (counted per step); {} for a float32 model or before any step."""
-        if not self._rounded:
-            return {}
-        out = {"precision/weights_changed": self._changed / self._rounded}
-        self._changed = self._rounded = 0
-        return out
+        return self._tally.take()
 
     @torch.no_grad()
     def refresh_masters(self) -> None:
@@ -452,10 +457,11 @@ class DeepSpeedEngineAdapter:
         self.module = engine.module
         self.zero_stage = ds.zero_stage
         self.dither = optim.dither_masters
-        self._changed = self._rounded = 0
+        self._tally = RoundingTally()
         self._dither_masters()
 
-    low_precision_stats = TorchEngine.low_precision_stats
+    def low_precision_stats(self) -> dict[str, float]:
+        return self._tally.take()
 
     def backward(self, loss: torch.Tensor, *, is_last: bool) -> None:
         # DeepSpeed's own forward() opens each micro-step (ZeRO counts them to accumulate rather than overwrite
@@ -476,8 +482,7 @@ class DeepSpeedEngineAdapter:
         before = [low.detach().clone() for low, _ in pairs]  # ZeRO-0 only: the model fits, so a copy does
         self.engine.step()
         for (low, _), old in zip(pairs, before, strict=True):
-            self._changed += int((low.detach() != old).sum())
-            self._rounded += old.numel()
+            self._tally.add(old, low.detach())
         norm = self.engine.get_global_grad_norm()
         self.engine.zero_grad()
         if norm is None:
@@ -577,7 +582,7 @@ class DeepSpeedEngineAdapter:
         if pairs:
             dither_masters(pairs)
         elif any(is_low_precision(p.dtype) for p in self.module.parameters() if p.requires_grad):
-            _note_once("optim.dither_masters: DeepSpeed keeps this run's master weights in flat partitions "
+            log.info("optim.dither_masters: DeepSpeed keeps this run's master weights in flat partitions "
                        "(ZeRO >= 1); they stay where DeepSpeed copied them")
 
 
