@@ -208,15 +208,22 @@ def render_study_resolve() -> str:
 
 def render_main_job(name: str = "cpu_small_seeds.json") -> str:
     seeds = _load(name)
-    lines = ["| arm | seed | held-out before → after | pool before → after |", "|---|---|---|---|"]
-    for arm, label in (("agentopsd", "**AgentOPSD** (`cpu-small`)"), ("grpo", "**GRPO**")):
-        for run in seeds.get(arm, []):
-            lines.append(
-                f"| {label} | {run['seed']} "
-                f"| {_pct(run['valid_before'])} → **{_pct(run['valid_after'])}** "
-                f"({_signed(100 * (run['valid_after'] - run['valid_before']), 1)}) "
-                f"| {_pct(run['pool_before'])} → **{_pct(run['pool_after'])}** "
-                f"({_signed(100 * (run['pool_after'] - run['pool_before']), 1)}) |")
+    runs = [(label, run) for arm, label in (("agentopsd", "**AgentOPSD** (`cpu-small`)"), ("grpo", "**GRPO**"))
+            for run in seeds.get(arm, [])]
+    # runs whose before and after kept their held-out episodes get the paired column (`evaluation.paired`)
+    paired = bool(runs) and all("valid_paired" in run for _, run in runs)
+    header = "| arm | seed | held-out before → after | pool before → after |"
+    lines = [header + (" held-out episodes gained / lost (McNemar p) |" if paired else ""),
+             "|---|---|---|---|" + ("---|" if paired else "")]
+    for label, run in runs:
+        pair = run.get("valid_paired") or {}
+        lines.append(
+            f"| {label} | {run['seed']} "
+            f"| {_pct(run['valid_before'])} → **{_pct(run['valid_after'])}** "
+            f"({_signed(100 * (run['valid_after'] - run['valid_before']), 1)}) "
+            f"| {_pct(run['pool_before'])} → **{_pct(run['pool_after'])}** "
+            f"({_signed(100 * (run['pool_after'] - run['pool_before']), 1)}) |"
+            + (f" +{pair['second_only']} / −{pair['first_only']} (p {pair['mcnemar_p']:.2f}) |" if paired else ""))
     lines.append("")
     summary = seeds["summary"]
     means = "; ".join(
@@ -258,7 +265,7 @@ def render_precision() -> str:
             + (f" TIS in bf16: mismatch k3 {tis['tis/mismatch_k3']:.4f}, weight mean {tis['tis/weight_mean']:.3f} / "
                f"max {tis['tis/weight_max']:.2f}, {100 * tis['tis/clipped_fraction']:.2f}% of tokens at the cap."
                if tis else "")
-            + f" {data['threads']} threads, {data['repeats']} repeats.",
+            + f" {data['threads']} threads, {data['repeats']} repeat{'s' if data['repeats'] != 1 else ''}.",
             "",
         ]
     return "\n".join(lines).rstrip()
@@ -359,6 +366,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "study_resolve": render_study_resolve,
     "main_job": render_main_job,
     "main_job_bf16": lambda: render_main_job("cpu_small_seeds_bf16.json"),
+    "main_job_bf16_dither": lambda: render_main_job("cpu_small_seeds_bf16_dither.json"),
     "precision": render_precision,
     "credit_quality": render_credit_quality,
     "evidence_variants": render_evidence_variants,

@@ -99,3 +99,18 @@ def test_render_replaces_a_stale_block_and_refuses_an_unknown_one():
     assert render.render_text(fresh) == fresh
     with pytest.raises(KeyError, match="unknown results block"):
         render.render_text("<!-- results:nope -->\n<!-- /results:nope -->")
+
+
+def test_main_job_table_gets_the_paired_column_when_every_run_kept_its_episodes(tmp_path, monkeypatch):
+    render = _render_results()
+    pair = {"episodes": 48, "won_both": 18, "first_only": 3, "second_only": 5, "neither": 22,
+            "difference": 2 / 48, "low": -0.05, "high": 0.13, "mcnemar_p": 0.727, "verdict": "cannot tell"}
+    run = {"seed": 0, "valid_before": 0.4375, "valid_after": 0.479, "pool_before": 0.45, "pool_after": 0.55}
+    summary = {"grpo": {"seeds": 1, "mean_valid_gain": 0.04, "mean_pool_gain": 0.1, "valid_never_worse": True}}
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    (tmp_path / "paired.json").write_text(json.dumps({"grpo": [{**run, "valid_paired": pair}], "summary": summary}))
+    (tmp_path / "older.json").write_text(json.dumps({"grpo": [run], "summary": summary}))
+    table = render.render_main_job("paired.json").splitlines()
+    assert table[0].endswith("gained / lost (McNemar p) |") and table[2].endswith("| +5 / −3 (p 0.73) |")
+    assert all(line.count("|") == 6 for line in table[:3])
+    assert "McNemar" not in render.render_main_job("older.json")  # files from before episodes were kept

@@ -327,3 +327,16 @@ def test_planned_episodes_count_rollouts_and_validations() -> None:
     assert cfg.planned_episodes() == 6 * 2 * 4 + 2 * (t.eval_episodes + pool) == 48 + 2 * (48 + 64)
     assert load_config("cpu-small", ["trainer.total_steps=0", "trainer.eval_at_start=false"]).planned_episodes() == 0
     assert load_config("cpu-small").rollout.backend == "auto"
+
+
+def test_tally_sample_is_a_bounded_strided_view_that_sees_in_place_steps():
+    from trainer.engine import TALLY_SAMPLE, RoundingTally, tally_sample
+
+    small, big = torch.zeros(10, dtype=torch.bfloat16), torch.zeros(1000, 577, dtype=torch.bfloat16)
+    assert tally_sample(small).numel() == 10
+    assert TALLY_SAMPLE <= tally_sample(big).numel() < 2 * TALLY_SAMPLE
+    before = tally_sample(big).clone()
+    big[::2] += 1  # an optimiser step writes the weights in place: every other row moves
+    tally = RoundingTally()
+    tally.add(before, tally_sample(big))
+    assert tally.take()["precision/weights_changed"] == pytest.approx(0.5, abs=0.01)

@@ -129,6 +129,17 @@ def dither_masters(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], *, seed: 
         master.copy_(w.float() + torch.where(u >= 0, u * up, u * down))
 
 
+TALLY_SAMPLE = 1 << 16
+"""At most about this many elements of each weight enter `precision/weights_changed` where the tally needs a copy
+of the weights from before the step (DeepSpeed): a strided sample, so the metric is an estimate there."""
+
+
+def tally_sample(weight: torch.Tensor) -> torch.Tensor:
+    """A strided view of about `TALLY_SAMPLE` elements of `weight` (all of it when smaller), spread over its rows."""
+    flat = weight.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // TALLY_SAMPLE)]
+
+
 class RoundingTally:
     """How many low-precision weights the optimiser steps moved, out of how many rounded (both engines count)."""
 
@@ -478,11 +489,12 @@ class DeepSpeedEngineAdapter:
         self.engine.set_gradient_accumulation_boundary(True)
         # ZeRO-0 with a client optimiser does not report the norm; the full gradients are local there.
         local = _grad_norm(self.module) if self.zero_stage == 0 else None
-        pairs = self.master_pairs()
-        before = [low.detach().clone() for low, _ in pairs]  # ZeRO-0 only: the model fits, so a copy does
+        lows = [low for low, _ in self.master_pairs()]
+        # a strided sample of each weight, not a copy of the model: a 7B model's copy would be 14 GB per step
+        before = [tally_sample(low).clone() for low in lows]
         self.engine.step()
-        for (low, _), old in zip(pairs, before, strict=True):
-            self._tally.add(old, low.detach())
+        for low, old in zip(lows, before, strict=True):
+            self._tally.add(old, tally_sample(low))
         norm = self.engine.get_global_grad_norm()
         self.engine.zero_grad()
         if norm is None:
