@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 
 PER_STEP_KEYS = ("step", "success_rate", "score_mean", "entropy", "grad_norm", "approx_kl", "clip_fraction", "invalid_action_rate",
                  "sampling/rounds", "sampling/dropped_groups", "sampling/mixed_group_share",
-                 "rollout/sampled_nll_per_token", "seconds_rollout", "seconds_teacher", "seconds_update")
+                 "rollout/sampled_nll_per_token", "seconds_rollout", "seconds_teacher", "seconds_update",
+                 # how far a low-precision run's update reached the model, and how far its sampler was off-policy
+                 "precision/weights_changed", "ppo/start_ratio_max_dev", "tis/mismatch_k3", "tis/weight_max")
 
 
 BEFORE_SETTINGS = ("model", "env", "warm_start", "rollout.max_new_tokens", "rollout.temperature", "rollout.top_p",

@@ -42,9 +42,11 @@ __all__ = [
     "embedded_model_path",
     "embedded_tokenizer_path",
     "freeze_lower_layers",
+    "keep_trainable_in_float32",
     "load_policy_model",
     "load_tokenizer",
     "resolve_model_dir",
+    "restore_float32_weights",
     "tiny_random_model",
 ]
 
@@ -374,6 +376,54 @@ def freeze_lower_layers(model: torch.nn.Module, trainable_layers: int) -> int:
         for p in module.parameters():
             p.requires_grad_(was_trainable[id(p)])
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def keep_trainable_in_float32(model: torch.nn.Module) -> int:
+    """Cast the trainable weights of a bf16 / fp16 model (the top blocks `freeze_lower_layers` kept) to float32,
+    and the hidden state entering the lowest trainable block with them, so those blocks compute in float32 while
+    the frozen ones below stay in low precision. The optimiser then steps the weights the model computes with: no
+    master copy, no rounding of each update into bf16's grid. Returns the number of weights cast (0 when none was
+    low precision). Not for LoRA: peft already keeps adapters in float32 and casts their inputs itself."""
+    from agentgym_opsd.models.precision import is_low_precision
+
+    if hasattr(model, "peft_config"):
+        raise ValueError("LoRA adapters are float32 already (peft); trainable_dtype=float32 is for trainable layers")
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and is_low_precision(param.dtype):
+            param.data = param.data.float()
+            cast += param.numel()
+    layers = _decoder_layers(model)
+    lowest = next((layer for layer in layers if any(p.requires_grad for p in layer.parameters())), None)
+    if cast and lowest is not None:
+        lowest.register_forward_pre_hook(_hidden_state_to_float32, with_kwargs=True)
+    return cast
+
+
+def _hidden_state_to_float32(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A decoder block's forward pre-hook: its hidden-state input (first positional, or `hidden_states`) in float32."""
+    if args:
+        return (args[0].float(), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": kwargs["hidden_states"].float()}
+
+
+def restore_float32_weights(model: torch.nn.Module, folder: Path) -> int:
+    """Copy the float32 tensors of a saved model folder (`save_pretrained` safetensors) into `model`'s float32
+    parameters of the same names: a model loaded in bf16 from a checkpoint of float32 trainable layers gets them
+    back exactly, not rounded. Returns how many tensors were copied."""
+    import torch
+    from safetensors.torch import load_file
+
+    params = dict(model.named_parameters())
+    copied = 0
+    with torch.no_grad():
+        for f in sorted(Path(folder).glob("*.safetensors")):
+            for name, tensor in load_file(str(f)).items():
+                param = params.get(name)
+                if param is not None and tensor.dtype == torch.float32 and param.dtype == torch.float32:
+                    param.copy_(tensor)
+                    copied += 1
+    return copied
 
 
 def _load_base(name: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

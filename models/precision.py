@@ -39,11 +39,12 @@ from agentgym_opsd.files import atomic_write_text, cache_dir
 
 __all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "ProbeResult", "first_cpu", "float32_lm_head", "has_float32_lm_head",
            "is_low_precision", "machine_key", "precision_summary", "probe_bf16", "probe_matmuls", "resolve_device",
-           "resolve_dtype", "rounding_cell"]
+           "resolve_dtype", "rounding_cell", "TRAINABLE_DTYPE_CHOICES"]
 
 log = logging.getLogger(__name__)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+TRAINABLE_DTYPE_CHOICES = ("same", "float32")  # model.trainable_dtype: see `loading.keep_trainable_in_float32`
 BF16_MIN_SPEEDUP = 1.3
 """bf16 is `auto`'s choice where the probe's matmuls run at least this much faster than in float32: below it
 the gain does not pay for the extra rounding (and timing noise alone is ~10%)."""

@@ -340,3 +340,85 @@ def test_tally_sample_is_a_bounded_strided_view_that_sees_in_place_steps():
     tally = RoundingTally()
     tally.add(before, tally_sample(big))
     assert tally.take()["precision/weights_changed"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_trainable_layers_in_float32_take_the_whole_update_and_come_back_from_a_checkpoint(tmp_path) -> None:
+    """`model.trainable_dtype=float32`: the top block computes in float32 over bf16 frozen blocks; an update far
+    below bf16's resolution reaches every trainable weight (bf16 masters on the grid would move none), and a
+    checkpoint loaded in bf16 gets the float32 weights back exactly."""
+    from agentgym_opsd.models.loading import (
+        freeze_lower_layers,
+        keep_trainable_in_float32,
+        load_policy_model,
+        restore_float32_weights,
+    )
+
+    model, tok = load_policy_model("tiny-random", dtype="bfloat16", trainable=True)
+    freeze_lower_layers(model, 1)
+    assert keep_trainable_in_float32(model) > 0
+    dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    assert dtypes == {torch.float32} and any(p.dtype == torch.bfloat16 for p in model.parameters())
+    ids = tok(["go to the desk", "open drawer 1 now"], return_tensors="pt", padding=True)
+    logits = model(**ids).logits
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    assert model.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] == ids["input_ids"].shape[1] + 3
+
+    engine = TorchEngine(model, OptimConfig(lr=1e-6, grad_clip=0.0))
+    assert not engine.master_weights  # the model's own weights are the float32 ones the optimiser steps
+    before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    engine.backward(model(**ids).logits.float().logsumexp(-1).mean(), is_last=True)
+    engine.step()
+    after = [p.detach() for p in model.parameters() if p.requires_grad]
+    moved = sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) / sum(b.numel() for b in before)
+    assert moved > 0.9  # AdamW's first step moves every weight with a gradient by ~lr, 1e-6
+
+    model.save_pretrained(str(tmp_path / "ckpt"), safe_serialization=True)
+    tok.save_pretrained(str(tmp_path / "ckpt"))
+    again, _ = load_policy_model(str(tmp_path / "ckpt"), dtype="bfloat16", trainable=True)
+    freeze_lower_layers(again, 1)
+    keep_trainable_in_float32(again)
+    assert restore_float32_weights(again, tmp_path / "ckpt") == len(after)
+    trained = dict(model.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in again.named_parameters())
+
+
+def test_trainable_dtype_is_checked_and_left_out_of_cache_keys_at_its_default(tmp_path) -> None:
+    from agentgym_opsd.trainer.validation import start_evaluation_key
+
+    with pytest.raises(ConfigError, match="model.trainable_dtype"):
+        load_config("cpu-tiny", ["model.trainable_dtype=float16"])
+    with pytest.raises(ConfigError, match="LoRA adapters are float32 already"):
+        load_config("cpu-tiny", ["model.trainable_dtype=float32", "model.lora=true"])
+    same, f32 = load_config("cpu-tiny"), load_config("cpu-tiny", ["model.trainable_dtype=float32"])
+    assert "trainable_dtype" not in json.dumps(_warm_start_settings(same, tmp_path))
+    assert start_evaluation_key(same, threads=1, world_size=1) != start_evaluation_key(f32, threads=1, world_size=1)
+    assert _warm_start_settings(same, tmp_path) != _warm_start_settings(f32, tmp_path)
+
+
+def _warm_start_settings(cfg, tmp_path) -> dict:
+    from agentgym_opsd.trainer.warm_start import WarmStart
+
+    return WarmStart(cfg, run_dir=tmp_path, system_prompt="", env_num_tasks=None).settings()
+
+
+@pytest.mark.parametrize("backend", ["torch", "deepspeed"])
+def test_bf16_trainer_with_float32_trainable_layers_steps_and_resumes(tmp_path, toy_env_ids, backend) -> None:
+    extra = ("model.trainable_layers=1", "model.trainable_dtype=float32", "trainer.total_steps=1",
+             "trainer.save_every=1", f"trainer.backend={backend}")
+    trainer = _trainer(tmp_path, "bfloat16", backend, *extra)
+    try:
+        metrics, _ = trainer.step_on(trainer.collect())
+        assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND
+        assert "precision/weights_changed" not in metrics  # no rounding between the optimiser and the model
+        trainer.save()
+        saved = {n: p.detach().clone() for n, p in trainer.session.trained.model.named_parameters()}
+    finally:
+        trainer.close()
+    resumed = Trainer(load_config("cpu-tiny", ["env.id=ToyCounter-v0", "trainer.tensorboard=false",
+                                               f"trainer.output_dir={tmp_path / 'bfloat16' / backend}",
+                                               "model.dtype=bfloat16", *extra]), resume="auto")
+    try:
+        params = dict(resumed.session.trained.model.named_parameters())
+        assert all(torch.equal(params[n], p) for n, p in saved.items())  # float32 layers exact, not rounded
+    finally:
+        resumed.close()

@@ -27,7 +27,7 @@ from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
 from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.backends import BACKEND_CHOICES
-from agentgym_opsd.models.precision import DTYPE_CHOICES
+from agentgym_opsd.models.precision import DTYPE_CHOICES, TRAINABLE_DTYPE_CHOICES
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
 from agentgym_opsd.trainer.trackers import parse_report_to
@@ -149,9 +149,19 @@ class ModelConfig:
                                   "layers below are frozen, so the backward pass stops there (0 = train all)",
                                   Range(0, 4_096, "more layers than any model has"))
 
+    trainable_dtype: str = _f("same", "dtype of the trainable layers' weights when model.dtype is bfloat16 / "
+                                      "float16: same | float32. float32 keeps them, and the forward through them, "
+                                      "in float32 while the frozen layers below compute in model.dtype: the update "
+                                      "reaches the model exactly instead of being rounded into bf16's grid (LoRA "
+                                      "adapters are float32 already)")
+
     def __post_init__(self) -> None:
         _check_ranges(self)
         _check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
+        _check_choice("model.trainable_dtype", self.trainable_dtype, TRAINABLE_DTYPE_CHOICES)
+        if self.trainable_dtype == "float32" and self.lora:
+            raise ConfigError("model.trainable_dtype=float32: LoRA adapters are float32 already (peft); "
+                              "leave it at 'same' with model.lora=true")
 
 
 def _check_prompt_template(path: str) -> None:

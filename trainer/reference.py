@@ -45,8 +45,28 @@ class ReferencePolicy:
             return
         from agentgym_opsd.models.loading import load_policy_model
 
-        self.frozen_copy, _ = load_policy_model(str(source or self.base_model), dtype=self.dtype, trainable=False)
-        self.frozen_copy.to(self.policy.device)
+        copy, _ = load_policy_model(str(source or self.base_model), dtype=self.dtype, trainable=False)
+        self._float32_where_the_policy_is(copy, source)
+        self.frozen_copy = copy.to(self.policy.device)
+
+    def _float32_where_the_policy_is(self, copy: torch.nn.Module, source: Path | None) -> None:
+        """`model.trainable_dtype=float32`: the copy's blocks the policy trains in float32 are float32 too (with the
+        warm start's exact values), so the reference computes as the policy did where RL started."""
+        from agentgym_opsd.models.loading import keep_trainable_in_float32, restore_float32_weights
+        from agentgym_opsd.models.precision import is_low_precision
+
+        if not is_low_precision(self.dtype):
+            return
+        float32 = {name for name, p in self.policy.model.named_parameters()
+                   if p.requires_grad and p.dtype == torch.float32}
+        if not float32:
+            return
+        for name, p in copy.named_parameters():
+            p.requires_grad_(name in float32)
+        keep_trainable_in_float32(copy)
+        if source is not None:
+            restore_float32_weights(copy, source)
+        copy.requires_grad_(False)
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[Tensor] | None:
         if not self.enabled:

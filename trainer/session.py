@@ -97,7 +97,14 @@ class TrainEnv:
 def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
     """(model, tokenizer): the checkpoint's when resuming, else the base model (with LoRA adapters when on);
     the lower layers frozen and gradient checkpointing on as the config says."""
-    from agentgym_opsd.models.loading import LoraSettings, freeze_lower_layers, load_policy_model
+    from agentgym_opsd.models.loading import (
+        LoraSettings,
+        freeze_lower_layers,
+        keep_trainable_in_float32,
+        load_policy_model,
+        restore_float32_weights,
+    )
+    from agentgym_opsd.models.precision import is_low_precision
 
     m = cfg.model
     if resume_from is not None:
@@ -114,6 +121,13 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
     if m.trainable_layers:
         trainable = freeze_lower_layers(model, m.trainable_layers)
         log.info("training the top %d layers: %.1fM trainable parameters", m.trainable_layers, trainable / 1e6)
+    if m.trainable_dtype == "float32" and is_low_precision(m.dtype):
+        cast = keep_trainable_in_float32(model)
+        if resume_from is not None:  # loaded in m.dtype: the checkpoint's float32 layers back exactly, not rounded
+            restore_float32_weights(model, resume_from / "model")
+        log.info("model.trainable_dtype=float32: %.1fM trainable weights and their blocks compute in float32, "
+                 "the frozen layers in %s%s", cast / 1e6, m.dtype,
+                 "" if m.trainable_layers else " (every layer is trainable: this is a float32 model)")
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tok

@@ -193,7 +193,10 @@ class WarmStart:
             env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
         if not env["action_history"]:  # left out when off, as the template: older keys still match
             del env["action_history"]
-        return {"model": asdict(c.model), "env": env,
+        model = asdict(c.model)
+        if model["trainable_dtype"] == "same":  # left out at its default, so keys from before the field still match
+            del model["trainable_dtype"]
+        return {"model": model, "env": env,
                 "system_prompt": self.system_prompt,
                 # `seed` enters once, as the effective seed, so keys from before the field existed still match
                 "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
