@@ -389,8 +389,12 @@ def test_trainable_dtype_is_checked_and_left_out_of_cache_keys_at_its_default(tm
         load_config("cpu-tiny", ["model.trainable_dtype=float16"])
     with pytest.raises(ConfigError, match="LoRA adapters are float32 already"):
         load_config("cpu-tiny", ["model.trainable_dtype=float32", "model.lora=true"])
-    same, f32 = load_config("cpu-tiny"), load_config("cpu-tiny", ["model.trainable_dtype=float32"])
-    assert "trainable_dtype" not in json.dumps(_warm_start_settings(same, tmp_path))
+    same = load_config("cpu-tiny", ["model.dtype=bfloat16"])
+    f32 = load_config("cpu-tiny", ["model.dtype=bfloat16", "model.trainable_dtype=float32"])
+    no_op = load_config("cpu-tiny", ["model.dtype=float32", "model.trainable_dtype=float32"])
+    assert f32.model.float32_trainable and not same.model.float32_trainable and not no_op.model.float32_trainable
+    for cfg in (same, no_op):  # where it changes nothing, the keys are those from before the field existed
+        assert "trainable_dtype" not in json.dumps(_warm_start_settings(cfg, tmp_path))
     assert start_evaluation_key(same, threads=1, world_size=1) != start_evaluation_key(f32, threads=1, world_size=1)
     assert _warm_start_settings(same, tmp_path) != _warm_start_settings(f32, tmp_path)
 

@@ -27,7 +27,7 @@ from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
 from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.backends import BACKEND_CHOICES
-from agentgym_opsd.models.precision import DTYPE_CHOICES, TRAINABLE_DTYPE_CHOICES
+from agentgym_opsd.models.precision import DTYPE_CHOICES, TRAINABLE_DTYPE_CHOICES, is_low_precision
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
 from agentgym_opsd.trainer.trackers import parse_report_to
@@ -162,6 +162,11 @@ class ModelConfig:
         if self.trainable_dtype == "float32" and self.lora:
             raise ConfigError("model.trainable_dtype=float32: LoRA adapters are float32 already (peft); "
                               "leave it at 'same' with model.lora=true")
+
+    @property
+    def float32_trainable(self) -> bool:
+        """Whether `trainable_dtype=float32` changes anything: only over a bf16 / fp16 model (`auto` resolved)."""
+        return self.trainable_dtype == "float32" and is_low_precision(self.dtype)
 
 
 def _check_prompt_template(path: str) -> None:

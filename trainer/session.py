@@ -104,7 +104,6 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
         load_policy_model,
         restore_float32_weights,
     )
-    from agentgym_opsd.models.precision import is_low_precision
 
     m = cfg.model
     if resume_from is not None:
@@ -121,7 +120,7 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
     if m.trainable_layers:
         trainable = freeze_lower_layers(model, m.trainable_layers)
         log.info("training the top %d layers: %.1fM trainable parameters", m.trainable_layers, trainable / 1e6)
-    if m.trainable_dtype == "float32" and is_low_precision(m.dtype):
+    if m.float32_trainable:
         cast = keep_trainable_in_float32(model)
         if resume_from is not None:  # loaded in m.dtype: the checkpoint's float32 layers back exactly, not rounded
             restore_float32_weights(model, resume_from / "model")

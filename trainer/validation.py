@@ -193,7 +193,7 @@ def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
     import json
 
     data = cfg.to_dict()
-    if data["model"].get("trainable_dtype") == "same":  # at its default, out: keys from before the field still match
+    if not cfg.model.float32_trainable:  # out where it changes nothing: keys from before the field still match
         del data["model"]["trainable_dtype"]
     for section, fields in _NOT_IN_START_KEY.items():
         if fields == "*":

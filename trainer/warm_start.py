@@ -194,7 +194,7 @@ class WarmStart:
         if not env["action_history"]:  # left out when off, as the template: older keys still match
             del env["action_history"]
         model = asdict(c.model)
-        if model["trainable_dtype"] == "same":  # left out at its default, so keys from before the field still match
+        if not c.model.float32_trainable:  # out where it changes nothing: keys from before the field still match
             del model["trainable_dtype"]
         return {"model": model, "env": env,
                 "system_prompt": self.system_prompt,
