@@ -411,7 +411,17 @@ def test_bf16_trainer_with_float32_trainable_layers_steps_and_resumes(tmp_path, 
              "trainer.save_every=1", f"trainer.backend={backend}")
     trainer = _trainer(tmp_path, "bfloat16", backend, *extra)
     try:
-        metrics, _ = trainer.step_on(trainer.collect())
+        trajs = trainer.collect()
+        reference, trained = trainer.session.reference, trainer.session.trained
+        reference.setup()  # the KL reference (kl_coef > 0): float32 where the policy is, so it starts equal
+        float32 = {n for n, p in trained.model.named_parameters() if p.dtype == torch.float32}
+        assert float32 and float32 == {n for n, p in reference.frozen_copy.named_parameters()
+                                       if p.dtype == torch.float32}
+        batch = trainer.score(trajs)
+        ours = trained.logprobs(batch.prompt_ids, batch.response_ids)
+        theirs = reference.logprobs(batch.prompt_ids, batch.response_ids)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+        metrics, _ = trainer.step_on(trajs)
         assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND
         assert "precision/weights_changed" not in metrics  # no rounding between the optimiser and the model
         trainer.save()
