@@ -367,6 +367,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "main_job": render_main_job,
     "main_job_bf16": lambda: render_main_job("cpu_small_seeds_bf16.json"),
     "main_job_bf16_dither": lambda: render_main_job("cpu_small_seeds_bf16_dither.json"),
+    "main_job_bf16_float32_trainable": lambda: render_main_job("cpu_small_seeds_bf16_float32_trainable.json"),
     "precision": render_precision,
     "credit_quality": render_credit_quality,
     "evidence_variants": render_evidence_variants,
