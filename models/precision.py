@@ -37,9 +37,9 @@ from torch import Tensor
 
 from agentgym_opsd.files import atomic_write_text, cache_dir
 
-__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "ProbeResult", "first_cpu", "float32_lm_head", "has_float32_lm_head",
-           "is_low_precision", "machine_key", "precision_summary", "probe_bf16", "probe_matmuls", "resolve_device",
-           "resolve_dtype", "rounding_cell", "TRAINABLE_DTYPE_CHOICES"]
+__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "TRAINABLE_DTYPE_CHOICES", "ProbeResult", "first_cpu",
+           "float32_lm_head", "has_float32_lm_head", "is_low_precision", "machine_key", "precision_summary",
+           "probe_bf16", "probe_matmuls", "resolve_device", "resolve_dtype", "rounding_cell"]
 
 log = logging.getLogger(__name__)
 

@@ -168,6 +168,14 @@ class ModelConfig:
         """Whether `trainable_dtype=float32` changes anything: only over a bf16 / fp16 model (`auto` resolved)."""
         return self.trainable_dtype == "float32" and is_low_precision(self.dtype)
 
+    def cache_key_settings(self) -> dict[str, Any]:
+        """The fields as the warm-start and start-evaluation cache keys hash them: `trainable_dtype` only where it
+        changes the model, so keys from before the field existed still match."""
+        settings = dataclasses.asdict(self)
+        if not self.float32_trainable:
+            del settings["trainable_dtype"]
+        return settings
+
 
 def _check_prompt_template(path: str) -> None:
     from agentgym_opsd.prompts import check_user_template

@@ -192,9 +192,7 @@ def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
     import hashlib
     import json
 
-    data = cfg.to_dict()
-    if not cfg.model.float32_trainable:  # out where it changes nothing: keys from before the field still match
-        del data["model"]["trainable_dtype"]
+    data = {**cfg.to_dict(), "model": cfg.model.cache_key_settings()}
     for section, fields in _NOT_IN_START_KEY.items():
         if fields == "*":
             data.pop(section, None)

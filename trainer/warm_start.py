@@ -193,10 +193,7 @@ class WarmStart:
             env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
         if not env["action_history"]:  # left out when off, as the template: older keys still match
             del env["action_history"]
-        model = asdict(c.model)
-        if not c.model.float32_trainable:  # out where it changes nothing: keys from before the field still match
-            del model["trainable_dtype"]
-        return {"model": model, "env": env,
+        return {"model": c.model.cache_key_settings(), "env": env,
                 "system_prompt": self.system_prompt,
                 # `seed` enters once, as the effective seed, so keys from before the field existed still match
                 "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
