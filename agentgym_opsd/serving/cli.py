@@ -15,6 +15,8 @@ from werkzeug.serving import make_server
 
 from agentgym_opsd.serving.pool import PooledWSGIServer, WorkerPool
 
+_ACCEPT_POLL_S = 0.2  # how soon the accepting loop sees a stop
+
 __all__ = ["add_pool_arguments", "non_negative_float", "non_negative_int", "number_type", "pool_from_args",
            "port_number", "positive_float", "positive_int", "serve_until_interrupted", "stop_on_sigint_and_sigterm"]
 
@@ -96,13 +98,23 @@ def serve_until_interrupted(app: Any, host: str, port: int, banner: Callable[[st
     else:
         server = make_server(host, port, app, threaded=True, **server_kwargs)
     previous = stop_on_sigint_and_sigterm()  # before the banner: a client may signal as soon as it reads it
+    # The accepting loop runs on a thread of its own and this one only waits: the signal's KeyboardInterrupt
+    # lands in the main thread, and raised inside the loop, between an accept and the hand-off of the
+    # connection, it dropped that client unanswered (a reset, seen under load in CI). `shutdown` ends the
+    # loop after the connection it is handing off.
+    accepting = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": _ACCEPT_POLL_S},
+                                 name="http-accept", daemon=True)
     try:
         print(banner(f"http://{host}:{server.server_port}"), flush=True)
-        server.serve_forever()
+        accepting.start()
+        while accepting.is_alive():
+            accepting.join(timeout=1.0)
     except KeyboardInterrupt:
         pass
     finally:
         try:
+            if accepting.is_alive():
+                server.shutdown()
             if isinstance(server, PooledWSGIServer):
                 server.stop(cancel_in_flight)
             else:

@@ -210,8 +210,9 @@ class ConnectionReader:
         return len(self._reading)
 
     def holding(self) -> int:
-        """Connections this thread holds: being read, or answered and being drained."""
-        return len(self._reading) + len(self._lingering)
+        """Connections this thread holds: handed to it and not yet taken, being read, or answered and being
+        drained."""
+        return self._inbox.qsize() + len(self._reading) + len(self._lingering)
 
     def add(self, sock: socket.socket, address: Any) -> None:
         """From the accepting thread: read this connection's request (the thread never waits here)."""

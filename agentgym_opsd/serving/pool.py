@@ -22,10 +22,12 @@ an HTML page.
 Stopping (`stop`): the requests waiting for a worker and the connections still being read get a JSON 503 with
 Retry-After; the listening socket stays open through the grace, and anyone who connects then gets that 503 at
 once (a refused connection reads as a crashed server, a 503 as one to retry); the requests in progress get
-`shutdown_grace_s` to end, then the app is asked to cancel them (`cancel_in_flight`, say
-ending them at their next chunk of work), and the workers are waited for. A process that exits while a worker
-is still inside native code (a torch encoder call, say) can abort ("terminate called without an active
-exception"), so the stop waits for the workers instead of leaving them to the interpreter's exit.
+`shutdown_grace_s` to end, then the app is asked to cancel them (`cancel_in_flight`, say ending them at
+their next chunk of work), and the workers are waited for. At the end the backlog is answered 503 too, and
+the socket is closed before those answers drain, so a client that comes later is refused, never reset. A
+process that exits while a worker is still inside native code (a torch encoder call, say) can abort
+("terminate called without an active exception"), so the stop waits for the workers instead of leaving them
+to the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -265,27 +267,34 @@ class PooledWSGIServer(BaseWSGIServer):
             self.server_close()
 
     def _answer_backlog(self) -> None:
-        """At the end of a stop: answer 503 to the connections still in the listening socket's backlog, then let
-        the answered ones drain for up to `linger_s` (closing a socket the client still writes to resets it,
-        and the client would see the reset instead of the 503)."""
-        with contextlib.suppress(OSError):
+        """At the end of a stop: answer 503 to the connections in the listening socket's backlog, close that
+        socket at once, then let the answered ones drain for up to `linger_s` (closing a socket the client still
+        writes to resets it, and the client would see the reset instead of the 503). The close comes before the
+        drain: the kernel completes connections into the backlog until the socket is closed, and the close
+        resets every one nobody accepted, so a client that retried during the drain lost its request. Now one
+        that connects after the last accept is refused, which a client reads as a stopped server."""
+        with contextlib.suppress(OSError):  # BlockingIOError: the backlog is empty
             self.socket.setblocking(False)
-            for _ in range(self.request_queue_size):  # what the backlog holds now; clients that retry at once
-                sock, address = self.socket.accept()  # would keep this loop going for ever
+            for _ in range(4 * self.request_queue_size):  # bounded: clients that retry at once would keep
+                sock, address = self.socket.accept()  # this loop going for ever
                 self._connections.add(sock, address)
+        self.socket.close()
         deadline = time.monotonic() + self.pool.linger_s
         while self._connections.holding() and time.monotonic() < deadline:
             time.sleep(_ACCEPT_POLL_S)
 
     def _refuse_while_stopping(self) -> None:
         """During the grace: accept on the listening socket and hand each connection to the connection thread,
-        which answers it 503 (a closed socket would refuse it)."""
+        which answers it 503 (a closed socket would refuse it). The accept does not block: a readiness that no
+        longer holds (seen under load) left this thread inside accept() past the grace, until the next client
+        came, and the connections that queued meanwhile were reset by the close."""
+        self.socket.setblocking(False)
         with selectors.DefaultSelector() as selector:
             selector.register(self.socket, selectors.EVENT_READ)
             while not self._stop_accepting.is_set():
                 if not selector.select(_ACCEPT_POLL_S):
                     continue
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError):  # BlockingIOError: nobody is waiting after all
                     sock, address = self.socket.accept()
                     self._connections.add(sock, address)
 
