@@ -38,7 +38,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_roofline import measure_peak_flops, sft_rows  # noqa: E402
-from harness import cpu_model, make_trainer, peak_rss_mb, timed  # noqa: E402
+from harness import cpu_model, make_trainer, peak_rss_mb, read_machines, timed  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, probe_matmuls  # noqa: E402
@@ -124,16 +124,6 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         }
     finally:
         trainer.close()
-
-
-def read_machines(path: Path) -> dict[str, Any]:
-    """The per-CPU records already in `path` (an older single-machine file becomes its CPU's record)."""
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if "machines" in data:
-        return dict(data["machines"])
-    return {data.get("cpu", "Intel Xeon (avx512_bf16 + avx512_fp16, no AMX; the record of the first bench)"): data}
 
 
 def plot(record: dict[str, Any], path: Path) -> None:

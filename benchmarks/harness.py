@@ -6,10 +6,12 @@ it as `harness`; tests that load a script put the folder on `sys.path` first.
 
 from __future__ import annotations
 
+import json
 import resource
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = ["MEASURING", "make_trainer", "peak_rss_mb", "timed"]
@@ -57,3 +59,14 @@ def cpu_model() -> str:
     info = first_cpu()
     name = info.get("model name", "unknown CPU")
     return f"{name} (family {info['cpu family']})" if "cpu family" in info else name
+
+
+def read_machines(path: Path) -> dict[str, Any]:
+    """The per-CPU records already in `path` (`{"machines": {cpu: record}}`; an older single-machine file becomes
+    its CPU's record): results that depend on the processor keep one record per CPU, side by side."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "machines" in data:
+        return dict(data["machines"])
+    return {data.get("cpu", "Intel Xeon (avx512_bf16 + avx512_fp16, no AMX; the record of the first bench)"): data}

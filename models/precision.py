@@ -44,7 +44,7 @@ __all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "TRAINABLE_DTYPE_CHOICES", "Prob
 log = logging.getLogger(__name__)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-TRAINABLE_DTYPE_CHOICES = ("same", "float32")  # model.trainable_dtype: see `loading.keep_trainable_in_float32`
+TRAINABLE_DTYPE_CHOICES = ("auto", "same", "float32")  # model.trainable_dtype: `loading.keep_trainable_in_float32`
 BF16_MIN_SPEEDUP = 1.3
 """bf16 is `auto`'s choice where the probe's matmuls run at least this much faster than in float32: below it
 the gain does not pay for the extra rounding (and timing noise alone is ~10%)."""

@@ -399,6 +399,21 @@ def test_trainable_dtype_is_checked_and_left_out_of_cache_keys_at_its_default(tm
     assert _warm_start_settings(same, tmp_path) != _warm_start_settings(f32, tmp_path)
 
 
+def test_trainable_dtype_auto_is_float32_where_only_the_top_layers_train_in_bf16(tmp_path) -> None:
+    """The default, `auto`: float32 trainable layers over a bf16 model whose top `trainable_layers` train (the
+    frozen ones keep bf16's speed); masters where every layer trains, and LoRA's own float32 adapters. It shares
+    the cache entries of an explicit `float32`, and changes nothing in float32."""
+    top = ["model.dtype=bfloat16", "model.trainable_layers=2"]
+    auto = load_config("cpu-tiny", top)
+    assert auto.model.trainable_dtype == "auto" and auto.model.float32_trainable
+    assert not load_config("cpu-tiny", [*top, "model.trainable_dtype=same"]).model.float32_trainable
+    assert not load_config("cpu-tiny", [*top, "model.lora=true"]).model.float32_trainable
+    assert not load_config("cpu-tiny", ["model.dtype=bfloat16"]).model.float32_trainable  # every layer trains
+    assert not load_config("cpu-tiny", ["model.dtype=float32", "model.trainable_layers=2"]).model.float32_trainable
+    explicit = load_config("cpu-tiny", [*top, "model.trainable_dtype=float32"])
+    assert _warm_start_settings(auto, tmp_path) == _warm_start_settings(explicit, tmp_path)
+
+
 def _warm_start_settings(cfg, tmp_path) -> dict:
     from agentgym_opsd.trainer.warm_start import WarmStart
 

@@ -18,6 +18,7 @@ as the HF backend.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -258,3 +259,22 @@ def test_two_cpu_ranks_under_torchrun_each_run_a_colocated_engine(tmp_path, tiny
     # each step's rollouts came from weights synced after the previous update: the sampler's log-probs
     # equal the trainer's recomputation
     assert all(line["sample_logprob_gap"] < 1e-3 for line in lines)
+
+
+def test_a_bf16_engine_takes_the_float32_trainable_layers_at_each_sync(tmp_path, tiny_folder, toy_env_ids):
+    """bf16 with the top layer trained in float32 (`model.trainable_dtype=auto` with `trainable_layers`): the
+    sync pushes float32 weights into the bf16 engine (rounded there), so every step samples from the weights its
+    update left, within bf16's own gap; TIS is on, as for any bf16 sampler."""
+    from agentgym_opsd.trainer.cli import main
+
+    out = tmp_path / "bf16"
+    args = ["--config", "cpu-tiny", f"env.id={toy_env_ids[0]}", f"model.name_or_path={tiny_folder}",
+            "rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.backend=torch",
+            "trainer.report_to=none", "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_max_model_len=2048",
+            "rollout.vllm_enforce_eager=true", "model.dtype=bfloat16", "model.trainable_layers=1", "optim.lr=1e-3"]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert "precision/weights_changed" not in lines[0]  # float32 trainable layers: no masters
+    assert all(0 <= line["sample_logprob_gap"] < LOGPROB_TOL["bfloat16"] for line in lines), lines
+    assert all(math.isfinite(line["tis/mismatch_k3"]) for line in lines)

@@ -149,11 +149,13 @@ class ModelConfig:
                                   "layers below are frozen, so the backward pass stops there (0 = train all)",
                                   Range(0, 4_096, "more layers than any model has"))
 
-    trainable_dtype: str = _f("same", "dtype of the trainable layers' weights when model.dtype is bfloat16 / "
-                                      "float16: same | float32. float32 keeps them, and the forward through them, "
-                                      "in float32 while the frozen layers below compute in model.dtype: the update "
-                                      "reaches the model exactly instead of being rounded into bf16's grid (LoRA "
-                                      "adapters are float32 already)")
+    trainable_dtype: str = _f("auto", "dtype of the trainable layers' weights when model.dtype is bfloat16 / "
+                                      "float16: auto | same | float32. float32 keeps them, and the forward through "
+                                      "them, in float32 while the frozen layers below compute in model.dtype: the "
+                                      "update reaches the model exactly instead of being rounded into bf16's grid. "
+                                      "auto = float32 where only the top model.trainable_layers train (the frozen "
+                                      "layers keep bf16's speed), same with every layer trainable (float32 masters "
+                                      "instead) or LoRA (its adapters are float32 already)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -161,18 +163,26 @@ class ModelConfig:
         _check_choice("model.trainable_dtype", self.trainable_dtype, TRAINABLE_DTYPE_CHOICES)
         if self.trainable_dtype == "float32" and self.lora:
             raise ConfigError("model.trainable_dtype=float32: LoRA adapters are float32 already (peft); "
-                              "leave it at 'same' with model.lora=true")
+                              "leave it at 'auto' or 'same' with model.lora=true")
 
     @property
     def float32_trainable(self) -> bool:
-        """Whether `trainable_dtype=float32` changes anything: only over a bf16 / fp16 model (`auto` resolved)."""
-        return self.trainable_dtype == "float32" and is_low_precision(self.dtype)
+        """Whether the trainable layers are float32 over a bf16 / fp16 model (`dtype: auto` resolved): asked for,
+        or `trainable_dtype: auto` with the top `trainable_layers` trained in full (not LoRA)."""
+        if not is_low_precision(self.dtype):
+            return False
+        if self.trainable_dtype == "auto":
+            return self.trainable_layers > 0 and not self.lora
+        return self.trainable_dtype == "float32"
 
     def cache_key_settings(self) -> dict[str, Any]:
-        """The fields as the warm-start and start-evaluation cache keys hash them: `trainable_dtype` only where it
-        changes the model, so keys from before the field existed still match."""
+        """The fields as the warm-start and start-evaluation cache keys hash them: `trainable_dtype` as resolved
+        (`auto` and `float32` that make the same model share entries), and only where it changes the model, so
+        keys from before the field existed still match."""
         settings = dataclasses.asdict(self)
-        if not self.float32_trainable:
+        if self.float32_trainable:
+            settings["trainable_dtype"] = "float32"
+        else:
             del settings["trainable_dtype"]
         return settings
 

@@ -124,8 +124,8 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
         cast = keep_trainable_in_float32(model)
         if resume_from is not None:  # loaded in m.dtype: the checkpoint's float32 layers back exactly, not rounded
             restore_float32_weights(model, resume_from / "model")
-        log.info("model.trainable_dtype=float32: %.1fM trainable weights and their blocks compute in float32, "
-                 "the frozen layers in %s%s", cast / 1e6, m.dtype,
+        log.info("model.trainable_dtype=%s: %.1fM trainable weights and their blocks compute in float32, "
+                 "the frozen layers in %s%s", m.trainable_dtype, cast / 1e6, m.dtype,
                  "" if m.trainable_layers else " (every layer is trainable: this is a float32 model)")
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()

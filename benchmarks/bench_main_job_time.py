@@ -1,0 +1,118 @@
+"""The main job's wall time, as a new user meets it: README's command (`-m agentgym_opsd.train --config
+cpu-small`) run cold (an empty cache: the dtype probe, the generated games, the warm start and the start
+evaluation are all made) and then warm (the same cache again), once per interpreter.
+
+    python benchmarks/bench_main_job_time.py                      # .venv, and .venv-vllm where it exists
+    python benchmarks/bench_main_job_time.py --python .venv-vllm/bin/python --passes cold
+
+`.venv` samples with transformers; from `.venv-vllm`, `rollout.backend=auto` picks vLLM's CPU engine where its
+start pays for the run's episodes. Each run's own `time:` line gives the minutes per phase. Run it on idle
+cores: the figures are the machine's, and the record says which CPU (one record per CPU, as `precision.json`).
+
+Writes `benchmarks/results/main_job_time.json`: `{"machines": {cpu: {"runs": [{"python", "pass", "wall_min",
+"time_report", "phases_min", "dtype", "rollout_backend", "held_out", "pool"}, ...]}}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from harness import cpu_model, read_machines
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PHASE = re.compile(r"(?P<name>[a-z][a-z ]*?) (?P<minutes>\d+\.\d)(?:,| min)")
+SUCCESS = re.compile(r"^(?P<label>(held-out|training-pool) success): (?P<line>.*)$")
+
+
+def parse_time_report(line: str) -> dict[str, float]:
+    """`time: 23.7 min in all (bfloat16, 2 threads): setup 0.3, warm start 8.9, ... other 0.4 min` -> minutes
+    per phase, with "total"."""
+    head, _, parts = line.partition("): ")
+    total = float(head.split()[1])
+    return {"total": total, **{m["name"].strip(): float(m["minutes"]) for m in PHASE.finditer(parts)}}
+
+
+def run_main_job(python: str, run_dir: Path, cache: Path, threads: int | None) -> dict[str, Any]:
+    """README's main job under `python`, its output in `run_dir`, its cache in `cache`: wall minutes, the run's
+    time line, and the success lines it printed."""
+    env = {**os.environ, "AGENTGYM_OPSD_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    argv = [python, "-m", "agentgym_opsd.train", "--config", "cpu-small", f"trainer.output_dir={run_dir}",
+            "trainer.progress=false"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir.with_suffix(".log")
+    start = time.perf_counter()
+    with log_path.open("w", encoding="utf-8") as log:
+        code = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    wall_min = (time.perf_counter() - start) / 60
+    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {code}; its output: {log_path}\n" + "\n".join(lines[-20:]))
+    times = [line.strip() for line in lines if line.startswith("time: ")]
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    success = {m["label"].strip(): m["line"].strip() for line in lines if (m := SUCCESS.match(line.strip()))}
+    return {"wall_min": round(wall_min, 2), "time_report": times[-1] if times else None,
+            "phases_min": parse_time_report(times[-1]) if times else {},
+            "dtype": resolved["model"]["dtype"], "trainable_dtype": resolved["model"].get("trainable_dtype"),
+            "rollout_backend": resolved["rollout"]["backend"], "success": success}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    default_pythons = [p for p in (ROOT / ".venv/bin/python", ROOT / ".venv-vllm/bin/python") if p.exists()]
+    ap.add_argument("--python", nargs="+", default=[str(p) for p in default_pythons],
+                    help="interpreters to run the main job with (default: .venv, and .venv-vllm where it exists)")
+    ap.add_argument("--passes", nargs="+", choices=("cold", "warm"), default=["cold", "warm"],
+                    help="cold: an empty cache; warm: the cache the cold pass filled (run after it)")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "main-job-time", help="run folders and caches")
+    ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the runs (0: torch's default)")
+    ap.add_argument("--results", type=Path, default=RESULTS / "main_job_time.json")
+    args = ap.parse_args(argv)
+    cpu = cpu_model()
+    machines = read_machines(args.results)
+    record = machines.setdefault(cpu, {"runs": []})
+    for python in args.python:
+        venv = Path(python).resolve().parents[1].name if Path(python).parent.name == "bin" else Path(python).name
+        cache = args.out / venv / "cache"
+        for which in args.passes:
+            run_dir = args.out / venv / which
+            if which == "cold" and cache.exists():
+                raise SystemExit(f"{cache} exists: a cold pass needs an empty cache (remove it, or run --passes warm)")
+            if run_dir.exists():
+                raise SystemExit(f"{run_dir} exists: remove it first (this benchmark never deletes a folder)")
+            print(f"{venv} {which}: running the main job ({cpu}, {os.getloadavg()[0]:.1f} load)", file=sys.stderr)
+            result = {"python": venv, "pass": which, "load_avg_before": round(os.getloadavg()[0], 2),
+                      **run_main_job(python, run_dir, cache, args.threads)}
+            record["runs"] = [r for r in record["runs"] if (r["python"], r["pass"]) != (venv, which)] + [result]
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            args.results.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+            print(f"{venv} {which}: {result['wall_min']:.1f} min; {result['time_report']}", file=sys.stderr)
+    table = Table(title=f"the main job (cpu-small), {cpu}")
+    for col in ("python", "pass", "dtype", "sampler", "wall min", "warm start", "evaluation", "rollout", "teacher",
+                "update"):
+        table.add_column(col, justify="right")
+    for r in record["runs"]:
+        phases = r["phases_min"]
+        table.add_row(r["python"], r["pass"], r["dtype"], r["rollout_backend"], f"{r['wall_min']:.1f}",
+                      *(f"{phases.get(p, 0.0):.1f}" for p in ("warm start", "evaluation", "rollout", "teacher",
+                                                              "update")))
+    Console().print(table)
+    print(f"wrote {args.results}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
