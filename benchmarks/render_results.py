@@ -359,6 +359,24 @@ def render_headline() -> str:
         f"{sum(arm['lost_rows'] for arm in study.values()):,} rows).")
 
 
+def render_main_job_time() -> str:
+    """One table per CPU model in `main_job_time.json` (`bench_main_job_time.py`: README's main job, cold and warm,
+    per interpreter), minutes per phase from each run's own time line."""
+    lines: list[str] = []
+    phases = ("warm start", "evaluation", "rollout", "logprobs", "teacher", "update")
+    for cpu, data in _load("main_job_time.json")["machines"].items():
+        lines += [f"**{cpu}**:", "", "| environment | cache | dtype | sampler | minutes in all | "
+                  + " | ".join(phases) + " | held-out success |", "|---|---|---|---|---:|" + "---:|" * len(phases) + "---|"]
+        for run in data["runs"]:
+            held_out = run["success"].get("held-out success", "")
+            moved = held_out.split(", 95%")[0] if held_out else "–"
+            cells = [f"{run['phases_min'].get(p, 0.0):.1f}" for p in phases]
+            lines.append(f"| `{run['python']}` | {run['pass']} | {run['dtype']} | {run['rollout_backend']} | "
+                         f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "headline": render_headline,
     "study": render_study,
@@ -369,6 +387,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "main_job_bf16_dither": lambda: render_main_job("cpu_small_seeds_bf16_dither.json"),
     "main_job_bf16_float32_trainable": lambda: render_main_job("cpu_small_seeds_bf16_float32_trainable.json"),
     "precision": render_precision,
+    "main_job_time": render_main_job_time,
     "credit_quality": render_credit_quality,
     "evidence_variants": render_evidence_variants,
 }
