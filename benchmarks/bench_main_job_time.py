@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     machines = read_machines(args.results)
     record = machines.setdefault(cpu, {"runs": []})
     for python in args.python:
-        venv = Path(python).resolve().parents[1].name if Path(python).parent.name == "bin" else Path(python).name
+        venv = Path(python).parents[1].name if Path(python).parent.name == "bin" else Path(python).name  # .venv-vllm
         cache = args.out / venv / "cache"
         for which in args.passes:
             run_dir = args.out / venv / which
