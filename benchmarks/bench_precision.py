@@ -121,6 +121,7 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
             "old_logprobs": [t.clone() for t in old],
             "trajs": own,
             "dtype_resolved": str(next(trainer.session.trained.model.parameters()).dtype),
+            "float32_trainable": trainer.session.cfg.model.float32_trainable,
         }
     finally:
         trainer.close()
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     record: dict[str, Any] = {
         "config": args.config, "overrides": args.overrides, "repeats": args.repeats,
         "cpu": cpu, "threads": torch.get_num_threads(),
+        # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
+        "bf16_float32_trainable": bf16["float32_trainable"],
         "probe": {"float32_gflops": probe.float32_gflops, "bfloat16_gflops": probe.bfloat16_gflops,
                   "speedup": probe.speedup, "bar": BF16_MIN_SPEEDUP,
                   "auto_picks": "bfloat16" if probe.bf16_pays else "float32"},

@@ -245,7 +245,9 @@ def render_precision() -> str:
         picks = (f"`model.dtype=auto` picks **{probe['auto_picks']}** (probe: bf16 {probe['bfloat16_gflops']:.0f} vs "
                  f"float32 {probe['float32_gflops']:.0f} GFLOP/s, {probe['speedup']:.2f}×)" if probe else
                  "recorded before the probe: `model.dtype=auto` picks **float32** here")
-        lines += [f"**{cpu}**: {picks}.", "", "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |",
+        layers = (" The bf16 column trains its top layers in float32 (`model.trainable_dtype`)."
+                  if data.get("bf16_float32_trainable") else "")
+        lines += [f"**{cpu}**: {picks}.{layers}", "", "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |",
                   "|---|---:|---:|---:|"]
         phases = dict(data["phases"], **{"RL step": data["rl_step"]})
         for phase, row in phases.items():
