@@ -108,7 +108,8 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         o = trainer.session.cfg.optim
         sft_s, _ = timed(lambda: sft_step(trainer.session.trained.engine, rows, list(range(8)), pad_id=trainer.session.trained.pad_id,
                                           max_tokens=o.micro_batch_tokens, max_rows=o.micro_batch_rows,
-                                          device=trainer.session.trained.device), args.repeats)
+                                          device=trainer.session.trained.device,
+                                          autocast_dtype=trainer.session.warm_starter.autocast_dtype), args.repeats)
         return {
             "phases": {"rollout": statistics.median(rollout_s), "logprobs": logprobs_s, "teacher": teacher_s,
                        "update": statistics.median(update_s[1:]), "sft_step": sft_s},

@@ -229,7 +229,8 @@ def _float32_head_forward(self: torch.nn.Linear, hidden: Tensor) -> Tensor:
             cached = (stamp, weight.detach().float())
             self._float32_weight = cached
         w32 = cached[1]
-    return torch.nn.functional.linear(hidden.float(), w32, bias.float() if bias is not None else None)
+    with torch.autocast(hidden.device.type, enabled=False):  # float32 under an autocast too (the warm start's)
+        return torch.nn.functional.linear(hidden.float(), w32, bias.float() if bias is not None else None)
 
 
 def float32_lm_head(model: torch.nn.Module) -> bool:

@@ -399,6 +399,36 @@ def test_trainable_dtype_is_checked_and_left_out_of_cache_keys_at_its_default(tm
     assert _warm_start_settings(same, tmp_path) != _warm_start_settings(f32, tmp_path)
 
 
+def test_the_warm_start_of_float32_trainable_layers_computes_in_bf16_and_updates_in_float32(tmp_path) -> None:
+    """SFT under autocast: the forward in the model's bf16 (the LM head still float32), the weights and their
+    updates float32, and the warm-start key says so (the entry differs from one computed in float32)."""
+    from agentgym_opsd.models.loading import freeze_lower_layers, keep_trainable_in_float32, load_policy_model
+    from agentgym_opsd.models.precision import float32_lm_head
+    from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
+
+    model, tok = load_policy_model("tiny-random", dtype="bfloat16", trainable=True)
+    freeze_lower_layers(model, 1)
+    keep_trainable_in_float32(model)
+    float32_lm_head(model)
+    computed: list[torch.dtype] = []
+    layer = model.model.layers[-1].mlp.down_proj  # a float32 weight: under autocast its matmul runs in bf16
+    layer.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
+    engine = TorchEngine(model, OptimConfig(lr=1e-6, grad_clip=0.0))
+    rows = [Demonstration(tok.encode("go to the desk"), tok.encode(" open drawer 1")) for _ in range(2)]
+    before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    loss = sft_step(engine, rows, [0, 1], pad_id=tok.pad_token_id, max_tokens=4096, max_rows=8, device="cpu",
+                    autocast_dtype=torch.bfloat16)
+    after = [p.detach() for p in model.parameters() if p.requires_grad]
+    assert math.isfinite(loss) and computed == [torch.bfloat16]
+    assert all(p.dtype == torch.float32 for p in after)
+    moved = sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) / sum(b.numel() for b in before)
+    assert moved > 0.9  # an update of ~1e-6 reaches the float32 weights whole
+
+    bf16 = _warm_start_settings(load_config("cpu-tiny", ["model.dtype=bfloat16", "model.trainable_layers=1"]), tmp_path)
+    assert bf16["sft_autocast"] == "torch.bfloat16"
+    assert "sft_autocast" not in _warm_start_settings(load_config("cpu-tiny", ["model.trainable_layers=1"]), tmp_path)
+
+
 def test_trainable_dtype_auto_is_float32_where_only_the_top_layers_train_in_bf16(tmp_path) -> None:
     """The default, `auto`: float32 trainable layers over a bf16 model whose top `trainable_layers` train (the
     frozen ones keep bf16's speed); masters where every layer trains, and LoRA's own float32 adapters. It shares

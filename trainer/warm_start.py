@@ -118,8 +118,11 @@ def sft_step(
     max_tokens: int,
     max_rows: int,
     device: torch.device | str,
+    autocast_dtype: torch.dtype | None = None,
 ) -> float:
-    """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL."""
+    """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL. With
+    `autocast_dtype` the forward computes in it under `torch.autocast` while the weights and their gradients stay
+    as they are (float32 trainable layers: `WarmStart.autocast_dtype`)."""
     prompts = [rows[i].prompt_ids for i in pick]
     responses = [rows[i].response_ids for i in pick]
     num_tokens = sum(len(r) for r in responses)
@@ -130,7 +133,8 @@ def sft_step(
     total = 0.0
     for k, idx in enumerate(batches):
         mb = collate(idx, prompts, responses, pad_id).to(device)
-        logp, _ = response_logprobs(model, mb)
+        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logp, _ = response_logprobs(model, mb)
         loss = -(logp * mb.response_mask).sum() / num_tokens
         engine.backward(loss, is_last=k == len(batches) - 1)
         total += float(loss.detach())
@@ -180,6 +184,16 @@ class WarmStart:
         ws = self.cfg.warm_start
         return ws.seed if ws.seed >= 0 else self.cfg.trainer.seed
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """What the SFT computes in where the trainable layers are float32 over a bf16 / fp16 model: the model's
+        dtype, under autocast. The weights, and so every update, stay float32: bf16 masters took the bf16 warm
+        start to 82.7% held-out action exact match against float32's 92.3%, float32 trainable layers computing
+        in float32 to 90.4% at 1.6x the SFT time. The RL phases do not autocast: the sampler, the pi_old pass
+        and the update must compute alike."""
+        m = self.cfg.model
+        return getattr(torch, m.dtype) if m.float32_trainable else None
+
     def settings(self) -> dict[str, Any]:
         """Everything that determines the warm-started weights (hashed by `warm_start_key`)."""
         c = self.cfg
@@ -199,7 +213,8 @@ class WarmStart:
                 "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
                 "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
                 "env_num_tasks": self.env_num_tasks, "seed": self.seed,
-                **({"demonstrator": self.demonstrator} if self.demonstrator else {})}
+                **({"demonstrator": self.demonstrator} if self.demonstrator else {}),
+                **({"sft_autocast": str(self.autocast_dtype)} if self.autocast_dtype is not None else {})}
 
     def cache_dir(self) -> Path | None:
         """The shared cache entry of these settings (None with `warm_start.cache=off`)."""
@@ -275,7 +290,7 @@ class WarmStart:
                                       disable=not cfg.trainer.progress), start=1):
             losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
                                    max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
-                                   device=policy.device))
+                                   device=policy.device, autocast_dtype=self.autocast_dtype))
             if not cfg.trainer.progress and (k % every == 0 or k == len(schedule)):
                 log.info("warm start: SFT step %d / %d, loss %.3f, %.0f s", k, len(schedule),
                          float(np.mean(losses[-every:])), time.perf_counter() - t0 - seconds_demos)
