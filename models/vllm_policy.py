@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from agentgym_opsd.models.hf_policy import DEFAULT_STOP_STRINGS, chat_prompt_ids
@@ -323,18 +324,22 @@ class VLLMPolicy:
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         return chat_prompt_ids(self.tokenizer, messages)
 
-    def sampling_params(self) -> Any:
-        # a fresh seed per call: reproducible runs without repeating the same samples every turn
-        kwargs = sampling_params_kwargs(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                        top_p=self.top_p, stop_strings=self.stop_strings,
-                                        seed=self.seed * 1_000_003 + self._calls)
+    def sampling_params(self, num_requests: int = 1) -> list[Any]:
+        """One `SamplingParams` per request of a call, each with its own seed drawn from (`seed`, call count).
+        A seed is a request's whole random stream in vLLM: requests sharing one sample alike wherever their
+        prompts are alike, so the rollouts of a GRPO group (one task, one prompt) came out identical, every group
+        was all-won or all-lost, and the advantages were zero (seen in a main job on vLLM: 0 mixed groups in
+        6 steps). Seeds from `SeedSequence` differ between requests and calls, and repeat with `seed`."""
+        seeds = np.random.SeedSequence([self.seed, self._calls]).generate_state(num_requests)
         self._calls += 1
-        return self._vllm.SamplingParams(**kwargs)
+        return [self._vllm.SamplingParams(**sampling_params_kwargs(
+                    max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                    stop_strings=self.stop_strings, seed=int(seed))) for seed in seeds]
 
     def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]:
         self.wake_up()  # a caller that never slept it pays nothing
         prompts = [{"prompt_token_ids": self.prompt_ids(r.messages)} for r in requests]
-        results = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
+        results = self.llm.generate(prompts, self.sampling_params(len(prompts)), use_tqdm=False)
         outputs = []
         for result in results:
             completion = result.outputs[0]

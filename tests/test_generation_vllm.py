@@ -122,7 +122,9 @@ def _recording_vllm(events: list[tuple], tokenizer) -> types.ModuleType:
                 events.append(("load_weights",))
 
         def generate(self, prompts, params, use_tqdm=False):
-            events.append(("generate", params.kwargs["temperature"]))
+            assert len(params) == len(prompts)  # one SamplingParams, and so one seed, per request
+            assert len({p.kwargs.get("seed") for p in params}) == len(params) or params[0].kwargs["temperature"] == 0
+            events.append(("generate", params[0].kwargs["temperature"]))
             step = SimpleNamespace(logprob=-0.5)
             return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(answer), finish_reason="stop",
                                                              logprobs=[{t: step} for t in answer])])

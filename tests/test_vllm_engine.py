@@ -140,6 +140,17 @@ def test_seeded_sampling_of_many_long_prompts(engine):
     assert len(outputs) == 12 and all(o.token_ids for o in outputs)
 
 
+def test_requests_with_one_prompt_sample_apart_and_repeat_with_the_seed(engine):
+    """A GRPO group is one prompt asked several times in one call: each request draws its own stream, so the
+    rollouts differ (one shared seed made them identical); the same policy seed gives the same samples again."""
+    _, policy = engine
+    group = _requests([PROMPTS[0]] * 4)
+    first = policy.with_sampling(temperature=1.0, seed=5).act(group)
+    assert len({tuple(o.token_ids) for o in first}) == 4
+    again = policy.with_sampling(temperature=1.0, seed=5).act(group)
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]
+
+
 def test_with_sampling_shares_one_engine_and_sleep_wake_are_safe(engine):
     _, policy = engine
     view = policy.with_sampling(temperature=0.4, seed=5)
