@@ -399,8 +399,8 @@ def test_trainable_dtype_is_checked_and_left_out_of_cache_keys_at_its_default(tm
     assert _warm_start_settings(same, tmp_path) != _warm_start_settings(f32, tmp_path)
 
 
-def test_the_warm_start_of_float32_trainable_layers_computes_in_bf16_and_updates_in_float32(tmp_path) -> None:
-    """SFT under autocast: the forward in the model's bf16 (the LM head still float32), the weights and their
+def test_an_autocast_warm_start_of_float32_trainable_layers_computes_in_bf16_and_updates_in_float32(tmp_path) -> None:
+    """`warm_start.autocast`: the forward in the model's bf16 (the LM head still float32), the weights and their
     updates float32, and the warm-start key says so (the entry differs from one computed in float32)."""
     from agentgym_opsd.models.loading import freeze_lower_layers, keep_trainable_in_float32, load_policy_model
     from agentgym_opsd.models.precision import float32_lm_head
@@ -424,9 +424,12 @@ def test_the_warm_start_of_float32_trainable_layers_computes_in_bf16_and_updates
     moved = sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) / sum(b.numel() for b in before)
     assert moved > 0.9  # an update of ~1e-6 reaches the float32 weights whole
 
-    bf16 = _warm_start_settings(load_config("cpu-tiny", ["model.dtype=bfloat16", "model.trainable_layers=1"]), tmp_path)
-    assert bf16["sft_autocast"] == "torch.bfloat16"
-    assert "sft_autocast" not in _warm_start_settings(load_config("cpu-tiny", ["model.trainable_layers=1"]), tmp_path)
+    top = ["model.dtype=bfloat16", "model.trainable_layers=1"]
+    on = _warm_start_settings(load_config("cpu-tiny", [*top, "warm_start.autocast=true"]), tmp_path)
+    assert on["sft_autocast"] == "torch.bfloat16" and "autocast" not in on["warm_start"]
+    assert "sft_autocast" not in _warm_start_settings(load_config("cpu-tiny", top), tmp_path)  # off by default
+    float32 = load_config("cpu-tiny", ["model.trainable_layers=1", "warm_start.autocast=true"])
+    assert "sft_autocast" not in _warm_start_settings(float32, tmp_path)  # nothing to autocast
 
 
 def test_trainable_dtype_auto_is_float32_where_only_the_top_layers_train_in_bf16(tmp_path) -> None:

@@ -509,6 +509,10 @@ class WarmStartConfig:
     seed: int = _f(-1, "seed of the demonstration order and the SFT shuffle (-1 = trainer.seed); fix it to share "
                        "one cached warm start between RL runs of different trainer.seed",
                    Range(0, _SEED, "numpy's seed range", special=((-1, "trainer.seed"),)))
+    autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
+                               "compute the SFT under autocast in model.dtype, the weights and updates still "
+                               "float32. On an AMD EPYC (family 25): 1.35x faster SFT (621 vs 839 s), held-out "
+                               "action exact match 88.5% against 90.4% (float32 model: 92.3%)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
