@@ -64,12 +64,23 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int | None) -
     if code != 0:
         raise SystemExit(f"{' '.join(argv)} exited {code}; its output: {log_path}\n" + "\n".join(lines[-20:]))
     times = [line.strip() for line in lines if line.startswith("time: ")]
-    resolved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     success = {m["label"].strip(): m["line"].strip() for line in lines if (m := SUCCESS.match(line.strip()))}
     return {"wall_min": round(wall_min, 2), "time_report": times[-1] if times else None,
-            "phases_min": parse_time_report(times[-1]) if times else {},
-            "dtype": resolved["model"]["dtype"], "trainable_dtype": resolved["model"].get("trainable_dtype"),
-            "rollout_backend": resolved["rollout"]["backend"], "success": success}
+            "phases_min": parse_time_report(times[-1]) if times else {}, "success": success, **run_record(run_dir)}
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """What the run resolved (dtype, trainable dtype, sampler) and its warm start: trained or reused, its held-out
+    action exact match and seconds."""
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    summary_path = run_dir / "warm_start" / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+    return {"dtype": resolved["model"]["dtype"], "trainable_dtype": resolved["model"].get("trainable_dtype"),
+            "rollout_backend": resolved["rollout"]["backend"],
+            "warm_start": {"cache_hit": bool(summary.get("warm_start/cache_hit")),
+                           "autocast": bool(resolved["warm_start"].get("autocast", False)),
+                           "heldout_action_exact_match": summary.get("warm_start/heldout_action_exact_match"),
+                           "seconds_sft": summary.get("warm_start/seconds_sft")}}
 
 
 def main(argv: list[str] | None = None) -> None:

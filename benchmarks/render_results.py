@@ -367,13 +367,19 @@ def render_main_job_time() -> str:
     lines: list[str] = []
     phases = ("warm start", "evaluation", "rollout", "logprobs", "teacher", "update")
     for cpu, data in _load("main_job_time.json")["machines"].items():
-        lines += [f"**{cpu}**:", "", "| environment | cache | dtype | sampler | minutes in all | "
-                  + " | ".join(phases) + " | held-out success |", "|---|---|---|---|---:|" + "---:|" * len(phases) + "---|"]
+        lines += [f"**{cpu}**:", "", "| environment | cache | dtype | sampler | warm start | minutes in all | "
+                  + " | ".join(phases) + " | held-out success |",
+                  "|---|---|---|---|---|---:|" + "---:|" * len(phases) + "---|"]
         for run in data["runs"]:
             held_out = run["success"].get("held-out success", "")
             moved = held_out.split(", 95%")[0] if held_out else "–"
+            ws = run.get("warm_start", {})
+            exact = ws.get("heldout_action_exact_match")
+            trained = ("cached" if ws.get("cache_hit") else
+                       f"trained{', autocast' if ws.get('autocast') else ''}"
+                       + (f", {100 * exact:.1f}% exact" if exact is not None else ""))
             cells = [f"{run['phases_min'].get(p, 0.0):.1f}" for p in phases]
-            lines.append(f"| `{run['python']}` | {run['pass']} | {run['dtype']} | {run['rollout_backend']} | "
+            lines.append(f"| `{run['python']}` | {run['pass']} | {run['dtype']} | {run['rollout_backend']} | {trained} | "
                          f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} |")
         lines.append("")
     return "\n".join(lines).rstrip()
