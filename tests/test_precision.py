@@ -484,3 +484,21 @@ def test_bf16_trainer_with_float32_trainable_layers_steps_and_resumes(tmp_path, 
         assert all(torch.equal(params[n], p) for n, p in saved.items())  # float32 layers exact, not rounded
     finally:
         resumed.close()
+
+
+def test_start_evaluations_of_vllm_are_keyed_apart_from_before_one_seed_per_request() -> None:
+    """A vLLM start evaluation cached before each request got its own seed repeated one sample per prompt: its key
+    changed, so it is played again; an HF one keeps the key it had (nothing changed there)."""
+    import hashlib
+
+    from agentgym_opsd.trainer.validation import start_evaluation_key, start_key_config
+
+    def key_before_the_change(cfg) -> str:
+        blob = json.dumps({"config": start_key_config(cfg), "threads": 1, "world_size": 1}, sort_keys=True,
+                          default=str)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+    hf = load_config("cpu-tiny", ["rollout.backend=hf"])
+    vllm = load_config("cpu-tiny", ["rollout.backend=vllm"])
+    assert start_evaluation_key(hf, threads=1, world_size=1) == key_before_the_change(hf)
+    assert start_evaluation_key(vllm, threads=1, world_size=1) != key_before_the_change(vllm)

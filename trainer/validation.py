@@ -186,12 +186,8 @@ _NOT_IN_START_KEY = {
 }
 
 
-def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
-    """A hash of everything that determines the step-0 validation of a warm start: the config less the fields
-    above, and the threads and ranks (float reductions, and so sampled tokens, may differ with them)."""
-    import hashlib
-    import json
-
+def start_key_config(cfg: Config) -> dict[str, Any]:
+    """The config as the start-evaluation key hashes it: less the fields in `_NOT_IN_START_KEY`."""
     data = {**cfg.to_dict(), "model": cfg.model.cache_key_settings()}
     for section, fields in _NOT_IN_START_KEY.items():
         if fields == "*":
@@ -199,7 +195,20 @@ def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
         else:
             for name in fields:
                 data.get(section, {}).pop(name, None)
-    blob = json.dumps({"config": data, "threads": threads, "world_size": world_size}, sort_keys=True, default=str)
+    return data
+
+
+def start_evaluation_key(cfg: Config, *, threads: int, world_size: int) -> str:
+    """A hash of everything that determines the step-0 validation of a warm start: the config less the fields
+    above, and the threads and ranks (float reductions, and so sampled tokens, may differ with them)."""
+    import hashlib
+    import json
+
+    data = start_key_config(cfg)
+    # vLLM evaluations from before one sampling seed per request repeated one sample per prompt: not reused
+    sampler = {"vllm_seeds": "per request"} if cfg.rollout.backend == "vllm" else {}
+    blob = json.dumps({"config": data, "threads": threads, "world_size": world_size, **sampler}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
