@@ -367,7 +367,7 @@ def render_main_job_time() -> str:
     lines: list[str] = []
     phases = ("warm start", "evaluation", "rollout", "logprobs", "teacher", "update")
     for cpu, data in _load("main_job_time.json")["machines"].items():
-        lines += [f"**{cpu}**:", "", "| environment | cache | dtype | sampler | warm start | minutes in all | "
+        lines += [f"**{cpu}**:", "", "| environment | cache | dtype | sampler | warm-start weights | minutes in all | "
                   + " | ".join(phases) + " | held-out success |",
                   "|---|---|---|---|---|---:|" + "---:|" * len(phases) + "---|"]
         for run in data["runs"]:
@@ -379,7 +379,8 @@ def render_main_job_time() -> str:
                        f"trained{', autocast' if ws.get('autocast') else ''}"
                        + (f", {100 * exact:.1f}% exact" if exact is not None else ""))
             cells = [f"{run['phases_min'].get(p, 0.0):.1f}" for p in phases]
-            lines.append(f"| `{run['python']}` | {run['pass']} | {run['dtype']} | {run['rollout_backend']} | {trained} | "
+            cache = run["pass"] + (f" ({run['note']})" if run.get("note") else "")
+            lines.append(f"| `{run['python']}` | {cache} | {run['dtype']} | {run['rollout_backend']} | {trained} | "
                          f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} |")
         lines.append("")
     return "\n".join(lines).rstrip()
