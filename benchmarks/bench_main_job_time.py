@@ -10,7 +10,7 @@ start pays for the run's episodes. Each run's own `time:` line gives the minutes
 cores: the figures are the machine's, and the record says which CPU (one record per CPU, as `precision.json`).
 
 Writes `benchmarks/results/main_job_time.json`: `{"machines": {cpu: {"runs": [{"python", "pass", "wall_min",
-"time_report", "phases_min", "dtype", "rollout_backend", "held_out", "pool"}, ...]}}}`.
+"time_report", "phases_min", "success", "dtype", "trainable_dtype", "rollout_backend", "warm_start"}, ...]}}}`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def parse_time_report(line: str) -> dict[str, float]:
     return {"total": total, **{m["name"].strip(): float(m["minutes"]) for m in PHASE.finditer(parts)}}
 
 
-def run_main_job(python: str, run_dir: Path, cache: Path, threads: int | None) -> dict[str, Any]:
-    """README's main job under `python`, its output in `run_dir`, its cache in `cache`: wall minutes, the run's
-    time line, and the success lines it printed."""
+def run_main_job(python: str, run_dir: Path, cache: Path, threads: int) -> dict[str, Any]:
+    """README's main job under `python`, its output in `run_dir`, its cache in `cache` (`threads` > 0: its
+    OMP_NUM_THREADS): wall minutes, the run's time line, and the success lines it printed."""
     # vLLM's compiled graphs are cached too (in ~/.cache/vllm by default): a cold pass starts without them
     env = {**os.environ, "AGENTGYM_OPSD_CACHE": str(cache), "VLLM_CACHE_ROOT": str(cache / "vllm"),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -342,6 +342,11 @@ def test_tally_sample_is_a_bounded_strided_view_that_sees_in_place_steps():
     assert tally.take()["precision/weights_changed"] == pytest.approx(0.5, abs=0.01)
 
 
+def _share_changed(before: list[torch.Tensor], after: list[torch.Tensor]) -> float:
+    """The share of the weights in `before` whose value differs in `after`."""
+    return sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) / sum(b.numel() for b in before)
+
+
 def test_trainable_layers_in_float32_take_the_whole_update_and_come_back_from_a_checkpoint(tmp_path) -> None:
     """`model.trainable_dtype=float32`: the top block computes in float32 over bf16 frozen blocks; an update far
     below bf16's resolution reaches every trainable weight (bf16 masters on the grid would move none), and a
@@ -369,7 +374,7 @@ def test_trainable_layers_in_float32_take_the_whole_update_and_come_back_from_a_
     engine.backward(model(**ids).logits.float().logsumexp(-1).mean(), is_last=True)
     engine.step()
     after = [p.detach() for p in model.parameters() if p.requires_grad]
-    moved = sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) / sum(b.numel() for b in before)
+    moved = _share_changed(before, after)
     assert moved > 0.9  # AdamW's first step moves every weight with a gradient by ~lr, 1e-6
 
     model.save_pretrained(str(tmp_path / "ckpt"), safe_serialization=True)
@@ -421,7 +426,7 @@ def test_an_autocast_warm_start_of_float32_trainable_layers_computes_in_bf16_and
     after = [p.detach() for p in model.parameters() if p.requires_grad]
     assert math.isfinite(loss) and computed == [torch.bfloat16]
     assert all(p.dtype == torch.float32 for p in after)
-    moved = sum(int((a != b).sum()) for a, b in zip(after, before, strict=True)) / sum(b.numel() for b in before)
+    moved = _share_changed(before, after)
     assert moved > 0.9  # an update of ~1e-6 reaches the float32 weights whole
 
     top = ["model.dtype=bfloat16", "model.trainable_layers=1"]
