@@ -76,6 +76,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import cpu_model
 from rich.console import Console
 from rich.table import Table
 
@@ -486,16 +487,6 @@ def table(results: list[Soak], args: argparse.Namespace) -> Table:
                   "-" if r.rss_end_over_middle is None else f"{r.rss_end_over_middle:.2f}",
                   {True: "yes", False: "NO", None: "-"}[r.memory_bounded])
     return t
-
-
-def cpu_model() -> str:
-    """The CPU's model name as lscpu prints it ("unknown" without lscpu)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                "unknown")
 
 
 @dataclass

@@ -52,13 +52,29 @@ def peak_rss_mb() -> float:
 
 
 def cpu_model() -> str:
-    """`lscpu`'s model name (what `/proc/cpuinfo` calls it) with the CPU family: results say which CPU they came
-    from, since the same kind of machine has come as different processors."""
+    """`lscpu`'s model name (what `/proc/cpuinfo` calls it) with the CPU family, model number and the widest bf16
+    instructions it has: results say which CPU they came from, since the same kind of machine has come as
+    different processors, and one name can hide two (an AMD EPYC of family 25 came with AVX-512 BF16, where bf16
+    matmuls ran 2x float32, and as model 1 with AVX2 alone, where they ran at 0.02x)."""
     from agentgym_opsd.models.precision import first_cpu
 
     info = first_cpu()
     name = info.get("model name", "unknown CPU")
-    return f"{name} (family {info['cpu family']})" if "cpu family" in info else name
+    if "cpu family" not in info:
+        return name
+    return f"{name} (family {info['cpu family']} model {info.get('model', '?')}, {bf16_isa(info.get('flags', ''))})"
+
+
+def bf16_isa(flags: str) -> str:
+    """The instructions a CPU's bf16 matmuls can use, from its /proc/cpuinfo flags."""
+    have = set(flags.split())
+    if "amx_bf16" in have:
+        return "AMX-BF16"
+    if "avx512_bf16" in have:
+        return "AVX512-BF16"
+    if "avx512f" in have:
+        return "AVX-512, no bf16 instructions"
+    return "AVX2, no bf16 instructions" if "avx2" in have else "no AVX2"
 
 
 def read_machines(path: Path) -> dict[str, Any]:
