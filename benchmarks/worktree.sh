@@ -3,7 +3,8 @@
 # HEAD) in DIR with a light virtual environment that installs only this project (and the example plugin)
 # from DIR, taking every dependency from the main checkout's .venv (and, where the main checkout has
 # .venv-vllm, a DIR/.venv-vllm over its dependencies likewise). Runs started from DIR/.venv*/bin/python then
-# use DIR's code, so edits in the main checkout do not change an experiment halfway. Start them from inside DIR: `python -m` and `-c` put the working folder first on sys.path, and another checkout there wins.
+# use DIR's code, so edits in the main checkout do not change an experiment halfway. Start them from inside
+# DIR: `python -m` and `-c` put the working folder first on sys.path, and another checkout there wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: benchmarks/worktree.sh DIR [REV]}
