@@ -15,8 +15,13 @@ the shared trajectories, the PPO ratio's start deviation, and the sampler correc
 `precision.json` keeps one record per CPU model (`lscpu`'s model name): a run replaces its own machine's record
 and leaves the others, so the machines' numbers sit side by side.
 
+Where the probe measures bf16 matmuls below 1/4 of float32 (`HOPELESS_SLOWDOWN`: an AVX2 CPU without bf16
+instructions emulates them, 0.02x), the bf16 phases would take hours and `auto` can never pick bf16 there: the
+record then holds the probe and the float32 phases, and says why bf16 was not run (`--force-bf16` runs it).
+
     python benchmarks/bench_precision.py                       # -> benchmarks/results/precision.json / .png
     python benchmarks/bench_precision.py --config cpu-tiny --out /tmp/p.json   # fast check of the script
+    python benchmarks/bench_precision.py --force-bf16          # bf16 phases even where the probe rules bf16 out
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from bench_roofline import measure_peak_flops, sft_rows  # noqa: E402
 from harness import cpu_model, make_trainer, peak_rss_mb, read_machines, timed  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
-from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, probe_matmuls  # noqa: E402
+from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, HOPELESS_SLOWDOWN, probe_matmuls  # noqa: E402
 from agentgym_opsd.records import summarize  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
 from agentgym_opsd.trainer.phases import PolicyLogProbs  # noqa: E402
@@ -128,6 +133,15 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         trainer.close()
 
 
+def write_record(out: Path, cpu: str, record: dict[str, Any]) -> None:
+    """`record` as `cpu`'s entry of `out`, beside the other machines' entries; the docs' table follows."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    machines = read_machines(out)
+    machines[cpu] = record
+    out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+    render_pages()
+
+
 def plot(record: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -158,28 +172,55 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default="cpu-small")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "precision.json")
+    ap.add_argument("--force-bf16", action="store_true",
+                    help="run the bf16 phases even where the probe measures bf16 below 1/4 of float32")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     cpu = cpu_model()
     probe = probe_matmuls("cpu")
     print(f"{cpu}: {probe.describe()} -> model.dtype=auto picks "
           f"{'bfloat16' if probe.bf16_pays else 'float32'}", file=sys.stderr)
+    skip_bf16 = None if args.force_bf16 or probe.speedup * HOPELESS_SLOWDOWN >= 1 else (
+        f"not run: the probe measured bf16 matmuls at {probe.speedup:.2f}x float32 (this CPU has no bf16 "
+        f"instructions), so its phases would take hours and model.dtype=auto never picks bf16 here; "
+        f"--force-bf16 runs them")
+    if skip_bf16:
+        print(f"bfloat16 {skip_bf16}", file=sys.stderr)
     load_before = os.getloadavg()
+    dtypes = ("float32",) if skip_bf16 else ("float32", "bfloat16")
     peaks = {dt: {threads: max(measure_peak_flops_at(threads, getattr(torch, dt)).values()) / 1e9
-                  for threads in (1, torch.get_num_threads())} for dt in ("float32", "bfloat16")}
+                  for threads in (1, torch.get_num_threads())} for dt in dtypes}
     with tempfile.TemporaryDirectory(prefix="bench_precision_") as tmp:
         fp32 = measure("float32", args, None, tmp)
-        bf16 = measure("bfloat16", args, fp32["trajs"], tmp)
+        bf16 = None if skip_bf16 else measure("bfloat16", args, fp32["trajs"], tmp)
     record: dict[str, Any] = {
         "config": args.config, "overrides": args.overrides, "repeats": args.repeats,
         "cpu": cpu, "threads": torch.get_num_threads(),
-        # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
-        "bf16_float32_trainable": bf16["float32_trainable"],
         "probe": {"float32_gflops": probe.float32_gflops, "bfloat16_gflops": probe.bfloat16_gflops,
                   "speedup": probe.speedup, "bar": BF16_MIN_SPEEDUP,
                   "auto_picks": "bfloat16" if probe.bf16_pays else "float32"},
         "matmul_peak_gflops": peaks,  # best torch.mm of 512-2048 squares, per dtype and thread count
         "load_avg_before_after": [load_before[0], os.getloadavg()[0]],
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    if bf16 is None:
+        record.update({
+            "bf16_skipped": skip_bf16,
+            "phases": {p: {"fp32_s": fp32["phases"][p]} for p in PHASES},
+            "rollout_tokens_per_s": {"fp32": fp32["rollout_tokens_per_s"]},
+            "rollout_success": {"fp32": fp32["rollout_success"]},
+            "sampler_vs_pass": {"fp32": fp32["sampler_vs_pass"]},
+            "update_start": {"fp32": fp32["update_start"], "bound": START_RATIO_BOUND},
+            "tis": {"fp32": fp32["tis"]},
+            "rl_step": {"fp32_s": sum(fp32["phases"][p] for p in PHASES if p != "sft_step")},
+        })
+        write_record(args.out, cpu, record)
+        print(f"float32 RL step {record['rl_step']['fp32_s']:.1f} s; sampler vs pass "
+              f"{fp32['sampler_vs_pass']['mean']:.1e} nats per token; wrote {args.out}", file=sys.stderr)
+        return
+    record.update({
+        # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
+        "bf16_float32_trainable": bf16["float32_trainable"],
         "phases": {p: {"fp32_s": fp32["phases"][p], "bf16_s": bf16["phases"][p],
                        "speedup": fp32["phases"][p] / bf16["phases"][p]} for p in PHASES},
         "rollout_tokens_per_s": {"fp32": fp32["rollout_tokens_per_s"], "bf16": bf16["rollout_tokens_per_s"]},
@@ -190,16 +231,11 @@ def main(argv: list[str] | None = None) -> None:
         "update_start": {"fp32": fp32["update_start"], "bf16": bf16["update_start"],
                          "bound": START_RATIO_BOUND},
         "tis": {"fp32": fp32["tis"], "bf16": bf16["tis"]},
-        "peak_rss_mb": peak_rss_mb(),
-    }
+    })
     step_fp32 = sum(fp32["phases"][p] for p in PHASES if p != "sft_step")
     step_bf16 = sum(bf16["phases"][p] for p in PHASES if p != "sft_step")
     record["rl_step"] = {"fp32_s": step_fp32, "bf16_s": step_bf16, "speedup": step_fp32 / step_bf16}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    machines = read_machines(args.out)
-    machines[cpu] = record
-    args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
-    render_pages()  # the docs' precision table follows the new JSON
+    write_record(args.out, cpu, record)
     plot(record, args.out.with_suffix(".png"))
 
     table = Table(title=f"float32 vs bfloat16, {args.config}, {record['threads']} threads (median of {args.repeats})")

@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["RENDERERS", "paired_rows", "render_pages", "render_text", "main"]
 
@@ -245,6 +246,9 @@ def render_precision() -> str:
         picks = (f"`model.dtype=auto` picks **{probe['auto_picks']}** (probe: bf16 {probe['bfloat16_gflops']:.0f} vs "
                  f"float32 {probe['float32_gflops']:.0f} GFLOP/s, {probe['speedup']:.2f}×)" if probe else
                  "recorded before the probe: `model.dtype=auto` picks **float32** here")
+        if "bf16_skipped" in data:
+            lines += [_float32_only_precision(cpu, picks, data), ""]
+            continue
         layers = (" The bf16 column trains its top layers in float32 (`model.trainable_dtype`)."
                   if data.get("bf16_float32_trainable") else "")
         lines += [f"**{cpu}**: {picks}.{layers}", "", "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |",
@@ -271,6 +275,20 @@ def render_precision() -> str:
             "",
         ]
     return "\n".join(lines).rstrip()
+
+
+def _float32_only_precision(cpu: str, picks: str, data: dict[str, Any]) -> str:
+    """A machine whose probe ruled bf16 out: its float32 phases and why bf16 was not run."""
+    peak = data["matmul_peak_gflops"]["float32"]
+    gap, start = data["sampler_vs_pass"]["fp32"], data["update_start"]["fp32"]
+    phases = dict(data["phases"], **{"RL step": data["rl_step"]})
+    return "\n".join([
+        f"**{cpu}**: {picks}. bfloat16 {data['bf16_skipped']}.", "", "| phase | float32 s |", "|---|---:|",
+        *(f"| {phase} | {row['fp32_s']:.1f} |" for phase, row in phases.items()), "",
+        f"Matmul peak at 1 / 2 threads: float32 {peak['1']:.0f} / {peak['2']:.0f} GFLOP/s. Sampler vs log-prob pass "
+        f"gap (nats per token, mean / max): {gap['mean']:.1e} / {gap['max']:.1e}. PPO start ratio's deviation from "
+        f"1: {start['ppo/start_ratio_max_dev']:.0e}. {data['threads']} threads, {data['repeats']} "
+        f"repeat{'s' if data['repeats'] != 1 else ''}."])
 
 
 def render_credit_quality() -> str:

@@ -39,7 +39,7 @@ from agentgym_opsd.files import atomic_write_text, cache_dir
 
 __all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "TRAINABLE_DTYPE_CHOICES", "ProbeResult", "first_cpu",
            "float32_lm_head", "has_float32_lm_head", "is_low_precision", "machine_key", "precision_summary",
-           "probe_bf16", "probe_matmuls", "resolve_device", "resolve_dtype", "rounding_cell"]
+           "probe_bf16", "probe_matmuls", "resolve_device", "resolve_dtype", "rounding_cell", "timed_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +132,29 @@ def probe_matmuls(device: torch.device | str = "cpu", dims: Sequence[int] = DEFA
 
     for dt in operands:  # warm-up: first calls pick kernels and fault pages in
         run(dt)
-    times: dict[torch.dtype, list[float]] = {dt: [] for dt in operands}
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times[torch.float32]) < 3:
-        for dt in operands:
-            times[dt].append(run(dt))
+    times = timed_rounds(run, seconds=seconds)
     return ProbeResult(flops / statistics.median(times[torch.float32]) / 1e9,
                        flops / statistics.median(times[torch.bfloat16]) / 1e9, machine_key(device, dims))
+
+
+HOPELESS_SLOWDOWN = 4.0
+"""A bf16 round this many times slower than every float32 round settles the probe: timing noise (~10%) cannot
+make it `BF16_MIN_SPEEDUP` times faster. An AVX2 CPU without bf16 instructions runs bf16 matmuls at ~0.02x."""
+
+
+def timed_rounds(run: Callable[[torch.dtype], float], *, seconds: float,
+                 min_rounds: int = 3) -> dict[torch.dtype, list[float]]:
+    """Seconds of interleaved rounds of `run(float32)` and `run(bfloat16)` for `seconds` and at least `min_rounds`
+    rounds, or fewer when bf16 is hopeless (`HOPELESS_SLOWDOWN`): there each bf16 round costs seconds, and one
+    round answers."""
+    times: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times[torch.float32]) < min_rounds:
+        for dt in times:
+            times[dt].append(run(dt))
+        if min(times[torch.bfloat16]) > HOPELESS_SLOWDOWN * max(times[torch.float32]):
+            break
+    return times
 
 
 def probe_bf16(device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS, *,

@@ -69,6 +69,15 @@ def test_the_real_probe_measures_both_formats() -> None:
     assert result.float32_gflops > 0 and result.bfloat16_gflops > 0 and "GFLOP/s" in result.describe()
 
 
+@pytest.mark.parametrize(("bf16_s", "rounds"), [(0.005, 3), (0.03, 3), (1.1, 1)])
+def test_the_probe_stops_at_one_round_where_bf16_cannot_pay(bf16_s, rounds) -> None:
+    """An AVX2 CPU without bf16 instructions (bf16 1.1 s a round against float32's 0.01 s) is settled by one
+    round; anywhere bf16 could still reach the bar the probe takes its rounds."""
+    seconds = {torch.float32: 0.01, torch.bfloat16: bf16_s}
+    times = precision.timed_rounds(lambda dt: seconds[dt], seconds=0.0)
+    assert len(times[torch.float32]) == len(times[torch.bfloat16]) == rounds
+
+
 def test_cpu_info_is_read_from_cpuinfo(tmp_path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512_bf16\n\nprocessor\t: 1\n")
