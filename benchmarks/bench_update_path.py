@@ -52,10 +52,12 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache, frozen_depth
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
     collate,
     pack,
+    packed_batched_response_logprobs,
     packed_response_logprobs,
     response_logprobs,
 )
@@ -116,6 +118,26 @@ def packed(model: Any, idx: list[int], rows: Rows, pad_id: int):
     return logp, ent, pb.response_mask
 
 
+TRUNK: dict[str, TrunkCache] = {}
+"""The frozen trunk's output of every row, kept by a π_old pass before the timing (the trainer's π_old pass runs
+anyway; `trainer/frozen_trunk.py`)."""
+
+
+def packed_trunk_kept(model: Any, idx: list[int], rows: Rows, pad_id: int):
+    pb = pack(idx, *rows)
+    trunk = TRUNK["cache"]
+    logp, ent = packed_response_logprobs(model, pb, with_entropy=True, trunk=(trunk.depth, trunk.packed(idx)))
+    return logp, ent, pb.response_mask
+
+
+def keep_trunk(model: Any, rows: Rows, max_tokens: int, max_rows: int) -> None:
+    """The π_old pass that keeps each row's trunk output for `packed_trunk_kept`."""
+    cache = TrunkCache(frozen_depth(model), budget_bytes=1 << 34)
+    packed_batched_response_logprobs(model, *rows, max_tokens=max_tokens, max_rows=max_rows, trunk_cache=cache)
+    model.train()
+    TRUNK["cache"] = cache
+
+
 def padded_head_trim(model: Any, idx: list[int], rows: Rows, pad_id: int):
     """The padded decoder pass, then the LM head on the response positions only (candidate, not product code)."""
     mb = collate(idx, *rows, pad_id)
@@ -143,7 +165,9 @@ class Variant:
 
 
 VARIANTS = [Variant("padded (old)", padded, True, note="collate + response_logprobs"),
-            Variant("packed (new)", packed, False, note="pack + packed_response_logprobs")]
+            Variant("packed (new)", packed, False, note="pack + packed_response_logprobs"),
+            Variant("packed, trunk kept", packed_trunk_kept, False,
+                    note="the trained blocks only, from the frozen trunk's output the π_old pass kept")]
 CANDIDATES = [Variant("padded, eager attention", padded, True, attn="eager"),
               Variant("padded, head on responses", padded_head_trim, True),
               Variant("packed, padded buckets", packed, True)]
@@ -277,6 +301,7 @@ def main() -> None:
     lengths = [len(p) + len(r) for p, r in zip(*rows, strict=True)]
     plans = {v.name: micro_batches(rows, v.padded_budget, args.micro_batch_tokens, args.micro_batch_rows)
              for v in variants}
+    keep_trunk(model, rows, args.micro_batch_tokens, args.micro_batch_rows)
     run_variant(model, variants[0], rows, plans[variants[0].name][:1], tok.pad_token_id, keep=False)  # warm-up
     times: dict[str, list[dict[str, float]]] = {v.name: [] for v in variants}
     kept: dict[str, dict[str, Any]] = {}
@@ -296,7 +321,7 @@ def main() -> None:
     results = []
     for v in variants:
         b = best[v.name]
-        computed = sum(len(m) * max(lengths[i] for i in m) if v.padded_budget and v.logprobs is not packed
+        computed = sum(len(m) * max(lengths[i] for i in m) if v.padded_budget and v.logprobs not in (packed, packed_trunk_kept)
                        else sum(lengths[i] for i in m) for m in plans[v.name])
         diff = differences(kept[v.name], kept[base])
         results.append({

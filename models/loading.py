@@ -38,6 +38,7 @@ __all__ = [
     "LoraSettings",
     "apply_lora",
     "cache_root",
+    "decoder_layers",
     "embedded_gguf_file",
     "embedded_model_path",
     "embedded_tokenizer_path",
@@ -341,7 +342,7 @@ def apply_lora(model: PreTrainedModel, lora: LoraSettings) -> PreTrainedModel:
     return get_peft_model(model, config)
 
 
-def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The stack of transformer blocks (the longest ModuleList named `layers` or `h`; PEFT-wrapped too)."""
     import torch
 
@@ -357,7 +358,7 @@ def freeze_lower_layers(model: torch.nn.Module, trainable_layers: int) -> int:
     head; returns the number of trainable parameters left. Autograd then stops at the lowest trainable
     block, which is where the saving is: the backward pass costs ~2x the forward pass per trained layer.
     With LoRA only the adapters inside the kept blocks stay trainable (the rest was frozen already)."""
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     if not 0 < trainable_layers <= len(layers):
         raise ValueError(f"trainable_layers must be in 1..{len(layers)} for this model, got {trainable_layers}")
     was_trainable = {id(p): p.requires_grad for p in model.parameters()}
@@ -393,7 +394,7 @@ def keep_trainable_in_float32(model: torch.nn.Module) -> int:
         if param.requires_grad and is_low_precision(param.dtype):
             param.data = param.data.float()
             cast += param.numel()
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     lowest = next((layer for layer in layers if any(p.requires_grad for p in layer.parameters())), None)
     if cast and lowest is not None:
         lowest.register_forward_pre_hook(_hidden_state_to_float32, with_kwargs=True)

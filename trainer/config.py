@@ -437,6 +437,10 @@ class OptimConfig:
     micro_batch_tokens: int = _f(4096, "token budget of one log-prob / update micro-batch (prompt + response)",
                                  Range(1, _TOKENS, "the longest context; the logits of more tokens fill any GPU"))
     micro_batch_rows: int = _f(16, "max turn rows per micro-batch", _ROWS)
+    trunk_cache_mb: int = _f(1024, "the frozen lower blocks' output of each row (model.trainable_layers), kept "
+                                   "from the pi_old pass so the update runs only the trained blocks: up to this "
+                                   "many MiB a step, rows beyond it run the whole model (0 = off)",
+                             Range(0, 1 << 20, "a MiB budget; 1 << 20 is a TiB"))
     teacher_prefix_cache: bool = _f(True, "teacher pass: run each shared prompt prefix (system prompt + skill "
                                           "block c+) once into a KV cache instead of once per row")
     dither_masters: bool = _f(True, "a bf16 / fp16 model: float32 master weights copied from the low-precision "

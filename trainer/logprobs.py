@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.models.hf_policy import cache_kwarg
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, skipping_trunk
 
 __all__ = [
     "PACKED_MODEL_TYPES",
@@ -115,22 +116,31 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     prefix_cache: Any = None,
+    trunk: tuple[int, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """(rows, R) log-prob of each response token (0 where masked) and optionally its entropy (rows, R).
 
     With `prefix_cache` (a KV cache of a prompt prefix that every row shares, repeated over the rows), `mb`
     holds only what follows the prefix: the attention mask is extended over the prefix and positions
     continue after it. Gradients flow when the caller has them enabled (the update pass); log-prob passes
-    wrap this in `torch.no_grad()`.
+    wrap this in `torch.no_grad()`. `trunk` = (depth, hidden): the frozen blocks' output below `depth` for these
+    rows, (rows, L, hidden) laid out as `mb` (`trainer/frozen_trunk.py`); only the blocks above it run.
     """
     resp_width = mb.response_ids.shape[1]
     attention_mask, position_ids = mb.attention_mask, mb.position_ids
     if prefix_cache is not None:
+        if trunk is not None:
+            raise ValueError("a prefix cache and a kept trunk do not combine: the trunk holds the whole rows")
         prefix_len = prefix_cache.get_seq_length()
         ones = attention_mask.new_ones(attention_mask.shape[0], prefix_len)
         attention_mask, position_ids = torch.cat([ones, attention_mask], dim=1), position_ids + prefix_len
-    out = model(input_ids=mb.input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=resp_width + 1, use_cache=prefix_cache is not None, **{cache_kwarg(model): prefix_cache})
+    inputs: dict[str, Tensor] = {"input_ids": mb.input_ids}
+    skipping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if trunk is not None:
+        inputs, skipping = {"inputs_embeds": trunk[1]}, skipping_trunk(model, trunk[0])
+    with skipping:
+        out = model(**inputs, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=resp_width + 1,
+                    use_cache=prefix_cache is not None, **{cache_kwarg(model): prefix_cache})
     # Logits at position p predict token p+1: the last R+1 positions minus the final one predict the R
     # response slots.
     logits = out.logits[:, :-1, :].float() / temperature  # (rows, R, vocab)
@@ -254,14 +264,22 @@ def _packed_attention(model: torch.nn.Module) -> Iterator[None]:
 
 
 def packed_response_logprobs(
-    model: torch.nn.Module, pb: PackedBatch, *, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module, pb: PackedBatch, *, temperature: float = 1.0, with_entropy: bool = False,
+    trunk: tuple[int, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`response_logprobs` on a `PackedBatch`: (rows, R) right-aligned log-probs (0 where masked) and
-    optionally entropies, the same numbers to float rounding. Gradients flow when enabled."""
+    optionally entropies, the same numbers to float rounding. Gradients flow when enabled.
+
+    `trunk` = (depth, hidden): the output of the frozen blocks below `depth` for these rows, (1, T, hidden) in
+    pack order (`trainer/frozen_trunk.py`); only the blocks above it run."""
     # The model's own forward (so wrappers — PEFT, DeepSpeed ZeRO-3's module hooks — see the usual call), with
     # `logits_to_keep` as the positions: the LM head runs on those N rows only.
-    with _packed_attention(model):
-        out = model(input_ids=pb.input_ids, position_ids=pb.position_ids, use_cache=False,
+    inputs: dict[str, Tensor] = {"input_ids": pb.input_ids}
+    skipping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if trunk is not None:
+        inputs, skipping = {"inputs_embeds": trunk[1]}, skipping_trunk(model, trunk[0])
+    with _packed_attention(model), skipping:
+        out = model(**inputs, position_ids=pb.position_ids, use_cache=False,
                     cu_seq_lens_q=pb.cu_seq_lens, cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions)
     logits = out.logits[0].float() / temperature  # (N, vocab)
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -311,10 +329,12 @@ def packed_batched_response_logprobs(
     max_tokens: int = 4096,
     max_rows: int = 16,
     device: torch.device | str = "cpu",
+    trunk_cache: TrunkCache | None = None,
 ) -> list[Tensor]:
     """`batched_response_logprobs` in the update's packed layout (no grad): the same kernels and shapes as the
     update's forward pass, so that in bf16 π_old and the update's first forward round alike and the PPO ratio
-    starts at 1 (the padded layout's other matmul shapes round differently: `benchmarks/bench_precision.py`)."""
+    starts at 1 (the padded layout's other matmul shapes round differently: `benchmarks/bench_precision.py`).
+    `trunk_cache`: each row's frozen-trunk output is kept there for the update (`trainer/frozen_trunk.py`)."""
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     results: list[Tensor | None] = [None] * len(prompts)
     was_training = model.training
@@ -322,7 +342,15 @@ def packed_batched_response_logprobs(
     try:
         for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=False):
             pb = pack(idx, prompts, responses).to(device)
-            logp, _ = packed_response_logprobs(model, pb, temperature=temperature)
+            captured: list[Tensor] = []
+            capturing = (capturing_trunk(model, trunk_cache.depth, captured.append) if trunk_cache is not None
+                         else contextlib.nullcontext())
+            with capturing:
+                logp, _ = packed_response_logprobs(model, pb, temperature=temperature)
+            if trunk_cache is not None:
+                spans = pb.cu_seq_lens.tolist()
+                for r, i in enumerate(idx):
+                    trunk_cache.add(i, captured[0][0, spans[r]:spans[r + 1]])
             _store_rows(results, idx, logp.cpu(), responses)
     finally:
         model.train(was_training)

@@ -31,6 +31,7 @@ from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.advantages import BatchAdvantages, batch_advantages
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.metrics import env_metrics, reduce_step_metrics, step_metrics
 from agentgym_opsd.trainer.phases import PolicyLogProbs, StepRecord, TeacherEvidence
 from agentgym_opsd.trainer.session import RunSession
@@ -232,22 +233,26 @@ class Trainer:
 
     def logprobs(self, batch: TurnBatch) -> PolicyLogProbs:
         """The log-prob phase: π_old of every response token and the KL reference's."""
-        old, from_sampler = self.old_logprobs(batch)
-        return PolicyLogProbs(old, self.session.reference.logprobs(batch.prompt_ids, batch.response_ids), from_sampler)
+        old, from_sampler, trunk = self.old_logprobs(batch)
+        return PolicyLogProbs(old, self.session.reference.logprobs(batch.prompt_ids, batch.response_ids), from_sampler,
+                              trunk)
 
-    def old_logprobs(self, batch: TurnBatch) -> tuple[list[Tensor], bool]:
-        """π_old of every response token, and whether it is the sampler's own numbers: those where they are
-        the trainer's numbers too (HF backend in float32, `recompute_old_logprobs=False`), else a teacher-forced
-        pass of the trainer model in the update's layout (in bf16 the update's first forward then rounds
-        exactly alike, and TIS corrects for the sampler)."""
+    def old_logprobs(self, batch: TurnBatch) -> tuple[list[Tensor], bool, TrunkCache | None]:
+        """π_old of every response token, whether it is the sampler's own numbers, and the frozen-trunk outputs
+        the pass kept for the update. The sampler's numbers where they are the trainer's numbers too (HF backend
+        in float32, `recompute_old_logprobs=False`), else a teacher-forced pass of the trainer model in the
+        update's layout (in bf16 the update's first forward then rounds exactly alike, and TIS corrects for the
+        sampler), which keeps each row's frozen-trunk output (`trainer/frozen_trunk.py`)."""
         cfg = self.session.cfg
         reuse = (not cfg.algorithm.recompute_old_logprobs and cfg.rollout.backend == "hf"
                  and not is_low_precision(cfg.model.dtype)
                  and all(len(r.sample_logprobs) == len(r.response_ids) for r in batch.rows))
         if reuse:
-            return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows], True
-        return self.session.trained.logprobs(batch.prompt_ids, batch.response_ids,
-                                             packed=self.session.packed_update), False
+            return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows], True, None
+        depth = self.session.trunk_depth
+        trunk = TrunkCache(depth, cfg.optim.trunk_cache_mb << 20) if depth else None
+        return self.session.trained.logprobs(batch.prompt_ids, batch.response_ids, packed=self.session.packed_update,
+                                             trunk_cache=trunk), False, trunk
 
     def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs,
                 trajs: list[Trajectory] | None = None) -> TeacherEvidence:

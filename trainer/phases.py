@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.trainer.advantages import BatchAdvantages
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
 __all__ = ["PolicyLogProbs", "StepRecord", "TeacherEvidence"]
@@ -34,6 +35,7 @@ class PolicyLogProbs:
     old: list[Tensor]
     reference: list[Tensor] | None = None
     from_sampler: bool = False
+    trunk: TrunkCache | None = None  # the π_old pass's frozen-trunk outputs, for the update (`trainer/frozen_trunk.py`)
 
 
 @dataclass(frozen=True)

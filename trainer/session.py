@@ -44,6 +44,7 @@ from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
+from agentgym_opsd.trainer.frozen_trunk import trunk_depth
 from agentgym_opsd.trainer.logprobs import supports_packing
 from agentgym_opsd.trainer.metrics import MetricsLog
 from agentgym_opsd.trainer.model_card import write_model_card
@@ -177,6 +178,9 @@ class RunSession:
         # The update's micro-batches without padding (`trainer/logprobs.py`, `benchmarks/bench_update_path.py`):
         # same numbers as the padded layout to float rounding; models it does not support keep the padded one.
         self.packed_update = supports_packing(engine.module)
+        # the update reuses the π_old pass's trunk in the layout both share: packed
+        self.trunk_depth = trunk_depth(engine.module, zero_stage=cfg.deepspeed.zero_stage,
+                                       budget_mb=cfg.optim.trunk_cache_mb) if self.packed_update else 0
         self.trained = TrainedModel(engine.module, tokenizer, engine, device, is_main=self.is_main,
                                     lora=cfg.model.lora, temperature=cfg.rollout.temperature,
                                     micro_batch_tokens=cfg.optim.micro_batch_tokens,

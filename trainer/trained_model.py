@@ -16,6 +16,7 @@ from torch import Tensor
 
 from agentgym_opsd.records import ChatMessage
 from agentgym_opsd.trainer.checkpoint import CheckpointError
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.logprobs import (
     batched_response_logprobs,
     packed_batched_response_logprobs,
@@ -51,15 +52,17 @@ class TrainedModel:
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]],
                  model: torch.nn.Module | None = None, *, shared_prefix: bool = False,
-                 packed: bool = False) -> list[Tensor]:
+                 packed: bool = False, trunk_cache: TrunkCache | None = None) -> list[Tensor]:
         """Teacher-forced log-probs of each response token (no grad), by `model` (default: the trained one).
         `shared_prefix`: prompts that share a prefix (the teacher's c+ system message) encode it once.
-        `packed`: in the update's packed layout (π_old: in bf16 it then rounds as the update's forward does)."""
+        `packed`: in the update's packed layout (π_old: in bf16 it then rounds as the update's forward does);
+        `trunk_cache` then keeps each row's frozen-trunk output for the update (`trainer/frozen_trunk.py`)."""
         model = model if model is not None else self.model
         if packed:
             return packed_batched_response_logprobs(model, prompts, responses, temperature=self.temperature,
                                                     max_tokens=self.micro_batch_tokens,
-                                                    max_rows=self.micro_batch_rows, device=self.device)
+                                                    max_rows=self.micro_batch_rows, device=self.device,
+                                                    trunk_cache=trunk_cache)
         score = prefix_shared_response_logprobs if shared_prefix else batched_response_logprobs
         return score(model, prompts, responses, pad_id=self.pad_id, temperature=self.temperature,
                      max_tokens=self.micro_batch_tokens, max_rows=self.micro_batch_rows, device=self.device)

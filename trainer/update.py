@@ -24,6 +24,7 @@ from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import Config
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
     collate,
@@ -120,7 +121,7 @@ class PPOUpdate:
                     self.engine.backward(self._idle_loss(), is_last=k == n_micro - 1)
                     continue
                 idx = [chosen[j] for j in local[k]]
-                logp, entropy, mask = self._logprobs(idx, prompts, responses)  # (rows, R) each
+                logp, entropy, mask = self._logprobs(idx, prompts, responses, logprobs.trunk)  # (rows, R) each
                 width = mask.shape[1]
                 old_tokens = pad_left([old[i] for i in idx], width).to(self.device)
                 terms = policy_objective(
@@ -142,6 +143,8 @@ class PPOUpdate:
             sums["tokens"] += num_tokens / self.world  # summed over the ranks below
             losses.append(loss)
             grad_norms.append(self.engine.step())
+        if logprobs.trunk is not None:
+            logprobs.trunk.release()  # every mini-batch has run: the step's trunk outputs are not needed again
         if self.world > 1:  # the loss terms are sums: add up the ranks' parts
             names = list(sums)
             sums = dict(zip(names, dist.all_reduce([sums[k] for k in names]), strict=True))
@@ -155,13 +158,17 @@ class PPOUpdate:
                 **correction.metrics(dist.all_reduce if self.world > 1 else None),
                 **self.engine.low_precision_stats()}  # the same on every rank (identical masters)
 
-    def _logprobs(self, idx: list[int], prompts: list, responses: list) -> tuple[Tensor, Tensor, Tensor]:
+    def _logprobs(self, idx: list[int], prompts: list, responses: list,
+                  trunk: TrunkCache | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
-        packed (no padding) when `self.packed`, else left-padded."""
+        packed (no padding) when `self.packed`, else left-padded. Where `trunk` holds every row's frozen-trunk
+        output from the π_old pass, only the trained blocks run (`trainer/frozen_trunk.py`)."""
         temperature = self.cfg.rollout.temperature
         if self.packed:
             pb = pack(idx, prompts, responses).to(self.device)
-            logp, entropy = packed_response_logprobs(self.model, pb, temperature=temperature, with_entropy=True)
+            kept = (trunk.depth, trunk.packed(idx).to(self.device)) if trunk is not None and trunk.covers(idx) else None
+            logp, entropy = packed_response_logprobs(self.model, pb, temperature=temperature, with_entropy=True,
+                                                     trunk=kept)
             mask = pb.response_mask
         else:
             mb = collate(idx, prompts, responses, self.tokenizer.pad_token_id).to(self.device)

@@ -13,6 +13,7 @@ reused from the shared cache when nothing that determines it changed, skipped on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import TaskSpec
@@ -34,6 +36,7 @@ from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, trunk_depth
 from agentgym_opsd.trainer.logprobs import bucket_micro_batches, collate, response_logprobs
 from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT, train_task_specs
 
@@ -119,10 +122,14 @@ def sft_step(
     max_rows: int,
     device: torch.device | str,
     autocast_dtype: torch.dtype | None = None,
+    trunk: TrunkCache | None = None,
 ) -> float:
     """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL. With
     `autocast_dtype` the forward computes in it under `torch.autocast` while the weights and their gradients stay
-    as they are (float32 trainable layers: `WarmStart.autocast_dtype`)."""
+    as they are (float32 trainable layers: `WarmStart.autocast_dtype`). `trunk` (keyed by index into `rows`):
+    a micro-batch whose rows it holds runs only the trained blocks from their frozen-trunk output, one it does
+    not runs the whole model and leaves theirs there (`trainer/frozen_trunk.py`)."""
+    pick = [int(i) for i in pick]
     prompts = [rows[i].prompt_ids for i in pick]
     responses = [rows[i].response_ids for i in pick]
     num_tokens = sum(len(r) for r in responses)
@@ -133,8 +140,20 @@ def sft_step(
     total = 0.0
     for k, idx in enumerate(batches):
         mb = collate(idx, prompts, responses, pad_id).to(device)
-        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logp, _ = response_logprobs(model, mb)
+        row_ids = [pick[i] for i in idx]
+        kept = (trunk.depth, trunk.left_padded(row_ids, mb.input_ids.shape[1]).to(device)) \
+            if trunk is not None and trunk.covers(row_ids) else None
+        captured: list[Tensor] = []
+        capturing = (capturing_trunk(model, trunk.depth, captured.append) if trunk is not None and kept is None
+                     else contextlib.nullcontext())
+        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None), \
+                capturing:
+            logp, _ = response_logprobs(model, mb, trunk=kept)
+        if captured:
+            assert trunk is not None
+            real = mb.attention_mask.sum(-1).tolist()
+            for r, row in enumerate(row_ids):
+                trunk.add(row, captured[0][r, captured[0].shape[1] - real[r]:])
         loss = -(logp * mb.response_mask).sum() / num_tokens
         engine.backward(loss, is_last=k == len(batches) - 1)
         total += float(loss.detach())
@@ -286,17 +305,24 @@ class WarmStart:
         if ws.epochs == 0:
             schedule = schedule[: ws.steps]
         policy.engine.set_lr(ws.lr)
+        # later epochs run only the trained blocks from the first one's frozen-trunk output (same numbers)
+        depth = trunk_depth(policy.model, zero_stage=cfg.deepspeed.zero_stage, budget_mb=cfg.optim.trunk_cache_mb)
+        trunk = TrunkCache(depth, cfg.optim.trunk_cache_mb << 20) if depth and epochs > 1 else None
         losses = []
         every = max(len(schedule) // 10, 1)  # a log line per tenth: background runs have no progress bar
         for k, pick in enumerate(tqdm(schedule, desc="warm start (SFT)", unit="step",
                                       disable=not cfg.trainer.progress), start=1):
             losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
                                    max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
-                                   device=policy.device, autocast_dtype=self.autocast_dtype))
+                                   device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk))
             if not cfg.trainer.progress and (k % every == 0 or k == len(schedule)):
                 log.info("warm start: SFT step %d / %d, loss %.3f, %.0f s", k, len(schedule),
                          float(np.mean(losses[-every:])), time.perf_counter() - t0 - seconds_demos)
         policy.engine.set_lr(cfg.optim.lr)
+        if trunk is not None:
+            log.info("warm start: %d of %d rows' frozen-trunk outputs kept (%.0f MiB)", len(trunk.rows), len(rows),
+                     trunk.used_bytes / 2**20)
+            trunk.release()
         seconds_sft = time.perf_counter() - t0 - seconds_demos
         exact = math.nan
         if heldout:

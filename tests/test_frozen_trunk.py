@@ -1,0 +1,169 @@
+"""The frozen trunk kept from the π_old pass (`trainer/frozen_trunk.py`): the update that runs only the trained
+blocks from it gives the full forward's log-probs, entropies and gradients, in float32 and in bf16 with float32
+trained blocks; it is kept only where that holds (a frozen embedding, no dropout, no ZeRO-3, the packed layout)
+and within its memory budget; a whole `Trainer.update` moves the weights as without it."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from agentgym_opsd.models.loading import (
+    freeze_lower_layers,
+    keep_trainable_in_float32,
+    load_policy_model,
+    load_tokenizer,
+    tiny_random_model,
+)
+from agentgym_opsd.models.precision import float32_lm_head
+from agentgym_opsd.trainer.config import load_config
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache, frozen_depth, trunk_depth
+from agentgym_opsd.trainer.logprobs import pack, packed_batched_response_logprobs, packed_response_logprobs
+from agentgym_opsd.trainer.loop import Trainer
+
+
+def _model(dtype: str = "float32", *, layers: int = 3, trained: int = 1):
+    tok = load_tokenizer("tiny-random")
+    model = tiny_random_model(tok, num_layers=layers, dtype=dtype)
+    freeze_lower_layers(model, trained)
+    if dtype != "float32":
+        float32_lm_head(model)  # as load_policy_model gives a bf16 model
+        keep_trainable_in_float32(model)
+    return model, tok
+
+
+def _rows(n: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 30))] for _ in range(n)]
+    responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(0, 8))] for _ in range(n)]
+    return prompts, responses
+
+
+def test_the_frozen_depth_is_the_blocks_below_the_trained_ones() -> None:
+    model, _ = _model(layers=3, trained=1)
+    assert frozen_depth(model) == 2
+    assert trunk_depth(model, zero_stage=2, budget_mb=1) == 2
+    assert trunk_depth(model, zero_stage=3, budget_mb=1) == 0  # ZeRO-3 gathers in a traced order
+    assert trunk_depth(model, zero_stage=0, budget_mb=0) == 0  # off
+    dropout = copy.deepcopy(model)
+    dropout.config.attention_dropout = 0.1  # the π_old pass (eval) would differ from the update (train)
+    assert trunk_depth(dropout, zero_stage=0, budget_mb=1) == 0
+    every, _ = _model(layers=3, trained=3)
+    assert frozen_depth(every) == 0
+    model.get_input_embeddings().weight.requires_grad_(True)
+    assert frozen_depth(model) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_trained_blocks_from_the_kept_trunk_give_the_full_forwards_numbers(dtype) -> None:
+    model, tok = _model(dtype)
+    prompts, responses = _rows(9, len(tok))
+    cache = TrunkCache(frozen_depth(model), budget_bytes=1 << 30)
+    old = packed_batched_response_logprobs(model, prompts, responses, max_tokens=80, max_rows=3, trunk_cache=cache)
+    assert cache.covers(range(len(prompts)))
+    model.train()
+    idx = [7, 2, 5, 0]  # an update micro-batch: other rows together, in another order, than the π_old pass's
+
+    def run(trunk):
+        model.zero_grad(set_to_none=True)
+        pb = pack(idx, prompts, responses)
+        logp, ent = packed_response_logprobs(model, pb, with_entropy=True, trunk=trunk)
+        weights = torch.linspace(-1.0, 2.0, pb.response_mask.numel()).view(pb.response_mask.shape)
+        ((logp * weights).sum() - 0.1 * ent.sum()).backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    full, kept = run(None), run((cache.depth, cache.packed(idx)))
+    tol = {"rtol": 1e-6, "atol": 1e-6}
+    torch.testing.assert_close(kept[0], full[0], **tol)
+    torch.testing.assert_close(kept[1], full[1], **tol)
+    assert kept[2].keys() == full[2].keys() and kept[2]
+    for name, grad in full[2].items():
+        torch.testing.assert_close(kept[2][name], grad, **tol, msg=name)
+    for r, i in enumerate(idx):  # and π_old is the update's start: ratio 1
+        n = len(responses[i])
+        torch.testing.assert_close(kept[0][r, kept[0].shape[1] - n:], old[i], **tol)
+    assert len(list(model.model.layers)) == 3  # the full stack is back
+
+
+def test_the_cache_keeps_rows_within_its_budget() -> None:
+    cache = TrunkCache(2, budget_bytes=3 * 4 * 4)  # three float32 rows of 1 token x 4 hidden
+    for row in range(5):
+        cache.add(row, torch.ones(1, 4))
+    assert sorted(cache.rows) == [0, 1, 2] and cache.covers([0, 2]) and not cache.covers([1, 3])
+    assert cache.packed([2, 0]).shape == (1, 2, 4)
+    cache.release()
+    assert not cache.rows and cache.used_bytes == 0
+
+
+def test_a_trainer_update_from_the_kept_trunk_moves_the_weights_as_the_full_one(tmp_path, toy_env_ids) -> None:
+    cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
+                                   "trainer.tensorboard=false", "model.trainable_layers=1", "optim.lr=0.01",
+                                   "algorithm.ppo_mini_batch_rows=4", "optim.micro_batch_tokens=160",
+                                   "optim.micro_batch_rows=3", "algorithm.kl_coef=0.0"])
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.session.trunk_depth == 1
+        batch = trainer.score(trainer.collect())
+        model_state = copy.deepcopy(trainer.session.trained.model.state_dict())
+        optim_state = copy.deepcopy(trainer.session.trained.engine.state_dict())
+        results = {}
+        for depth in (0, 1):
+            trainer.session.trained.model.load_state_dict(model_state)
+            trainer.session.trained.engine.load_state_dict(copy.deepcopy(optim_state))
+            trainer.session.trunk_depth = depth
+            logprobs = trainer.logprobs(batch)
+            assert (logprobs.trunk is not None) == bool(depth)
+            advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
+            metrics = trainer.update(batch, logprobs, advantages)
+            assert logprobs.trunk is None or not logprobs.trunk.rows  # released after the update
+            results[depth] = metrics, {k: v.detach().clone() for k, v in trainer.session.trained.model.state_dict().items()}
+        (full, full_params), (kept, kept_params) = results[0], results[1]
+        assert full["optimizer_steps"] == kept["optimizer_steps"] > 1
+        assert kept["ppo/start_ratio_max_dev"] < 1e-5
+        for key, value in full.items():
+            assert kept[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+        assert any(not torch.equal(full_params[k], model_state[k]) for k in full_params)
+        for key in full_params:
+            torch.testing.assert_close(kept_params[key], full_params[key], rtol=1e-5, atol=1e-6, msg=key)
+    finally:
+        trainer.close()
+
+
+def test_the_embedded_model_keeps_its_trunk_where_its_lower_blocks_are_frozen() -> None:
+    model, _ = load_policy_model("tiny-random")
+    freeze_lower_layers(model, 1)
+    assert frozen_depth(model) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_warm_start_epochs_from_the_kept_trunk_train_as_the_full_ones(dtype) -> None:
+    """Two SFT epochs: the first keeps each row's trunk output, the second runs the trained blocks from it; the
+    losses and the weights match SFT without the cache. In bf16 a row's trunk rounds a little differently in
+    another padded micro-batch, which the cache does not recompute: within 5% of one AdamW step (lr 1e-3)."""
+    from agentgym_opsd.trainer.config import OptimConfig
+    from agentgym_opsd.trainer.engine import TorchEngine
+    from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
+
+    model, tok = _model(dtype)
+    prompts, responses = _rows(8, len(tok), seed=1)
+    rows = [Demonstration(p, r or [5]) for p, r in zip(prompts, responses, strict=True)]
+    epochs = [[3, 0, 6, 1], [7, 2, 4, 5], [5, 1, 0, 2], [6, 4, 3, 7]]  # two epochs of two steps
+    state = copy.deepcopy(model.state_dict())
+
+    def train(trunk):
+        model.load_state_dict(state)
+        engine = TorchEngine(model, OptimConfig(lr=1e-3, grad_clip=0.0))
+        losses = [sft_step(engine, rows, pick, pad_id=tok.pad_token_id, max_tokens=60, max_rows=3, device="cpu",
+                           trunk=trunk) for pick in epochs]
+        return losses, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    atol = 1e-6 if dtype == "float32" else 5e-5
+    cache = TrunkCache(frozen_depth(model), budget_bytes=1 << 30)
+    (full_losses, full_weights), (kept_losses, kept_weights) = train(None), train(cache)
+    assert cache.covers(range(len(rows)))  # the first epoch kept every row; the second read them
+    assert kept_losses == pytest.approx(full_losses, rel=1e-4)
+    for name, weight in full_weights.items():
+        torch.testing.assert_close(kept_weights[name], weight, rtol=1e-5, atol=atol, msg=name)

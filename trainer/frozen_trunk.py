@@ -1,0 +1,129 @@
+"""The frozen trunk's output, kept from the π_old pass and reused by the update (and by the warm start's later
+epochs).
+
+With `model.trainable_layers` = n of L decoder blocks, the embeddings and the bottom L − n blocks are frozen:
+the hidden state leaving them (the trunk's output) depends on a row's tokens alone. The π_old pass computes it
+anyway. Kept per row, it lets the update run only the trained blocks, forward and backward, from it: per
+token n forward + 2n backward block passes instead of L + 2n (30 + 24 → 12 + 24 on the `cpu-*` presets, a third
+of the update). The numbers are the same: the tensor that enters the lowest trained block is the one the full
+forward would give it (`tests/test_frozen_trunk.py`).
+
+The warm start's SFT does the same across epochs: the first computes each demonstration row's trunk output, the
+later ones run only the trained blocks from it (2 epochs on `cpu-learn`: 108 → 90 block passes per token).
+
+Kept where it is exact and affordable (`trunk_depth`): a frozen input embedding, no dropout in the trunk (the
+π_old pass runs in eval mode, the update in train mode, and two SFT epochs draw other masks), not under ZeRO-3
+(whose hooks gather parameters module by module in a traced order), and up to `optim.trunk_cache_mb` of memory
+(per RL step; for the warm start's rows): rows beyond it run the whole model. The update reuses it only in the
+packed layout, the one it shares with the π_old pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from agentgym_opsd.models.loading import decoder_layers
+
+__all__ = ["TrunkCache", "capturing_trunk", "frozen_depth", "skipping_trunk", "trunk_depth"]
+
+_DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop")
+
+
+def frozen_depth(model: torch.nn.Module) -> int:
+    """How many bottom decoder blocks, with the input embedding below them, hold no trainable weight (0 when
+    the embedding trains, or every block does)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is None or any(p.requires_grad for p in embeddings.parameters()):
+        return 0
+    depth = 0
+    for layer in decoder_layers(model):
+        if any(p.requires_grad for p in layer.parameters()):
+            break
+        depth += 1
+    return depth if depth < len(decoder_layers(model)) else 0
+
+
+def _trunk_has_dropout(model: torch.nn.Module, depth: int) -> bool:
+    config = getattr(model, "config", None)
+    if any(float(getattr(config, key, 0.0) or 0.0) > 0 for key in _DROPOUT_KEYS):
+        return True
+    trunk = list(decoder_layers(model))[:depth]
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for layer in trunk for m in layer.modules())
+
+
+def trunk_depth(model: torch.nn.Module, *, zero_stage: int, budget_mb: int) -> int:
+    """The frozen blocks whose output a later pass may reuse (0 = run the whole model every time)."""
+    if zero_stage >= 3 or budget_mb <= 0:
+        return 0
+    depth = frozen_depth(model)
+    return 0 if depth and _trunk_has_dropout(model, depth) else depth
+
+
+@dataclass
+class TrunkCache:
+    """Per row, the trunk's output (tokens, hidden) of its prompt + response, up to `budget_bytes` in all."""
+
+    depth: int
+    budget_bytes: int
+    rows: dict[int, Tensor] = field(default_factory=dict)
+    used_bytes: int = 0
+
+    def add(self, row: int, hidden: Tensor) -> None:
+        size = hidden.numel() * hidden.element_size()
+        if self.used_bytes + size <= self.budget_bytes:
+            self.rows[row] = hidden.detach().clone()  # a copy: a view would keep the whole micro-batch alive
+            self.used_bytes += size
+
+    def covers(self, rows: Sequence[int]) -> bool:
+        return all(r in self.rows for r in rows)
+
+    def release(self) -> None:
+        """Free the kept outputs (the update is done with them)."""
+        self.rows.clear()
+        self.used_bytes = 0
+
+    def packed(self, rows: Sequence[int]) -> Tensor:
+        """(1, tokens, hidden): the rows' outputs end to end, as `logprobs.pack` lays out their tokens."""
+        return torch.cat([self.rows[r] for r in rows]).unsqueeze(0)
+
+    def left_padded(self, rows: Sequence[int], width: int) -> Tensor:
+        """(rows, width, hidden): each row's output right-aligned, as `logprobs.collate` lays out its tokens (zeros
+        where it pads: masked keys, and queries whose outputs nothing reads)."""
+        first = self.rows[rows[0]]
+        out = first.new_zeros(len(rows), width, first.shape[-1])
+        for r, row in enumerate(rows):
+            hidden = self.rows[row]
+            out[r, width - hidden.shape[0]:] = hidden
+        return out
+
+
+@contextlib.contextmanager
+def capturing_trunk(model: torch.nn.Module, depth: int, sink: Callable[[Tensor], None]) -> Iterator[None]:
+    """Hand `sink` the hidden state leaving block `depth - 1` at every forward call inside the block."""
+    def hook(_module: torch.nn.Module, _args: tuple, output: Tensor | tuple) -> None:
+        sink(output[0] if isinstance(output, tuple) else output)
+
+    handle = decoder_layers(model)[depth - 1].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def skipping_trunk(model: torch.nn.Module, depth: int) -> Iterator[None]:
+    """Inside the block, the model's decoder stack starts at block `depth`: a forward given the trunk's output
+    as `inputs_embeds` runs the blocks above it, the final norm and the LM head."""
+    layers = decoder_layers(model)
+    owner, name = next((module, child) for module in model.modules()
+                       for child, sub in module.named_children() if sub is layers)
+    setattr(owner, name, layers[depth:])
+    try:
+        yield
+    finally:
+        setattr(owner, name, layers)
