@@ -104,8 +104,10 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         for _ in range(args.repeats + 1):  # every update from the same weights
             trainer.session.trained.model.load_state_dict(state)
             trainer.session.trained.engine.load_state_dict(copy.deepcopy(engine_state))
+            # π_old as the trainer gets it, with the frozen-trunk outputs its pass keeps for the update
+            step_logprobs = trainer.logprobs(batch)
             t0 = time.perf_counter()
-            update_metrics = trainer.update(batch, logprobs, advantages)
+            update_metrics = trainer.update(batch, step_logprobs, advantages)
             update_s.append(time.perf_counter() - t0)
         rows = sft_rows(trainer, 8)
         from agentgym_opsd.trainer.warm_start import sft_step

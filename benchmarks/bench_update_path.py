@@ -11,11 +11,14 @@ What one micro-batch of `Trainer.update` costs: forward + backward of the policy
 ALFWorld `easy` rendered as the policy sees them (history 2) and drawn at random, so their lengths mix as a
 shuffled PPO mini-batch's do. No optimiser step (AdamW is < 1% of the phase).
 
-Variants (the first is the old path, the second the new default):
+Variants (the first is the old path, the second and third what the trainer runs):
 - padded: `collate` + `response_logprobs` (left-padded micro-batches, rows x longest <= budget, SDPA with a
   padding mask, LM head on the last R+1 positions of every row).
 - packed: `pack` + `packed_response_logprobs` (rows end to end, real-token budget, causal SDPA per row, LM
   head on response positions only).
+- packed, trunk kept: the trainer's path where a π_old pass ran: the packed layout from each row's output of the
+  frozen blocks, which that pass kept (`trainer/frozen_trunk.py`; the pass itself is not timed: it runs anyway).
+  The FLOP count (and "% of limit") still counts the frozen blocks' forward.
 - with `--candidates`: padded with eager attention; padded with the LM head on response positions only (what
   the head trim alone gives); packed on the padded path's buckets (what removing the padding gives at equal
   micro-batches).
@@ -48,6 +51,7 @@ from typing import Any
 
 import torch
 from bench_roofline import ModelShape, backward_flops, forward_flops, measure_peak_flops
+from harness import cpu_model
 from rich.console import Console
 from rich.table import Table
 
@@ -362,7 +366,7 @@ def main() -> None:
                "rows": len(lengths), "row_lengths": lengths, "response_lengths": [len(r) for r in rows[1]],
                "padding_extra_share_old": pad, "model_flops": flops, "peak_flops_per_s": peak,
                "peak_before": peak_before, "peak_after": peak_after, "loadavg": list(os.getloadavg()),
-               "cpu_count": os.cpu_count(), **frozen, "results": results}
+               "cpu_count": os.cpu_count(), "cpu": cpu_model(), **frozen, "results": results}
     out.write_text(json.dumps(payload, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x)
                               else str(x)) + "\n", encoding="utf-8")
     console.print(f"wrote {out}")
