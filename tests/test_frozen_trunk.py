@@ -93,6 +93,8 @@ def test_the_cache_keeps_rows_within_its_budget() -> None:
     for row in range(5):
         cache.add(row, torch.ones(1, 4))
     assert sorted(cache.rows) == [0, 1, 2] and cache.covers([0, 2]) and not cache.covers([1, 3])
+    cache.add(1, torch.zeros(1, 4))  # a micro-batch that ran in full again (it mixed kept and other rows)
+    assert cache.used_bytes == 3 * 4 * 4 and torch.equal(cache.rows[1], torch.ones(1, 4))
     assert cache.packed([2, 0]).shape == (1, 2, 4)
     cache.release()
     assert not cache.rows and cache.used_bytes == 0

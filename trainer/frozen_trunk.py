@@ -74,8 +74,9 @@ class TrunkCache:
     used_bytes: int = 0
 
     def add(self, row: int, hidden: Tensor) -> None:
+        """Keep `row`'s output if the budget allows (a row kept already stays as it is)."""
         size = hidden.numel() * hidden.element_size()
-        if self.used_bytes + size <= self.budget_bytes:
+        if row not in self.rows and self.used_bytes + size <= self.budget_bytes:
             self.rows[row] = hidden.detach().clone()  # a copy: a view would keep the whole micro-batch alive
             self.used_bytes += size
 
