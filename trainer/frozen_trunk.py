@@ -21,7 +21,7 @@ packed layout, the one it shares with the π_old pass.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from agentgym_opsd.models.loading import decoder_layers
 
-__all__ = ["TrunkCache", "capturing_trunk", "frozen_depth", "skipping_trunk", "trunk_depth"]
+__all__ = ["TrunkCache", "capturing_trunk", "frozen_depth", "trunk_depth", "trunk_inputs"]
 
 _DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop")
 
@@ -40,12 +40,13 @@ def frozen_depth(model: torch.nn.Module) -> int:
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embeddings is None or any(p.requires_grad for p in embeddings.parameters()):
         return 0
+    layers = decoder_layers(model)
     depth = 0
-    for layer in decoder_layers(model):
+    for layer in layers:
         if any(p.requires_grad for p in layer.parameters()):
             break
         depth += 1
-    return depth if depth < len(decoder_layers(model)) else 0
+    return depth if depth < len(layers) else 0
 
 
 def _trunk_has_dropout(model: torch.nn.Module, depth: int) -> bool:
@@ -80,6 +81,18 @@ class TrunkCache:
             self.rows[row] = hidden.detach().clone()  # a copy: a view would keep the whole micro-batch alive
             self.used_bytes += size
 
+    def add_packed(self, rows: Sequence[int], hidden: Tensor, cu_seq_lens: Tensor) -> None:
+        """Keep the rows' outputs from a packed pass's (1, T, hidden), row r at `cu_seq_lens[r]:[r + 1]`."""
+        spans = cu_seq_lens.tolist()
+        for r, row in enumerate(rows):
+            self.add(row, hidden[0, spans[r]:spans[r + 1]])
+
+    def add_left_padded(self, rows: Sequence[int], hidden: Tensor, attention_mask: Tensor) -> None:
+        """Keep the rows' outputs from a left-padded pass's (rows, width, hidden): each row's last tokens."""
+        width = hidden.shape[1]
+        for r, (row, length) in enumerate(zip(rows, attention_mask.sum(-1).tolist(), strict=True)):
+            self.add(row, hidden[r, width - length:])
+
     def covers(self, rows: Sequence[int]) -> bool:
         return all(r in self.rows for r in rows)
 
@@ -104,27 +117,39 @@ class TrunkCache:
 
 
 @contextlib.contextmanager
-def capturing_trunk(model: torch.nn.Module, depth: int, sink: Callable[[Tensor], None]) -> Iterator[None]:
-    """Hand `sink` the hidden state leaving block `depth - 1` at every forward call inside the block."""
-    def hook(_module: torch.nn.Module, _args: tuple, output: Tensor | tuple) -> None:
-        sink(output[0] if isinstance(output, tuple) else output)
+def capturing_trunk(model: torch.nn.Module, cache: TrunkCache | None) -> Iterator[list[Tensor]]:
+    """A list that receives the hidden state leaving the trunk (block `cache.depth - 1`) at every forward call
+    inside the block; it stays empty without a cache."""
+    captured: list[Tensor] = []
+    if cache is None:
+        yield captured
+        return
 
-    handle = decoder_layers(model)[depth - 1].register_forward_hook(hook)
+    def hook(_module: torch.nn.Module, _args: tuple, output: Tensor | tuple) -> None:
+        captured.append(output[0] if isinstance(output, tuple) else output)
+
+    handle = decoder_layers(model)[cache.depth - 1].register_forward_hook(hook)
     try:
-        yield
+        yield captured
     finally:
         handle.remove()
 
 
 @contextlib.contextmanager
-def skipping_trunk(model: torch.nn.Module, depth: int) -> Iterator[None]:
-    """Inside the block, the model's decoder stack starts at block `depth`: a forward given the trunk's output
-    as `inputs_embeds` runs the blocks above it, the final norm and the LM head."""
+def trunk_inputs(model: torch.nn.Module, input_ids: Tensor,
+                 trunk: tuple[int, Tensor] | None) -> Iterator[dict[str, Tensor]]:
+    """The model's inputs for one forward call inside the block: the token ids, or with a kept trunk
+    (depth, hidden) its output as `inputs_embeds` while the decoder stack starts at block `depth`, so the call
+    runs the blocks above it, the final norm and the LM head."""
+    if trunk is None:
+        yield {"input_ids": input_ids}
+        return
+    depth, hidden = trunk
     layers = decoder_layers(model)
     owner, name = next((module, child) for module in model.modules()
                        for child, sub in module.named_children() if sub is layers)
     setattr(owner, name, layers[depth:])
     try:
-        yield
+        yield {"inputs_embeds": hidden}
     finally:
         setattr(owner, name, layers)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.models.hf_policy import cache_kwarg
-from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, skipping_trunk
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, trunk_inputs
 
 __all__ = [
     "PACKED_MODEL_TYPES",
@@ -134,11 +134,7 @@ def response_logprobs(
         prefix_len = prefix_cache.get_seq_length()
         ones = attention_mask.new_ones(attention_mask.shape[0], prefix_len)
         attention_mask, position_ids = torch.cat([ones, attention_mask], dim=1), position_ids + prefix_len
-    inputs: dict[str, Tensor] = {"input_ids": mb.input_ids}
-    skipping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if trunk is not None:
-        inputs, skipping = {"inputs_embeds": trunk[1]}, skipping_trunk(model, trunk[0])
-    with skipping:
+    with trunk_inputs(model, mb.input_ids, trunk) as inputs:
         out = model(**inputs, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=resp_width + 1,
                     use_cache=prefix_cache is not None, **{cache_kwarg(model): prefix_cache})
     # Logits at position p predict token p+1: the last R+1 positions minus the final one predict the R
@@ -274,11 +270,7 @@ def packed_response_logprobs(
     pack order (`trainer/frozen_trunk.py`); only the blocks above it run."""
     # The model's own forward (so wrappers — PEFT, DeepSpeed ZeRO-3's module hooks — see the usual call), with
     # `logits_to_keep` as the positions: the LM head runs on those N rows only.
-    inputs: dict[str, Tensor] = {"input_ids": pb.input_ids}
-    skipping: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if trunk is not None:
-        inputs, skipping = {"inputs_embeds": trunk[1]}, skipping_trunk(model, trunk[0])
-    with _packed_attention(model), skipping:
+    with _packed_attention(model), trunk_inputs(model, pb.input_ids, trunk) as inputs:
         out = model(**inputs, position_ids=pb.position_ids, use_cache=False,
                     cu_seq_lens_q=pb.cu_seq_lens, cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions)
     logits = out.logits[0].float() / temperature  # (N, vocab)
@@ -342,15 +334,11 @@ def packed_batched_response_logprobs(
     try:
         for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=False):
             pb = pack(idx, prompts, responses).to(device)
-            captured: list[Tensor] = []
-            capturing = (capturing_trunk(model, trunk_cache.depth, captured.append) if trunk_cache is not None
-                         else contextlib.nullcontext())
-            with capturing:
+            with capturing_trunk(model, trunk_cache) as captured:
                 logp, _ = packed_response_logprobs(model, pb, temperature=temperature)
-            if trunk_cache is not None:
-                spans = pb.cu_seq_lens.tolist()
-                for r, i in enumerate(idx):
-                    trunk_cache.add(i, captured[0][0, spans[r]:spans[r + 1]])
+            if captured:
+                assert trunk_cache is not None
+                trunk_cache.add_packed(idx, captured[0], pb.cu_seq_lens)
             _store_rows(results, idx, logp.cpu(), responses)
     finally:
         model.train(was_training)

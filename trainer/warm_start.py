@@ -13,7 +13,6 @@ reused from the shared cache when nothing that determines it changed, skipped on
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd.envpool import TaskSpec
@@ -143,17 +141,12 @@ def sft_step(
         row_ids = [pick[i] for i in idx]
         kept = (trunk.depth, trunk.left_padded(row_ids, mb.input_ids.shape[1]).to(device)) \
             if trunk is not None and trunk.covers(row_ids) else None
-        captured: list[Tensor] = []
-        capturing = (capturing_trunk(model, trunk.depth, captured.append) if trunk is not None and kept is None
-                     else contextlib.nullcontext())
         with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None), \
-                capturing:
+                capturing_trunk(model, trunk if kept is None else None) as captured:
             logp, _ = response_logprobs(model, mb, trunk=kept)
         if captured:
             assert trunk is not None
-            real = mb.attention_mask.sum(-1).tolist()
-            for r, row in enumerate(row_ids):
-                trunk.add(row, captured[0][r, captured[0].shape[1] - real[r]:])
+            trunk.add_left_padded(row_ids, captured[0], mb.attention_mask)
         loss = -(logp * mb.response_mask).sum() / num_tokens
         engine.backward(loss, is_last=k == len(batches) - 1)
         total += float(loss.detach())
