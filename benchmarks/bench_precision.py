@@ -205,38 +205,28 @@ def main(argv: list[str] | None = None) -> None:
         "load_avg_before_after": [load_before[0], os.getloadavg()[0]],
         "peak_rss_mb": peak_rss_mb(),
     }
-    if bf16 is None:
-        record.update({
-            "bf16_skipped": skip_bf16,
-            "phases": {p: {"fp32_s": fp32["phases"][p]} for p in PHASES},
-            "rollout_tokens_per_s": {"fp32": fp32["rollout_tokens_per_s"]},
-            "rollout_success": {"fp32": fp32["rollout_success"]},
-            "sampler_vs_pass": {"fp32": fp32["sampler_vs_pass"]},
-            "update_start": {"fp32": fp32["update_start"], "bound": START_RATIO_BOUND},
-            "tis": {"fp32": fp32["tis"]},
-            "rl_step": {"fp32_s": sum(fp32["phases"][p] for p in PHASES if p != "sft_step")},
-        })
-        write_record(args.out, cpu, record)
-        print(f"float32 RL step {record['rl_step']['fp32_s']:.1f} s; sampler vs pass "
-              f"{fp32['sampler_vs_pass']['mean']:.1e} nats per token; wrote {args.out}", file=sys.stderr)
-        return
+    measured = {"fp32": fp32, **({"bf16": bf16} if bf16 is not None else {})}
+    steps = {tag: sum(m["phases"][p] for p in PHASES if p != "sft_step") for tag, m in measured.items()}
     record.update({
-        # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
-        "bf16_float32_trainable": bf16["float32_trainable"],
-        "phases": {p: {"fp32_s": fp32["phases"][p], "bf16_s": bf16["phases"][p],
-                       "speedup": fp32["phases"][p] / bf16["phases"][p]} for p in PHASES},
-        "rollout_tokens_per_s": {"fp32": fp32["rollout_tokens_per_s"], "bf16": bf16["rollout_tokens_per_s"]},
-        "rollout_success": {"fp32": fp32["rollout_success"], "bf16": bf16["rollout_success"]},
-        # bf16 log-prob pass vs the float32 one, same weights, same tokens
-        "logprob_gap": gap_stats(bf16["old_logprobs"], fp32["old_logprobs"]),
-        "sampler_vs_pass": {"fp32": fp32["sampler_vs_pass"], "bf16": bf16["sampler_vs_pass"]},
-        "update_start": {"fp32": fp32["update_start"], "bf16": bf16["update_start"],
-                         "bound": START_RATIO_BOUND},
-        "tis": {"fp32": fp32["tis"], "bf16": bf16["tis"]},
+        "phases": {p: {f"{tag}_s": m["phases"][p] for tag, m in measured.items()} for p in PHASES},
+        "rl_step": {f"{tag}_s": step for tag, step in steps.items()},
+        **{key: {tag: m[key] for tag, m in measured.items()}
+           for key in ("rollout_tokens_per_s", "rollout_success", "sampler_vs_pass", "tis")},
+        "update_start": {**{tag: m["update_start"] for tag, m in measured.items()}, "bound": START_RATIO_BOUND},
     })
-    step_fp32 = sum(fp32["phases"][p] for p in PHASES if p != "sft_step")
-    step_bf16 = sum(bf16["phases"][p] for p in PHASES if p != "sft_step")
-    record["rl_step"] = {"fp32_s": step_fp32, "bf16_s": step_bf16, "speedup": step_fp32 / step_bf16}
+    if bf16 is None:
+        record["bf16_skipped"] = skip_bf16
+        write_record(args.out, cpu, record)
+        print(f"float32 RL step {steps['fp32']:.1f} s; sampler vs pass {fp32['sampler_vs_pass']['mean']:.1e} nats "
+              f"per token; wrote {args.out}", file=sys.stderr)
+        return
+    for row in (*record["phases"].values(), record["rl_step"]):
+        row["speedup"] = row["fp32_s"] / row["bf16_s"]
+    # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
+    record["bf16_float32_trainable"] = bf16["float32_trainable"]
+    # bf16 log-prob pass vs the float32 one, same weights, same tokens
+    record["logprob_gap"] = gap_stats(bf16["old_logprobs"], fp32["old_logprobs"])
+    step_fp32, step_bf16 = steps["fp32"], steps["bf16"]
     write_record(args.out, cpu, record)
     plot(record, args.out.with_suffix(".png"))
 
