@@ -22,7 +22,6 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 __all__ = ["RENDERERS", "paired_rows", "render_pages", "render_text", "main"]
 
@@ -239,35 +238,35 @@ def render_main_job(name: str = "cpu_small_seeds.json") -> str:
 
 
 def render_precision() -> str:
-    """One table per CPU model in `precision.json` (each machine's record of `bench_precision.py`)."""
+    """One table per CPU model in `precision.json` (each machine's record of `bench_precision.py`): a column per
+    dtype it measured (float32 alone where the probe ruled bf16 out, with the reason)."""
     lines: list[str] = []
     for cpu, data in _load("precision.json")["machines"].items():
         probe = data.get("probe")
         picks = (f"`model.dtype=auto` picks **{probe['auto_picks']}** (probe: bf16 {probe['bfloat16_gflops']:.0f} vs "
                  f"float32 {probe['float32_gflops']:.0f} GFLOP/s, {probe['speedup']:.2f}×)" if probe else
                  "recorded before the probe: `model.dtype=auto` picks **float32** here")
-        if "bf16_skipped" in data:
-            lines += [_float32_only_precision(cpu, picks, data), ""]
-            continue
-        layers = (" The bf16 column trains its top layers in float32 (`model.trainable_dtype`)."
-                  if data.get("bf16_float32_trainable") else "")
-        lines += [f"**{cpu}**: {picks}.{layers}", "", "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |",
-                  "|---|---:|---:|---:|"]
-        phases = dict(data["phases"], **{"RL step": data["rl_step"]})
-        for phase, row in phases.items():
-            lines.append(f"| {phase} | {row['fp32_s']:.1f} | {row['bf16_s']:.1f} | {row['speedup']:.2f}× |")
-        peak = data["matmul_peak_gflops"]
-        gap = data["sampler_vs_pass"]
-        start = data["update_start"]
+        bf16 = "bf16_skipped" not in data
+        note = (" The bf16 column trains its top layers in float32 (`model.trainable_dtype`)."
+                if data.get("bf16_float32_trainable") else "") if bf16 else f" bfloat16 {data['bf16_skipped']}."
+        lines += [f"**{cpu}**: {picks}.{note}", "",
+                  "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |" if bf16 else "| phase | float32 s |",
+                  "|---|---:|---:|---:|" if bf16 else "|---|---:|"]
+        for phase, row in dict(data["phases"], **{"RL step": data["rl_step"]}).items():
+            lines.append(f"| {phase} | {row['fp32_s']:.1f} | {row['bf16_s']:.1f} | {row['speedup']:.2f}× |" if bf16
+                         else f"| {phase} | {row['fp32_s']:.1f} |")
+        peak, gap, start = data["matmul_peak_gflops"], data["sampler_vs_pass"], data["update_start"]
         tis = data.get("tis", {}).get("bf16")
         lines += [
             "",
-            f"Matmul peak at 1 / 2 threads: float32 {peak['float32']['1']:.0f} / {peak['float32']['2']:.0f} GFLOP/s, "
-            f"bfloat16 {peak['bfloat16']['1']:.0f} / {peak['bfloat16']['2']:.0f}. Sampler vs log-prob pass gap "
-            f"(nats per token, mean / max): float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}, "
-            f"bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}. PPO start ratio's deviation from 1: "
-            f"float32 {start['fp32']['ppo/start_ratio_max_dev']:.0e}, bfloat16 "
-            f"{start['bf16']['ppo/start_ratio_max_dev']:.2f} (bound {start['bound']})."
+            f"Matmul peak at 1 / 2 threads: float32 {peak['float32']['1']:.0f} / {peak['float32']['2']:.0f} GFLOP/s"
+            + (f", bfloat16 {peak['bfloat16']['1']:.0f} / {peak['bfloat16']['2']:.0f}" if bf16 else "")
+            + ". Sampler vs log-prob pass gap (nats per token, mean / max): "
+            f"float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}"
+            + (f", bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}" if bf16 else "")
+            + f". PPO start ratio's deviation from 1: float32 {start['fp32']['ppo/start_ratio_max_dev']:.0e}"
+            + (f", bfloat16 {start['bf16']['ppo/start_ratio_max_dev']:.2f}" if bf16 else "")
+            + f" (bound {start['bound']})."
             + (f" TIS in bf16: mismatch k3 {tis['tis/mismatch_k3']:.4f}, weight mean {tis['tis/weight_mean']:.3f} / "
                f"max {tis['tis/weight_max']:.2f}, {100 * tis['tis/clipped_fraction']:.2f}% of tokens at the cap."
                if tis else "")
@@ -275,20 +274,6 @@ def render_precision() -> str:
             "",
         ]
     return "\n".join(lines).rstrip()
-
-
-def _float32_only_precision(cpu: str, picks: str, data: dict[str, Any]) -> str:
-    """A machine whose probe ruled bf16 out: its float32 phases and why bf16 was not run."""
-    peak = data["matmul_peak_gflops"]["float32"]
-    gap, start = data["sampler_vs_pass"]["fp32"], data["update_start"]["fp32"]
-    phases = dict(data["phases"], **{"RL step": data["rl_step"]})
-    return "\n".join([
-        f"**{cpu}**: {picks}. bfloat16 {data['bf16_skipped']}.", "", "| phase | float32 s |", "|---|---:|",
-        *(f"| {phase} | {row['fp32_s']:.1f} |" for phase, row in phases.items()), "",
-        f"Matmul peak at 1 / 2 threads: float32 {peak['1']:.0f} / {peak['2']:.0f} GFLOP/s. Sampler vs log-prob pass "
-        f"gap (nats per token, mean / max): {gap['mean']:.1e} / {gap['max']:.1e}. PPO start ratio's deviation from "
-        f"1: {start['ppo/start_ratio_max_dev']:.0e}. {data['threads']} threads, {data['repeats']} "
-        f"repeat{'s' if data['repeats'] != 1 else ''}."])
 
 
 def render_credit_quality() -> str:

@@ -41,10 +41,13 @@ def test_bf16_phases_run_only_where_the_probe_leaves_bf16_a_chance(monkeypatch, 
     record = harness.read_machines(out)["Test CPU (family 25 model 1, AVX2, no bf16 instructions)"]
     assert ("bf16_skipped" in record) == (measured == ["float32"])
     assert list(record["matmul_peak_gflops"]) == measured
+    monkeypatch.setattr(render, "_load", lambda name: {"machines": {"Test CPU": record}})
+    text = render.render_precision()
     if "bf16_skipped" in record:
-        text = render._float32_only_precision("Test CPU", "`model.dtype=auto` picks **float32**", record)
         assert "bfloat16 not run: the probe measured bf16 matmuls at 0.02x float32" in text
-        assert "| RL step | 8.0 |" in text
+        assert "| RL step | 8.0 |" in text and "bfloat16 s" not in text
+    else:
+        assert "| RL step | 8.0 | 8.0 | 1.00× |" in text and ", bfloat16 " in text
 
 
 @pytest.mark.parametrize(("flags", "isa"), [("fpu avx2 fma", "AVX2, no bf16 instructions"),

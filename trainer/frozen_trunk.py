@@ -74,6 +74,12 @@ class TrunkCache:
     rows: dict[int, Tensor] = field(default_factory=dict)
     used_bytes: int = 0
 
+    @classmethod
+    def within(cls, depth: int, budget_mb: int) -> TrunkCache | None:
+        """A cache of `budget_mb` MiB (`optim.trunk_cache_mb`) for a trunk `depth` blocks deep; None at depth 0,
+        where there is nothing to keep (`trunk_depth`)."""
+        return cls(depth, budget_mb << 20) if depth else None
+
     def add(self, row: int, hidden: Tensor) -> None:
         """Keep `row`'s output if the budget allows (a row kept already stays as it is)."""
         size = hidden.numel() * hidden.element_size()

@@ -249,8 +249,7 @@ class Trainer:
                  and all(len(r.sample_logprobs) == len(r.response_ids) for r in batch.rows))
         if reuse:
             return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows], True, None
-        depth = self.session.trunk_depth
-        trunk = TrunkCache(depth, cfg.optim.trunk_cache_mb << 20) if depth else None
+        trunk = TrunkCache.within(self.session.trunk_depth, cfg.optim.trunk_cache_mb)
         return self.session.trained.logprobs(batch.prompt_ids, batch.response_ids, packed=self.session.packed_update,
                                              trunk_cache=trunk), False, trunk
 

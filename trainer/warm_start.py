@@ -300,7 +300,7 @@ class WarmStart:
         policy.engine.set_lr(ws.lr)
         # later epochs run only the trained blocks from the first one's frozen-trunk output (same numbers)
         depth = trunk_depth(policy.model, zero_stage=cfg.deepspeed.zero_stage, budget_mb=cfg.optim.trunk_cache_mb)
-        trunk = TrunkCache(depth, cfg.optim.trunk_cache_mb << 20) if depth and epochs > 1 else None
+        trunk = TrunkCache.within(depth, cfg.optim.trunk_cache_mb) if epochs > 1 else None
         losses = []
         every = max(len(schedule) // 10, 1)  # a log line per tenth: background runs have no progress bar
         for k, pick in enumerate(tqdm(schedule, desc="warm start (SFT)", unit="step",
