@@ -5,7 +5,9 @@ Each (backend, dtype) runs in its own fresh process (so peak memory is its own):
 ALFWorld episodes (2 and 8 tasks x G = 4; the same tasks and sampler seed for every backend, so the first
 turn's prompts are identical, later ones follow the samples), timed after one warm-up round of 4 episodes. Reported: seconds,
 generated tokens/s, the engine's start-up time, peak RSS, and for vLLM the cost of one weight sync (the
-trainer's `sync_weights` after an update, here of the same weights). Needs the environment with vLLM:
+trainer's `sync_weights` after an update, here of the same weights). The JSON keeps one record per CPU
+(`harness.cpu_model`), as `precision.json` does: a run replaces its own machine's record. Needs the
+environment with vLLM:
 
     ./.ci/setup.sh --vllm
     .venv-vllm/bin/python benchmarks/bench_rollout_backends.py   # -> benchmarks/results/rollout_backends.json / .png
@@ -140,6 +142,11 @@ def main(argv: list[str] | None = None) -> None:
                          "with .venv-vllm/bin/python")
     if any(n % GROUP_SIZE for n in args.episodes):
         raise SystemExit(f"--episodes: each must be a multiple of the group size {GROUP_SIZE}")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import cpu_model, read_machines
+
+    cpu = cpu_model()
+    machines = read_machines(args.out)
     load_before = os.getloadavg()[0]
     runs: list[dict[str, Any]] = []
     spawn = multiprocessing.get_context("spawn")
@@ -151,13 +158,13 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(pool.apply(measure, (backend, dtype, args.config, args.episodes, args.repeats,
                                                  args.kv_cache_gib)))
             print(f"done: {backend} {dtype}", file=sys.stderr)
-            record = summarize(runs, args, load_before)
+            record = machines[cpu] = {"cpu": cpu, **summarize(runs, args, load_before)}
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+            args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
             plot(record, args.out.with_suffix(".png"))
     ratios = record["vllm_over_hf_tokens_per_s"]
 
-    table = Table(title=f"rollout phase, {args.config}, {record['threads']} threads, G = {GROUP_SIZE}")
+    table = Table(title=f"rollout phase, {args.config}, {record['threads']} threads, G = {GROUP_SIZE}, {cpu}")
     for col in ("backend", "dtype", "start s", *(f"{n} ep s" for n in args.episodes),
                 *(f"{n} ep tok/s" for n in args.episodes), "sync s", "peak RSS MB"):
         table.add_column(col, justify="right")

@@ -140,11 +140,13 @@ def test_the_embedded_model_keeps_its_trunk_where_its_lower_blocks_are_frozen() 
     assert frozen_depth(model) == 1
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_warm_start_epochs_from_the_kept_trunk_train_as_the_full_ones(dtype) -> None:
+def test_warm_start_epochs_from_the_kept_trunk_train_as_the_full_ones(dtype, packed) -> None:
     """Two SFT epochs: the first keeps each row's trunk output, the second runs the trained blocks from it; the
-    losses and the weights match SFT without the cache. In bf16 a row's trunk rounds a little differently in
-    another padded micro-batch, which the cache does not recompute: within 5% of one AdamW step (lr 1e-3)."""
+    losses and the weights match SFT without the cache, padded or packed. In bf16 a row's trunk rounds a little
+    differently in another micro-batch, which the cache does not recompute: within 5% of one AdamW step (lr
+    1e-3)."""
     from agentgym_opsd.trainer.config import OptimConfig
     from agentgym_opsd.trainer.engine import TorchEngine
     from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
@@ -159,7 +161,7 @@ def test_warm_start_epochs_from_the_kept_trunk_train_as_the_full_ones(dtype) -> 
         model.load_state_dict(state)
         engine = TorchEngine(model, OptimConfig(lr=1e-3, grad_clip=0.0))
         losses = [sft_step(engine, rows, pick, pad_id=tok.pad_token_id, max_tokens=60, max_rows=3, device="cpu",
-                           trunk=trunk) for pick in epochs]
+                           trunk=trunk, packed=packed) for pick in epochs]
         return losses, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
     atol = 1e-6 if dtype == "float32" else 5e-5
@@ -169,3 +171,40 @@ def test_warm_start_epochs_from_the_kept_trunk_train_as_the_full_ones(dtype) -> 
     assert kept_losses == pytest.approx(full_losses, rel=1e-4)
     for name, weight in full_weights.items():
         torch.testing.assert_close(kept_weights[name], weight, rtol=1e-5, atol=atol, msg=name)
+
+
+def test_a_packed_sft_step_trains_as_the_padded_one() -> None:
+    """The warm start lays each micro-batch's rows end to end (`sft_step(packed=True)`, no padding computed): each
+    step's loss and the gradients it steps with match the left-padded layout's, with micro-batches cut
+    differently (the packed budget counts tokens, not rows × longest)."""
+    from agentgym_opsd.trainer.config import OptimConfig
+    from agentgym_opsd.trainer.engine import TorchEngine
+    from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
+
+    model, tok = _model(layers=3, trained=2)
+    prompts, responses = _rows(8, len(tok), seed=2)
+    rows = [Demonstration(p, r or [5]) for p, r in zip(prompts, responses, strict=True)]
+    state = copy.deepcopy(model.state_dict())
+
+    def train(packed: bool):
+        model.load_state_dict(state)
+        engine = TorchEngine(model, OptimConfig(lr=1e-3, grad_clip=0.0))
+        grads: list[dict[str, torch.Tensor]] = []
+        step = engine.step
+
+        def recording_step() -> float:
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            return step()
+
+        engine.step = recording_step
+        losses = [sft_step(engine, rows, pick, pad_id=tok.pad_token_id, max_tokens=50, max_rows=4, device="cpu",
+                           packed=packed) for pick in ([3, 0, 6, 1, 7], [2, 4, 5])]
+        return losses, grads
+
+    (padded_losses, padded_grads), (packed_losses, packed_grads) = train(False), train(True)
+    assert packed_losses == pytest.approx(padded_losses, rel=1e-5)
+    assert padded_losses[1] != pytest.approx(padded_losses[0], rel=1e-3)  # the steps saw other rows
+    for padded, packed in zip(padded_grads, packed_grads, strict=True):
+        assert padded.keys() == packed.keys() and padded
+        for name, grad in padded.items():
+            torch.testing.assert_close(packed[name], grad, rtol=1e-4, atol=1e-4 * float(grad.abs().max()), msg=name)

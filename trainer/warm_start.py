@@ -35,7 +35,14 @@ from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, trunk_depth
-from agentgym_opsd.trainer.logprobs import bucket_micro_batches, collate, response_logprobs
+from agentgym_opsd.trainer.logprobs import (
+    bucket_micro_batches,
+    collate,
+    pack,
+    packed_response_logprobs,
+    response_logprobs,
+    supports_packing,
+)
 from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT, train_task_specs
 
 if TYPE_CHECKING:
@@ -121,37 +128,57 @@ def sft_step(
     device: torch.device | str,
     autocast_dtype: torch.dtype | None = None,
     trunk: TrunkCache | None = None,
+    packed: bool = False,
 ) -> float:
     """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL. With
     `autocast_dtype` the forward computes in it under `torch.autocast` while the weights and their gradients stay
     as they are (float32 trainable layers: `WarmStart.autocast_dtype`). `trunk` (keyed by index into `rows`):
     a micro-batch whose rows it holds runs only the trained blocks from their frozen-trunk output, one it does
-    not runs the whole model and leaves theirs there (`trainer/frozen_trunk.py`)."""
+    not runs the whole model and leaves theirs there (`trainer/frozen_trunk.py`). `packed`: the micro-batches
+    lay their rows end to end without padding (`logprobs.pack`, the update's layout, where `supports_packing`):
+    the same loss to float rounding, without computing the padding (about a tenth of ALFWorld's SFT tokens)."""
     pick = [int(i) for i in pick]
     prompts = [rows[i].prompt_ids for i in pick]
     responses = [rows[i].response_ids for i in pick]
     num_tokens = sum(len(r) for r in responses)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    batches = bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows)
+    batches = bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=not packed)
     model = engine.module
     model.train()
     total = 0.0
     for k, idx in enumerate(batches):
-        mb = collate(idx, prompts, responses, pad_id).to(device)
-        row_ids = [pick[i] for i in idx]
-        kept = (trunk.depth, trunk.left_padded(row_ids, mb.input_ids.shape[1]).to(device)) \
-            if trunk is not None and trunk.covers(row_ids) else None
-        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None), \
-                capturing_trunk(model, trunk if kept is None else None) as captured:
-            logp, _ = response_logprobs(model, mb, trunk=kept)
-        if captured:
-            assert trunk is not None
-            trunk.add_left_padded(row_ids, captured[0], mb.attention_mask)
-        loss = -(logp * mb.response_mask).sum() / num_tokens
+        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logp, mask = _micro_batch_logprobs(model, idx, [pick[i] for i in idx], prompts, responses,
+                                               pad_id=pad_id, device=device, trunk=trunk, packed=packed)
+        loss = -(logp * mask).sum() / num_tokens
         engine.backward(loss, is_last=k == len(batches) - 1)
         total += float(loss.detach())
     engine.step()
     return total
+
+
+def _micro_batch_logprobs(model: torch.nn.Module, idx: list[int], row_ids: list[int], prompts: list[list[int]],
+                          responses: list[list[int]], *, pad_id: int, device: torch.device | str,
+                          trunk: TrunkCache | None, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SFT micro-batch's (rows, R) response log-probs, with gradients, and their mask: from the rows' kept
+    trunk outputs where `trunk` holds them all, else from the whole model, keeping theirs in `trunk`."""
+    covered = trunk is not None and trunk.covers(row_ids)
+    with capturing_trunk(model, None if covered else trunk) as captured:
+        if packed:
+            pb = pack(idx, prompts, responses).to(device)
+            kept = (trunk.depth, trunk.packed(row_ids).to(device)) if trunk is not None and covered else None
+            logp, _ = packed_response_logprobs(model, pb, trunk=kept)
+        else:
+            mb = collate(idx, prompts, responses, pad_id).to(device)
+            kept = (trunk.depth, trunk.left_padded(row_ids, mb.input_ids.shape[1]).to(device)) \
+                if trunk is not None and covered else None
+            logp, _ = response_logprobs(model, mb, trunk=kept)
+    if captured and trunk is not None:
+        if packed:
+            trunk.add_packed(row_ids, captured[0], pb.cu_seq_lens)
+        else:
+            trunk.add_left_padded(row_ids, captured[0], mb.attention_mask)
+    return logp, pb.response_mask if packed else mb.response_mask
 
 
 def action_exact_match(policy, trajectories: Sequence[Trajectory], parser) -> float:
@@ -301,13 +328,15 @@ class WarmStart:
         # later epochs run only the trained blocks from the first one's frozen-trunk output (same numbers)
         depth = trunk_depth(policy.model, zero_stage=cfg.deepspeed.zero_stage, budget_mb=cfg.optim.trunk_cache_mb)
         trunk = TrunkCache.within(depth, cfg.optim.trunk_cache_mb) if epochs > 1 else None
+        packed = supports_packing(policy.model)  # no padding computed; the update's layout
         losses = []
         every = max(len(schedule) // 10, 1)  # a log line per tenth: background runs have no progress bar
         for k, pick in enumerate(tqdm(schedule, desc="warm start (SFT)", unit="step",
                                       disable=not cfg.trainer.progress), start=1):
             losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
                                    max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
-                                   device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk))
+                                   device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk,
+                                   packed=packed))
             if not cfg.trainer.progress and (k % every == 0 or k == len(schedule)):
                 log.info("warm start: SFT step %d / %d, loss %.3f, %.0f s", k, len(schedule),
                          float(np.mean(losses[-every:])), time.perf_counter() - t0 - seconds_demos)
