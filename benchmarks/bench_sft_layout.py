@@ -8,7 +8,9 @@ The rows are the warm start's own: oracle demonstrations of the preset's environ
 epoch) runs once per layout from the same weights and fresh optimiser moments, the order alternating step by
 step, so machine noise hits both. Reported per layout: CPU seconds per step (the process's, all threads: the
 measure on a shared machine), the tokens its micro-batches compute (real + padding), and the largest loss
-difference to the padded layout. The packed layout is what the warm start runs where `supports_packing`.
+difference to the padded layout. The packed layout is what the warm start runs where `supports_packing`. The
+steps run the whole model, as the first epoch does (later epochs start from the kept frozen trunk, where the
+padding is a larger share of what is left), on the plain torch engine (`harness.MEASURING`).
 Writes benchmarks/results/sft_layout.json, one record per CPU (`harness.cpu_model`).
 """
 
@@ -62,7 +64,7 @@ def measure(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             trained.engine.reset_optimizer_state()
             t0 = time.process_time()
             loss = sft_step(trained.engine, rows, pick, pad_id=trained.pad_id, device=trained.device,
-                            packed=layout == "packed", **budget)
+                            autocast_dtype=session.warm_starter.autocast_dtype, packed=layout == "packed", **budget)
             seconds[layout].append(time.process_time() - t0)
             losses[layout].append(loss)
     tokens = {layout: sum(computed_tokens(rows, pick, packed=layout == "packed", **budget) for pick in schedule)

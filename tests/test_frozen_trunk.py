@@ -173,10 +173,11 @@ def test_warm_start_epochs_from_the_kept_trunk_train_as_the_full_ones(dtype, pac
         torch.testing.assert_close(kept_weights[name], weight, rtol=1e-5, atol=atol, msg=name)
 
 
-def test_a_packed_sft_step_trains_as_the_padded_one() -> None:
+def test_a_packed_sft_step_trains_as_the_padded_one(monkeypatch) -> None:
     """The warm start lays each micro-batch's rows end to end (`sft_step(packed=True)`, no padding computed): each
     step's loss and the gradients it steps with match the left-padded layout's, with micro-batches cut
     differently (the packed budget counts tokens, not rows × longest)."""
+    from agentgym_opsd.trainer import warm_start
     from agentgym_opsd.trainer.config import OptimConfig
     from agentgym_opsd.trainer.engine import TorchEngine
     from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
@@ -201,7 +202,10 @@ def test_a_packed_sft_step_trains_as_the_padded_one() -> None:
                            packed=packed) for pick in ([3, 0, 6, 1, 7], [2, 4, 5])]
         return losses, grads
 
+    packs = []
+    monkeypatch.setattr(warm_start, "pack", lambda idx, *args: packs.append(list(idx)) or pack(idx, *args))
     (padded_losses, padded_grads), (packed_losses, packed_grads) = train(False), train(True)
+    assert sorted(i for idx in packs for i in idx) == [0, 0, 1, 1, 2, 2, 3, 4]  # every row of both steps packed
     assert packed_losses == pytest.approx(padded_losses, rel=1e-5)
     assert padded_losses[1] != pytest.approx(padded_losses[0], rel=1e-3)  # the steps saw other rows
     for padded, packed in zip(padded_grads, packed_grads, strict=True):

@@ -430,10 +430,10 @@ def test_an_autocast_warm_start_of_float32_trainable_layers_computes_in_bf16_and
     engine = TorchEngine(model, OptimConfig(lr=1e-6, grad_clip=0.0))
     rows = [Demonstration(tok.encode("go to the desk"), tok.encode(" open drawer 1")) for _ in range(2)]
     before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-    loss = sft_step(engine, rows, [0, 1], pad_id=tok.pad_token_id, max_tokens=4096, max_rows=8, device="cpu",
-                    autocast_dtype=torch.bfloat16)
+    losses = [sft_step(engine, rows, [0, 1], pad_id=tok.pad_token_id, max_tokens=4096, max_rows=8, device="cpu",
+                       autocast_dtype=torch.bfloat16, packed=packed) for packed in (False, True)]
     after = [p.detach() for p in model.parameters() if p.requires_grad]
-    assert math.isfinite(loss) and computed == [torch.bfloat16]
+    assert all(math.isfinite(loss) for loss in losses) and computed == [torch.bfloat16] * 2  # padded and packed
     assert all(p.dtype == torch.float32 for p in after)
     moved = _share_changed(before, after)
     assert moved > 0.9  # an update of ~1e-6 reaches the float32 weights whole

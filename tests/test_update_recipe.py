@@ -271,10 +271,16 @@ WARM = ["warm_start.epochs=2", "warm_start.episodes=6", "warm_start.heldout_epis
 
 
 def test_second_run_reuses_the_warm_start_cache(tmp_path, toy_env_ids, monkeypatch) -> None:
+    from agentgym_opsd.trainer import warm_start
+
     monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "cache"))
+    layouts: list[bool] = []
+    step = warm_start.sft_step
+    monkeypatch.setattr(warm_start, "sft_step", lambda *a, **kw: layouts.append(kw["packed"]) or step(*a, **kw))
     first = make_trainer(tmp_path / "a", *WARM)
     try:
         s1 = first.warm_start()
+        assert layouts and all(layouts)  # a llama-family model: the SFT packs its micro-batches
         weights = {k: v.clone() for k, v in first.session.trained.model.state_dict().items()}
     finally:
         first.close()
