@@ -177,7 +177,7 @@ def test_a_packed_sft_step_trains_as_the_padded_one(monkeypatch) -> None:
     """The warm start lays each micro-batch's rows end to end (`sft_step(packed=True)`, no padding computed): each
     step's loss and the gradients it steps with match the left-padded layout's, with micro-batches cut
     differently (the packed budget counts tokens, not rows × longest)."""
-    from agentgym_opsd.trainer import warm_start
+    from agentgym_opsd.trainer import logprobs
     from agentgym_opsd.trainer.config import OptimConfig
     from agentgym_opsd.trainer.engine import TorchEngine
     from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
@@ -203,7 +203,7 @@ def test_a_packed_sft_step_trains_as_the_padded_one(monkeypatch) -> None:
         return losses, grads
 
     packs = []
-    monkeypatch.setattr(warm_start, "pack", lambda idx, *args: packs.append(list(idx)) or pack(idx, *args))
+    monkeypatch.setattr(logprobs, "pack", lambda idx, *args: packs.append(list(idx)) or pack(idx, *args))
     (padded_losses, padded_grads), (packed_losses, packed_grads) = train(False), train(True)
     assert sorted(i for idx in packs for i in idx) == [0, 0, 1, 1, 2, 2, 3, 4]  # every row of both steps packed
     assert packed_losses == pytest.approx(padded_losses, rel=1e-5)

@@ -37,6 +37,7 @@ __all__ = [
     "PackedBatch",
     "batched_response_logprobs",
     "bucket_micro_batches",
+    "micro_batch_logprobs",
     "collate",
     "pack",
     "packed_batched_response_logprobs",
@@ -284,6 +285,49 @@ def packed_response_logprobs(
     return unpack(logp), unpack(entropy) if entropy is not None else None
 
 
+def micro_batch_logprobs(
+    model: torch.nn.Module,
+    idx: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    packed: bool,
+    device: torch.device | str,
+    pad_id: int | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    trunk: TrunkCache | None = None,
+    rows: Sequence[int] | None = None,
+    keep: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """One micro-batch of rows `idx`: (rows, R) right-aligned log-probs, entropies (with `with_entropy`) and the
+    response mask, packed (no padding) or left-padded (`pad_id`). Gradients flow when enabled. `trunk`, keyed by
+    `rows` (default `idx`): where it holds every row, only the trained blocks run from the kept outputs
+    (`trainer/frozen_trunk.py`); where it does not and `keep`, the pass leaves the rows' outputs there."""
+    rows = list(idx) if rows is None else list(rows)
+    covered = trunk is not None and trunk.covers(rows)
+    with capturing_trunk(model, trunk if keep and not covered else None) as captured:
+        if packed:
+            pb = pack(idx, prompts, responses).to(device)
+            kept = (trunk.depth, trunk.packed(rows).to(device)) if trunk is not None and covered else None
+            logp, entropy = packed_response_logprobs(model, pb, temperature=temperature, with_entropy=with_entropy,
+                                                     trunk=kept)
+        else:
+            if pad_id is None:
+                raise ValueError("the left-padded layout needs pad_id")
+            mb = collate(idx, prompts, responses, pad_id).to(device)
+            kept = (trunk.depth, trunk.left_padded(rows, mb.input_ids.shape[1]).to(device)) \
+                if trunk is not None and covered else None
+            logp, entropy = response_logprobs(model, mb, temperature=temperature, with_entropy=with_entropy,
+                                              trunk=kept)
+    if captured and trunk is not None:
+        if packed:
+            trunk.add_packed(rows, captured[0], pb.cu_seq_lens)
+        else:
+            trunk.add_left_padded(rows, captured[0], mb.attention_mask)
+    return logp, entropy, pb.response_mask if packed else mb.response_mask
+
+
 @torch.no_grad()
 def batched_response_logprobs(
     model: torch.nn.Module,
@@ -333,12 +377,8 @@ def packed_batched_response_logprobs(
     model.eval()
     try:
         for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=False):
-            pb = pack(idx, prompts, responses).to(device)
-            with capturing_trunk(model, trunk_cache) as captured:
-                logp, _ = packed_response_logprobs(model, pb, temperature=temperature)
-            if captured:
-                assert trunk_cache is not None
-                trunk_cache.add_packed(idx, captured[0], pb.cu_seq_lens)
+            logp, _, _ = micro_batch_logprobs(model, idx, prompts, responses, packed=True, device=device,
+                                              temperature=temperature, trunk=trunk_cache, keep=True)
             _store_rows(results, idx, logp.cpu(), responses)
     finally:
         model.train(was_training)

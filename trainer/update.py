@@ -28,8 +28,7 @@ from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
     collate,
-    pack,
-    packed_response_logprobs,
+    micro_batch_logprobs,
     response_logprobs,
 )
 from agentgym_opsd.trainer.losses import StartDrift, policy_objective
@@ -163,17 +162,10 @@ class PPOUpdate:
         """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
         packed (no padding) when `self.packed`, else left-padded. Where `trunk` holds every row's frozen-trunk
         output from the π_old pass, only the trained blocks run (`trainer/frozen_trunk.py`)."""
-        temperature = self.cfg.rollout.temperature
-        if self.packed:
-            pb = pack(idx, prompts, responses).to(self.device)
-            kept = (trunk.depth, trunk.packed(idx).to(self.device)) if trunk is not None and trunk.covers(idx) else None
-            logp, entropy = packed_response_logprobs(self.model, pb, temperature=temperature, with_entropy=True,
-                                                     trunk=kept)
-            mask = pb.response_mask
-        else:
-            mb = collate(idx, prompts, responses, self.tokenizer.pad_token_id).to(self.device)
-            logp, entropy = response_logprobs(self.model, mb, temperature=temperature, with_entropy=True)
-            mask = mb.response_mask
+        logp, entropy, mask = micro_batch_logprobs(self.model, idx, prompts, responses, packed=self.packed,
+                                                   device=self.device, pad_id=self.tokenizer.pad_token_id,
+                                                   temperature=self.cfg.rollout.temperature, with_entropy=True,
+                                                   trunk=trunk)
         assert entropy is not None
         return logp, entropy, mask
 

@@ -34,15 +34,8 @@ from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, trunk_depth
-from agentgym_opsd.trainer.logprobs import (
-    bucket_micro_batches,
-    collate,
-    pack,
-    packed_response_logprobs,
-    response_logprobs,
-    supports_packing,
-)
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache, trunk_depth
+from agentgym_opsd.trainer.logprobs import bucket_micro_batches, micro_batch_logprobs, supports_packing
 from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT, train_task_specs
 
 if TYPE_CHECKING:
@@ -148,37 +141,13 @@ def sft_step(
     total = 0.0
     for k, idx in enumerate(batches):
         with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logp, mask = _micro_batch_logprobs(model, idx, [pick[i] for i in idx], prompts, responses,
-                                               pad_id=pad_id, device=device, trunk=trunk, packed=packed)
+            logp, _, mask = micro_batch_logprobs(model, idx, prompts, responses, packed=packed, device=device,
+                                                 pad_id=pad_id, trunk=trunk, rows=[pick[i] for i in idx], keep=True)
         loss = -(logp * mask).sum() / num_tokens
         engine.backward(loss, is_last=k == len(batches) - 1)
         total += float(loss.detach())
     engine.step()
     return total
-
-
-def _micro_batch_logprobs(model: torch.nn.Module, idx: list[int], row_ids: list[int], prompts: list[list[int]],
-                          responses: list[list[int]], *, pad_id: int, device: torch.device | str,
-                          trunk: TrunkCache | None, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SFT micro-batch's (rows, R) response log-probs, with gradients, and their mask: from the rows' kept
-    trunk outputs where `trunk` holds them all, else from the whole model, keeping theirs in `trunk`."""
-    covered = trunk is not None and trunk.covers(row_ids)
-    with capturing_trunk(model, None if covered else trunk) as captured:
-        if packed:
-            pb = pack(idx, prompts, responses).to(device)
-            kept = (trunk.depth, trunk.packed(row_ids).to(device)) if trunk is not None and covered else None
-            logp, _ = packed_response_logprobs(model, pb, trunk=kept)
-        else:
-            mb = collate(idx, prompts, responses, pad_id).to(device)
-            kept = (trunk.depth, trunk.left_padded(row_ids, mb.input_ids.shape[1]).to(device)) \
-                if trunk is not None and covered else None
-            logp, _ = response_logprobs(model, mb, trunk=kept)
-    if captured and trunk is not None:
-        if packed:
-            trunk.add_packed(row_ids, captured[0], pb.cu_seq_lens)
-        else:
-            trunk.add_left_padded(row_ids, captured[0], mb.attention_mask)
-    return logp, pb.response_mask if packed else mb.response_mask
 
 
 def action_exact_match(policy, trajectories: Sequence[Trajectory], parser) -> float:
