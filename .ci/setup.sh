@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(chromium chromium-driver cmake g++)
+# libtcmalloc-minimal4: the allocator vLLM's CPU build asks for, preloaded by `train` / `eval` in .venv-vllm
+# (agentgym_opsd/cpu_runtime.py); it does nothing in .venv.
+APT_PACKAGES=(chromium chromium-driver cmake g++ libtcmalloc-minimal4)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
 if ((${#missing[@]})); then

@@ -25,7 +25,7 @@ from agentgym_opsd.registry import (
     registered_skill_libraries,
 )
 
-__all__ = ["main"]
+__all__ = ["SAMPLING_COMMANDS", "main"]
 
 # Commands handed on whole to another module's `main(argv)` (imported only when named, so `list` needs
 # neither flask nor a model): command -> (module, help).
@@ -43,8 +43,19 @@ FORWARDED: dict[str, tuple[str, str]] = {
 }
 
 
+SAMPLING_COMMANDS = ("train", "eval")
+"""Commands that may sample with vLLM's CPU build: run as a command, they start again with the runtime it asks
+for preloaded (`agentgym_opsd/cpu_runtime.py`)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # run as a command (console script, `python -m`), never when called as a function
+        argv = sys.argv[1:]
+        if argv and argv[0] in SAMPLING_COMMANDS:
+            from agentgym_opsd.cpu_runtime import reexec_preloaded
+
+            reexec_preloaded()
+    argv = list(argv)
     if argv and argv[0] in FORWARDED:
         module = importlib.import_module(FORWARDED[argv[0]][0])
         return int(module.main(argv[1:]))

@@ -10,7 +10,8 @@ start pays for the run's episodes. Each run's own `time:` line gives the minutes
 cores: the figures are the machine's, and the record says which CPU (one record per CPU, as `precision.json`).
 
 Writes `benchmarks/results/main_job_time.json`: `{"machines": {cpu: {"runs": [{"python", "pass", "wall_min",
-"time_report", "phases_min", "success", "dtype", "trainable_dtype", "rollout_backend", "warm_start"}, ...]}}}`.
+"time_report", "phases_min", "success", "dtype", "trainable_dtype", "rollout_backend", "warm_start"} and, for vLLM on
+the CPU, "preloaded" (the runtime libraries its log names), ...]}}}`.
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ from harness import cpu_model, read_machines
 from rich.console import Console
 from rich.table import Table
 
+from agentgym_opsd.cpu_runtime import LOG_PREFIX
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PHASE = re.compile(r"(?P<name>[a-z][a-z ]*?) (?P<minutes>\d+\.\d)(?:,| min)")
 SUCCESS = re.compile(r"^(?P<label>(held-out|training-pool) success): (?P<line>.*)$")
+PRELOADED = re.compile(re.escape(LOG_PREFIX) + r"(?P<what>.*)$")
 
 
 def parse_time_report(line: str) -> dict[str, float]:
@@ -65,7 +69,9 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int) -> dict[
         raise SystemExit(f"{' '.join(argv)} exited {code}; its output: {log_path}\n" + "\n".join(lines[-20:]))
     times = [line.strip() for line in lines if line.startswith("time: ")]
     success = {m["label"].strip(): m["line"].strip() for line in lines if (m := SUCCESS.match(line.strip()))}
+    preloaded = [m["what"].strip() for line in lines if (m := PRELOADED.search(line))]  # agentgym_opsd/cpu_runtime.py
     return {"wall_min": round(wall_min, 2), "time_report": times[-1] if times else None,
+            **({"preloaded": preloaded[0]} if preloaded else {}),
             "phases_min": parse_time_report(times[-1]) if times else {}, "success": success, **run_record(run_dir)}
 
 

@@ -24,6 +24,14 @@ def test_the_success_lines_are_found_and_log_lines_are_not() -> None:
     assert not bt.SUCCESS.match("2026-12-04 19:00:01,123 INFO agentgym_opsd: held-out success: 0.5")
 
 
+def test_the_runtime_line_is_read_back_as_the_session_logs_it() -> None:
+    from agentgym_opsd.cpu_runtime import LOG_PREFIX, describe_preloads
+
+    line = "2026-12-05 04:00:00,000 INFO agentgym_opsd.trainer.session: " + LOG_PREFIX + describe_preloads(
+        {"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4:/v/lib/libiomp5.so"})
+    assert bt.PRELOADED.search(line)["what"] == "libtcmalloc_minimal.so.4, libiomp5.so"
+
+
 def test_a_cold_pass_refuses_a_cache_that_is_not_empty(tmp_path) -> None:
     (tmp_path / "venv" / "cache").mkdir(parents=True)
     python = tmp_path / "venv" / "bin" / "python"

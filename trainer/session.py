@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentgym_opsd.cpu_runtime import LOG_PREFIX, describe_preloads
 from agentgym_opsd.models.backends import RolloutBackend, choose_rollout_backend
 from agentgym_opsd.models.precision import resolve_device, resolve_dtype
 from agentgym_opsd.records import Trajectory, save_jsonl
@@ -162,6 +163,8 @@ class RunSession:
         if backend.name != cfg.rollout.backend:
             log.info("rollout.backend=%s -> %s: %s", cfg.rollout.backend, backend.name, backend.reason)
             cfg = self.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend=backend.name))
+        if backend.name == "vllm" and device.type == "cpu":
+            log.info("%s%s", LOG_PREFIX, describe_preloads())
         self._join_ranks(device)
         self.state: ckpt.TrainerState | None = None
         # rank 0 decides, so every rank resumes from the same folder
