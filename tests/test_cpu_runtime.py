@@ -38,7 +38,8 @@ def _libs(tmp_path: Path, *, tcmalloc: bool = True, iomp: bool = True) -> tuple[
 
 def test_both_libraries_are_found_where_vllms_cpu_build_is_installed(tmp_path: Path) -> None:
     system, prefix = _libs(tmp_path)
-    found = find_preloads(vllm_cpu_installed=lambda: True, library_dirs=[system], prefixes=[prefix])
+    iomp = [f"{tmp_path}/nowhere/libiomp5.so", f"{prefix}/lib/libiomp5.so"]
+    found = find_preloads(vllm_cpu_installed=lambda: True, library_dirs=[system], iomp_candidates=iomp)
     assert found == [f"{system}/libtcmalloc_minimal.so.4", f"{prefix}/lib/libiomp5.so"]  # vLLM's order
 
 
@@ -47,7 +48,8 @@ def test_both_libraries_are_found_where_vllms_cpu_build_is_installed(tmp_path: P
 def test_nothing_is_preloaded_without_vllms_cpu_build_or_either_library(tmp_path: Path, installed: bool,
                                                                         tcmalloc: bool, iomp: bool) -> None:
     system, prefix = _libs(tmp_path, tcmalloc=tcmalloc, iomp=iomp)
-    assert find_preloads(vllm_cpu_installed=lambda: installed, library_dirs=[system], prefixes=[prefix]) == []
+    assert find_preloads(vllm_cpu_installed=lambda: installed, library_dirs=[system],
+                         iomp_candidates=[f"{prefix}/lib/libiomp5.so"]) == []
 
 
 def test_the_environment_puts_the_missing_libraries_first_and_marks_the_process() -> None:
@@ -117,3 +119,20 @@ def test_the_python_m_modules_start_again_before_they_run_the_command(module: st
                          timeout=300).stdout.splitlines()
     assert out[:2] == ["start None", f"start {lib}"]  # re-executed once, preloaded, before --help ran
     assert any("usage" in line for line in out[2:])
+
+
+def test_libiomp5_is_found_through_intel_openmps_file_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also from a light venv whose dependencies live in another environment (`benchmarks/worktree.sh`):
+    the distribution's file list, not this interpreter's prefix, says where the library is."""
+    site = tmp_path / "deps" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+
+    class Dist:
+        files = ["intel_openmp-2025.dist-info/RECORD", "../../libiomp5.so"]
+
+        def locate_file(self, file: str) -> Path:
+            return site / file
+
+    monkeypatch.setattr(cpu_runtime.importlib.metadata, "distribution", lambda name: Dist())
+    assert cpu_runtime._iomp_candidates() == [str(tmp_path / "deps" / "lib" / "libiomp5.so"),
+                                              str(Path(sys.prefix) / "lib" / "libiomp5.so")]
