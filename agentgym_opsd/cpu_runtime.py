@@ -6,13 +6,14 @@ dependency) loaded ahead of glibc's malloc and torch's GNU OpenMP; its start-up 
 `LD_PRELOAD`. So `train` and `eval`, run as commands (never when called as functions), re-execute themselves
 once with both preloaded, where vLLM's CPU build is installed and the libraries are found:
 
-    ./.ci/setup.sh --vllm                 # installs libtcmalloc-minimal4 (apt) with .venv-vllm
+    ./.ci/setup.sh --vllm                 # .venv-vllm; setup also installs libtcmalloc-minimal4 (apt)
     .venv-vllm/bin/python -m agentgym_opsd.train --config cpu-small   # starts again, preloaded, at once
 
-On an AMD EPYC of family 25 model 1 (2 cores, float32) this made 32 ALFWorld episodes on vLLM 1.15x faster
-(`benchmarks/bench_cpu_runtime.py`); the trainer's own passes (an SFT step) ran as fast as without. Nothing
+On an AMD EPYC of family 25 model 1 (2 cores, float32) it made 32 ALFWorld episodes on vLLM 1.06x faster, twice
+(`benchmarks/bench_cpu_runtime.py`, rounds alternated), and the trainer's passes ran as fast as without, in the
+engine's process and in one of their own (`bench_sft_layout.py`). Nothing
 changes where vLLM's CPU build is absent (`.venv`, a GPU machine) or a library is missing, or with
-`AGENTGYM_OPSD_PRELOAD=0`. A run logs what it was preloaded with (`active_preloads`).
+`AGENTGYM_OPSD_PRELOAD=0`. A run on vLLM's CPU build logs what it was preloaded with (`LOG_PREFIX`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["LOG_PREFIX", "PRELOAD_ENV", "PRELOADED_ENV", "active_preloads", "describe_preloads", "find_preloads", "preload_environment",
-           "reexec_preloaded"]
+__all__ = ["LOG_PREFIX", "PRELOADED_ENV", "PRELOAD_ENV", "active_preloads", "describe_preloads", "find_preloads",
+           "preload_environment", "reexec_preloaded"]
 
 PRELOAD_ENV = "AGENTGYM_OPSD_PRELOAD"
 """Set to 0 to run without the preloads (to measure against, or where a library misbehaves)."""
@@ -95,7 +96,7 @@ def describe_preloads(environ: Mapping[str, str] | None = None) -> str:
         return ", ".join(Path(lib).name for lib in present)
     if environ.get(PRELOAD_ENV) == "0":
         return f"nothing ({PRELOAD_ENV}=0)"
-    return ("nothing (run as a function, or TCMalloc / libiomp5 not found: `./.ci/setup.sh --vllm` installs "
+    return ("nothing (run as a function, or TCMalloc / libiomp5 not found: `./.ci/setup.sh` installs "
             "libtcmalloc-minimal4)")
 
 

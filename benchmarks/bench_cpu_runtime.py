@@ -5,8 +5,9 @@
 trainer, no warm start, 32 ALFWorld episodes after a warm-up round of 4, the same tasks and sampler seed) in a
 fresh process per round, the rounds alternating (plain, preloaded, preloaded, plain, ...) so a drift of the
 machine falls on both. Both play the same samples (the generated token counts must match; the table says so).
-Reported per runtime: the median seconds and tokens/s, engine start, weight sync. The JSON keeps one record per
-CPU (`harness.cpu_model`).
+Then, in the same process (the engine's threads bound, the runtime as preloaded), the trainer's log-prob and
+teacher passes over those episodes' rows. Reported per runtime: the median seconds and tokens/s, engine start,
+weight sync, and the passes' seconds. The JSON keeps one record per CPU (`harness.cpu_model`).
 
     ./.ci/setup.sh --vllm          # .venv-vllm and libtcmalloc-minimal4
     .venv-vllm/bin/python benchmarks/bench_cpu_runtime.py          # -> benchmarks/results/cpu_runtime.json
@@ -39,13 +40,31 @@ def order(rounds: int) -> list[str]:
     return [runtime for pair in pairs for runtime in pair]
 
 
+def trainer_passes(trainer: Any, trajs: list[Any]) -> dict[str, Any]:
+    """The trainer's log-prob and teacher passes over the round's rows, in the process that holds the engine (its
+    threads are bound and the runtime is the preloaded one): seconds each, twice (the first warms the passes)."""
+    import time
+
+    batch = trainer.score(trajs)
+    seconds: dict[str, float] = {}
+    for _ in range(2):
+        t0 = time.perf_counter()
+        logprobs = trainer.logprobs(batch)
+        seconds["logprobs_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trainer.teacher(batch, logprobs, trajs)
+        seconds["teacher_s"] = time.perf_counter() - t0
+    return {"trainer_passes": {**seconds, "rows": len(batch)}}
+
+
 def one_round(runtime: str, libraries: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """One fresh process with `LD_PRELOAD` as the runtime has it (spawned children inherit the environment)."""
     saved = os.environ.get("LD_PRELOAD")
     os.environ["LD_PRELOAD"] = ":".join(libraries) if runtime == "preloaded" else ""
     try:
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            run = pool.apply(measure, ("vllm", args.dtype, args.config, [args.episodes], 1, args.kv_cache_gib))
+            run = pool.apply(measure, ("vllm", args.dtype, args.config, [args.episodes], 1, args.kv_cache_gib,
+                                       trainer_passes))
     finally:
         if saved is None:
             os.environ.pop("LD_PRELOAD", None)
@@ -60,7 +79,10 @@ def summarize(rounds: list[dict[str, Any]], libraries: list[str], args: argparse
     medians = {r: {"seconds": statistics.median(x["episodes"][key]["seconds"] for x in xs),
                    "tokens_per_s": statistics.median(x["episodes"][key]["tokens_per_s"] for x in xs),
                    "start_s": statistics.median(x["start_s"] for x in xs),
-                   "sync_s": statistics.median(x["sync_s"] for x in xs)} for r, xs in by.items() if xs}
+                   "sync_s": statistics.median(x["sync_s"] for x in xs),
+                   **{k: statistics.median(x["trainer_passes"][k] for x in xs)
+                      for k in ("logprobs_s", "teacher_s") if all("trainer_passes" in x for x in xs)}}
+               for r, xs in by.items() if xs}
     tokens = {x["episodes"][key]["tokens"] for x in rounds}
     out: dict[str, Any] = {"config": args.config, "dtype": args.dtype, "episodes": args.episodes,
                            "group_size": GROUP_SIZE, "libraries": libraries, "order": [x["runtime"] for x in rounds],
@@ -102,11 +124,12 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
 
     table = Table(title=f"vLLM CPU rollouts, {args.episodes} episodes, {args.config} {args.dtype}, {cpu}")
-    for col in ("runtime", "rounds", "median s", "tokens/s", "engine start s", "sync s"):
+    for col in ("runtime", "rounds", "median s", "tokens/s", "engine start s", "sync s", "log-probs s", "teacher s"):
         table.add_column(col, justify="right")
     for runtime, m in record["median"].items():
         table.add_row(runtime, str(record["order"].count(runtime)), f"{m['seconds']:.1f}", f"{m['tokens_per_s']:.1f}",
-                      f"{m['start_s']:.1f}", f"{m['sync_s']:.2f}")
+                      f"{m['start_s']:.1f}", f"{m['sync_s']:.2f}", f"{m.get('logprobs_s', float('nan')):.1f}",
+                      f"{m.get('teacher_s', float('nan')):.1f}")
     Console().print(table)
     print(f"preloaded / plain: {record.get('speedup', float('nan')):.2f}x faster; same samples: "
           f"{record['same_samples']}; wrote {args.out}")

@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats: int, kv_gib: float) -> dict[str, Any]:
-    """One (backend, dtype) in this process: engine start, rollouts per episode count, sync cost, peak RSS."""
+def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats: int, kv_gib: float,
+            then: Callable[[Any, list[Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One (backend, dtype) in this process: engine start, rollouts per episode count, sync cost, peak RSS;
+    `then(trainer, trajectories of the last round)` adds its figures (a module-level function: it is pickled)."""
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -72,6 +75,8 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
                 tokens = sum(len(t.response_token_ids) for traj in trajs for t in traj.turns)
                 out["episodes"][str(n)] = {"seconds": median, "tokens": tokens, "tokens_per_s": tokens / median,
                                            "success": summarize(trajs).success_rate}
+            if then is not None:
+                out.update(then(trainer, trajs))
             if backend == "vllm":
                 sync = []
                 for _ in range(3):

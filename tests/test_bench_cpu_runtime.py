@@ -18,7 +18,8 @@ def test_the_rounds_alternate_so_each_runtime_goes_first_in_half_the_pairs() -> 
 
 
 def _round(runtime: str, seconds: float, tokens: int = 700) -> dict[str, Any]:
-    return {"runtime": runtime, "start_s": 100.0, "sync_s": 0.5,
+    return {"runtime": runtime, "start_s": 100.0, "sync_s": 0.5, "trainer_passes": {"logprobs_s": seconds / 10,
+                                                                                  "teacher_s": 2.0, "rows": 80},
             "episodes": {"32": {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}}}
 
 
@@ -28,6 +29,7 @@ def test_the_record_gives_medians_the_speed_up_and_whether_the_samples_matched(t
     record = bench.summarize(rounds, ["/a/libtc.so", "/b/libiomp5.so"], args)
     assert record["median"]["plain"]["seconds"] == 138.0 and record["median"]["preloaded"]["seconds"] == 122.0
     assert record["speedup"] == pytest.approx(138.0 / 122.0)
+    assert record["median"]["plain"]["logprobs_s"] == pytest.approx(13.8) and record["median"]["plain"]["teacher_s"] == 2
     assert record["same_samples"] and record["order"] == ["plain", "preloaded", "preloaded", "plain"]
     assert not bench.summarize([_round("plain", 1.0), _round("preloaded", 1.0, tokens=701)], [], args)["same_samples"]
     assert "speedup" not in bench.summarize(rounds[:1], [], args)  # one runtime so far: nothing to compare
