@@ -25,7 +25,7 @@ from agentgym_opsd.registry import (
     registered_skill_libraries,
 )
 
-__all__ = ["SAMPLING_COMMANDS", "main"]
+__all__ = ["SAMPLING_COMMANDS", "main", "run_as_command"]
 
 # Commands handed on whole to another module's `main(argv)` (imported only when named, so `list` needs
 # neither flask nor a model): command -> (module, help).
@@ -48,13 +48,19 @@ SAMPLING_COMMANDS = ("train", "eval")
 for preloaded (`agentgym_opsd/cpu_runtime.py`)."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # run as a command (console script, `python -m`), never when called as a function
-        argv = sys.argv[1:]
-        if argv and argv[0] in SAMPLING_COMMANDS:
-            from agentgym_opsd.cpu_runtime import reexec_preloaded
+def run_as_command(argv: Sequence[str]) -> int:
+    """`main(argv)` for a process started as a command (console script, `python -m`), never for a function call:
+    a sampling command first starts again with vLLM's CPU runtime preloaded, where that applies."""
+    if argv and argv[0] in SAMPLING_COMMANDS:
+        from agentgym_opsd.cpu_runtime import reexec_preloaded
 
-            reexec_preloaded()
+        reexec_preloaded()
+    return main(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the console script
+        return run_as_command(sys.argv[1:])
     argv = list(argv)
     if argv and argv[0] in FORWARDED:
         module = importlib.import_module(FORWARDED[argv[0]][0])
@@ -82,4 +88,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_as_command(sys.argv[1:]))

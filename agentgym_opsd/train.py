@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from agentgym_opsd.__main__ import main
-from agentgym_opsd.cpu_runtime import reexec_preloaded
+from agentgym_opsd.__main__ import run_as_command
 
 if __name__ == "__main__":
-    reexec_preloaded()  # vLLM's CPU build's allocator and OpenMP runtime, where installed (agentgym_opsd/cpu_runtime.py)
-    raise SystemExit(main(["train", *sys.argv[1:]]))
+    raise SystemExit(run_as_command(["train", *sys.argv[1:]]))

@@ -24,6 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_rollout_backends import GROUP_SIZE, RESULTS, measure  # noqa: E402  (sets the vLLM process options)
@@ -59,17 +60,10 @@ def trainer_passes(trainer: Any, trajs: list[Any]) -> dict[str, Any]:
 
 def one_round(runtime: str, libraries: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """One fresh process with `LD_PRELOAD` as the runtime has it (spawned children inherit the environment)."""
-    saved = os.environ.get("LD_PRELOAD")
-    os.environ["LD_PRELOAD"] = ":".join(libraries) if runtime == "preloaded" else ""
-    try:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            run = pool.apply(measure, ("vllm", args.dtype, args.config, [args.episodes], 1, args.kv_cache_gib,
-                                       trainer_passes))
-    finally:
-        if saved is None:
-            os.environ.pop("LD_PRELOAD", None)
-        else:
-            os.environ["LD_PRELOAD"] = saved
+    with mock.patch.dict(os.environ, {"LD_PRELOAD": ":".join(libraries) if runtime == "preloaded" else ""}), \
+            multiprocessing.get_context("spawn").Pool(1) as pool:
+        run = pool.apply(measure, ("vllm", args.dtype, args.config, [args.episodes], 1, args.kv_cache_gib,
+                                   trainer_passes))
     return {**run, "runtime": runtime}
 
 
@@ -85,7 +79,8 @@ def summarize(rounds: list[dict[str, Any]], libraries: list[str], args: argparse
                for r, xs in by.items() if xs}
     tokens = {x["episodes"][key]["tokens"] for x in rounds}
     out: dict[str, Any] = {"config": args.config, "dtype": args.dtype, "episodes": args.episodes,
-                           "group_size": GROUP_SIZE, "libraries": libraries, "order": [x["runtime"] for x in rounds],
+                           "group_size": GROUP_SIZE,
+                           "libraries": [Path(lib).name for lib in libraries], "order": [x["runtime"] for x in rounds],
                            "same_samples": len(tokens) == 1, "rounds": rounds, "median": medians,
                            "load_avg_after": os.getloadavg()[0]}
     if len(medians) == 2:
