@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -43,7 +42,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_roofline import measure_peak_flops, sft_rows  # noqa: E402
-from harness import cpu_model, make_trainer, peak_rss_mb, read_machines, timed  # noqa: E402
+from harness import cpu_model, make_trainer, peak_rss_mb, timed, write_machine_record  # noqa: E402
 from render_results import render_pages  # noqa: E402
 
 from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, HOPELESS_SLOWDOWN, probe_matmuls  # noqa: E402
@@ -137,10 +136,7 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
 
 def write_record(out: Path, cpu: str, record: dict[str, Any]) -> None:
     """`record` as `cpu`'s entry of `out`, beside the other machines' entries; the docs' table follows."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    machines = read_machines(out)
-    machines[cpu] = record
-    out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+    write_machine_record(out, cpu, record)
     render_pages()
 
 

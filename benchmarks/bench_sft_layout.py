@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from bench_roofline import sft_rows
-from harness import cpu_model, make_trainer, read_machines
+from harness import cpu_model, make_trainer, write_machine_record
 from rich.console import Console
 from rich.table import Table
 
@@ -102,10 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_sft_layout_") as tmp:
         record = {"cpu": cpu, **measure(args, tmp), "load_avg_before_after": [load_before, os.getloadavg()[0]]}
-    machines = read_machines(args.out)
-    machines[cpu] = record
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+    write_machine_record(args.out, cpu, record)
     table = Table(title=f"SFT step by layout, {args.config} ({record['dtype']}), {record['steps']} steps, {cpu}")
     for col in ("layout", "CPU s / step", "wall s / step", "tokens computed", "loss diff vs padded"):
         table.add_column(col, justify="right")

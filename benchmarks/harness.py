@@ -86,3 +86,11 @@ def read_machines(path: Path) -> dict[str, Any]:
     if "machines" in data:
         return dict(data["machines"])
     return {data.get("cpu", "Intel Xeon (avx512_bf16 + avx512_fp16, no AMX; the record of the first bench)"): data}
+
+
+def write_machine_record(path: Path, cpu: str, record: dict[str, Any]) -> None:
+    """`record` as `cpu`'s entry of `path` (`read_machines`' layout), beside the other machines' entries."""
+    machines = read_machines(path)
+    machines[cpu] = record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")

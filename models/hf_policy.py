@@ -6,7 +6,8 @@ batch at once: prompts are rendered with the tokenizer's chat template, sorted b
 its generated text contains one of the closing tags (`</action>`, ...), when it samples an end-of-sequence
 token, or after `max_new_tokens`; finished rows are dropped from the batch and from the cache, so long
 answers do not slow down the short ones. Identical prompts in a chunk (the G rollouts of a task share their
-first prompt) are prefilled once and their cache rows copied.
+first prompt) are prefilled once and their cache rows copied, and the prefix every prompt of a chunk starts with
+(the system message: a fifth of an ALFWorld prompt) is prefilled once for the chunk (`MIN_SHARED_PREFIX`).
 
 Each `PolicyOutput` carries exactly the sampled tokens (`token_ids`, up to and including the token that
 completed the closing tag; never padding, never the end-of-sequence token) and, per token, its log-prob
@@ -36,13 +37,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STOP_STRINGS",
+    "MIN_SHARED_PREFIX",
     "HFPolicy",
     "cache_kwarg",
     "chat_prompt_ids",
+    "common_prefix_length",
     "text_ids",
 ]
 
 DEFAULT_STOP_STRINGS: tuple[str, ...] = ("</action>", "</search>", "</answer>")
+
+MIN_SHARED_PREFIX = 16
+"""A chunk's common prompt prefix is prefilled once (batch 1) when it is at least this many tokens; a shorter one
+saves less than the extra forward call costs."""
 
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -115,6 +122,19 @@ def _cache_kwarg_of(model_type: type) -> str:
     import inspect
 
     return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all `prompts` share, at most one fewer than the shortest has (every prompt keeps
+    a last token of its own to prefill: its logits give the first sampled token)."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts) - 1
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -277,17 +297,29 @@ class HFPolicy(Policy):
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         unique = list(distinct)
-        width = max(len(p) for p in unique)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        # The prefix every distinct prompt starts with runs once, its cache rows copied to every prompt; the
+        # rows then prefill only their suffixes: [prefix][left padding][suffix], the mask spanning all of it
+        # and positions continuing after the prefix, so each row sees exactly the sequence it would see alone.
+        shared = common_prefix_length(unique) if len(unique) > 1 else 0
+        if shared >= MIN_SHARED_PREFIX:
+            prefix = torch.as_tensor([unique[0][:shared]], dtype=torch.long, device=self.device)
+            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared, device=self.device)[None], cache)
+            cache.batch_repeat_interleave(len(unique))
+        else:
+            shared = 0
+        suffixes = [p[shared:] for p in unique]
+        width = max(len(s) for s in suffixes)
         pad = int(self.tokenizer.pad_token_id)
         input_ids = torch.full((len(unique), width), pad, dtype=torch.long)
         mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for r, p in enumerate(unique):  # left padding: every row's last prompt token is at column width-1
-            input_ids[r, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-            mask[r, width - len(p) :] = 1
+        for r, s in enumerate(suffixes):  # left padding: every row's last prompt token is at column width-1
+            input_ids[r, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+            mask[r, width - len(s) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         # Positions count real tokens only, so a padded row sees the same positions as it would alone.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=getattr(self.model, "config", None))
+        positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
+        mask = torch.cat([mask.new_ones((len(unique), shared)), mask], dim=1)
         logits = self._forward(input_ids, mask, positions, cache)  # (distinct prompts, vocab)
         if len(unique) < rows:
             expand = torch.as_tensor(row_of, device=self.device)

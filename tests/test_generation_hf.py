@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from agentgym_opsd.envpool import TaskSpec
+from agentgym_opsd.models import hf_policy
 from agentgym_opsd.models.backends import BACKENDS, make_policy_backend
-from agentgym_opsd.models.hf_policy import HFPolicy
+from agentgym_opsd.models.hf_policy import MIN_SHARED_PREFIX, HFPolicy, chat_prompt_ids, common_prefix_length
 from agentgym_opsd.models.loading import LoraSettings, load_policy_model
 from agentgym_opsd.policies import Policy, PolicyRequest
 from agentgym_opsd.rollout import RolloutRunner
@@ -83,6 +84,49 @@ def test_left_padding_sorting_and_shared_prefill_do_not_change_results(tiny):
     for a, b in zip(batched, single, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-4)
+
+
+def _prefill_tokens(model) -> tuple[list[int], object]:
+    """A hook that records how many tokens each forward call of `model` feeds in (rows x width)."""
+    fed: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda mod, args, out: fed.append(args[0].numel()))
+    return fed, hook
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_prefix_every_prompt_shares_is_prefilled_once_with_the_same_results(tiny, monkeypatch, temperature):
+    model, tok = tiny
+    system = "You are a household robot. Reply with exactly one command inside <action>...</action>. " * 3
+    requests = [PolicyRequest([{"role": "system", "content": system}, {"role": "user", "content": p}])
+                for p in PROMPTS]
+    prompts = [chat_prompt_ids(tok, r.messages) for r in requests]
+    shared = common_prefix_length(prompts)
+    assert shared >= MIN_SHARED_PREFIX
+    fed, hook = _prefill_tokens(model)
+    try:
+        together = HFPolicy(model, tok, max_new_tokens=8, temperature=temperature, batch_size=8, seed=4).act(requests)
+        prefill_shared = fed[:2]  # the prefix once (1 x shared), then the suffixes
+        fed.clear()
+        monkeypatch.setattr(hf_policy, "MIN_SHARED_PREFIX", 10**9)
+        apart = HFPolicy(model, tok, max_new_tokens=8, temperature=temperature, batch_size=8, seed=4).act(requests)
+        prefill_whole = fed[0]
+    finally:
+        hook.remove()
+    width = max(len(p) for p in prompts)
+    assert prefill_shared == [shared, len(prompts) * (width - shared)]
+    assert prefill_whole == len(prompts) * width
+    for a, b, prompt in zip(together, apart, prompts, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+        expected = _teacher_forced(model, prompt, a.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(a.logprobs), expected, rtol=0, atol=1e-4)
+
+
+def test_common_prefix_length_leaves_every_prompt_a_token_of_its_own():
+    assert common_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert common_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the shorter keeps its last token
+    assert common_prefix_length([[1, 2], [1, 2]]) == 1
+    assert common_prefix_length([[7], [8, 9]]) == 0
 
 
 def test_generation_stops_at_the_closing_tag(tiny):
