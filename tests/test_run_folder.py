@@ -123,3 +123,16 @@ def test_the_validation_before_rl_is_computed_once_per_cached_warm_start(tmp_pat
     # the reused validation brings its held-out episodes along, so run b pairs its after-episodes with them
     kept = [(tmp_path / run / "validation" / "step_000000.jsonl").read_text() for run in "abc"]
     assert kept[0] == kept[1] and kept[0].count("\n") == 4
+
+
+def test_the_start_evaluation_key_leaves_out_the_warm_start_seed() -> None:
+    """The seed picks the warm start, whose cache entry holds the evaluation: the README's run (warm_start.seed -1,
+    trainer.seed 0) and a study's RL seed from the same warm start (warm_start.seed=0, trainer.seed=1) share it."""
+    from agentgym_opsd.trainer.config import load_config
+    from agentgym_opsd.trainer.validation import start_evaluation_key
+
+    def key(*overrides: str) -> str:
+        return start_evaluation_key(load_config("cpu-tiny", list(overrides)), threads=1, world_size=1)
+
+    assert key() == key("warm_start.seed=0", "trainer.seed=1") == key("warm_start.seed=0")
+    assert key() != key("trainer.eval_temperature=0.9")

@@ -177,11 +177,14 @@ def _pool_rates(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
 
 
 # Config fields that cannot change what the validation before the first RL step sees: the RL update, the teacher,
-# the run's bookkeeping and the training stream (held-out and pool seeds and the samplers' streams are fixed).
+# the run's bookkeeping and the training stream (held-out and pool seeds and the samplers' streams are fixed). The
+# warm start's seed picks the warm start itself, which the cache's place already names (it lives in the warm
+# start's entry): `warm_start.seed=0` and the default -1 with `trainer.seed=0` evaluate the same weights.
 _NOT_IN_START_KEY = {
     "trainer": ("seed", "total_steps", "output_dir", "overwrite", "backend", "save_every", "keep_checkpoints",
                 "eval_every", "save_trajectories", "report_to", "tensorboard", "progress"),
     "rollout": ("tasks_per_step", "group_size", "dynamic_sampling", "max_sampling_rounds"),
+    "warm_start": ("seed",),
     "algorithm": "*", "optim": "*", "teacher": "*", "deepspeed": "*",
 }
 
