@@ -17,7 +17,6 @@ weight sync, and the passes' seconds. The JSON keeps one record per CPU (`harnes
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import statistics
@@ -28,7 +27,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_rollout_backends import GROUP_SIZE, RESULTS, measure  # noqa: E402  (sets the vLLM process options)
-from harness import cpu_model, read_machines  # noqa: E402
+from harness import cpu_model, write_machine_record  # noqa: E402
 
 from agentgym_opsd.cpu_runtime import PRELOAD_ENV, active_preloads, find_preloads  # noqa: E402
 
@@ -109,14 +108,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("vLLM's CPU build, TCMalloc or libiomp5 is missing: ./.ci/setup.sh --vllm, then run this "
                          "with .venv-vllm/bin/python")
     cpu = cpu_model()
-    machines = read_machines(args.out)
     rounds: list[dict[str, Any]] = []
     for runtime in order(args.rounds):
         rounds.append(one_round(runtime, libraries, args))
         print(f"done: {runtime} {rounds[-1]['episodes'][str(args.episodes)]['seconds']:.1f} s", file=sys.stderr)
-        record = machines[cpu] = {"cpu": cpu, **summarize(rounds, libraries, args)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)  # rewritten after each round: a stopped run keeps them
-        args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+        record = {"cpu": cpu, **summarize(rounds, libraries, args)}
+        write_machine_record(args.out, cpu, record)  # rewritten after each round: a stopped run keeps them
 
     table = Table(title=f"vLLM CPU rollouts, {args.episodes} episodes, {args.config} {args.dtype}, {cpu}")
     for col in ("runtime", "rounds", "median s", "tokens/s", "engine start s", "sync s", "log-probs s", "teacher s"):

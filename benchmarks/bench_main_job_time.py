@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness import cpu_model, read_machines
+from harness import cpu_model, read_machines, write_machine_record
 from rich.console import Console
 from rich.table import Table
 
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", type=Path, default=RESULTS / "main_job_time.json")
     args = ap.parse_args(argv)
     cpu = cpu_model()
-    machines = read_machines(args.results)
-    record = machines.setdefault(cpu, {"runs": []})
+    record = read_machines(args.results).get(cpu, {"runs": []})
     for python in args.python:
         venv = Path(python).parents[1].name if Path(python).parent.name == "bin" else Path(python).name  # .venv-vllm
         cache = args.out / venv / "cache"
@@ -116,8 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             result = {"python": venv, "pass": which, "load_avg_before": round(os.getloadavg()[0], 2),
                       **run_main_job(python, run_dir, cache, args.threads)}
             record["runs"] = [r for r in record["runs"] if (r["python"], r["pass"]) != (venv, which)] + [result]
-            args.results.parent.mkdir(parents=True, exist_ok=True)
-            args.results.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+            write_machine_record(args.results, cpu, record)
             print(f"{venv} {which}: {result['wall_min']:.1f} min; {result['time_report']}", file=sys.stderr)
     table = Table(title=f"the main job (cpu-small), {cpu}")
     for col in ("python", "pass", "dtype", "sampler", "wall min", "warm start", "evaluation", "rollout", "teacher",

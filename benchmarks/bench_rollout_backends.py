@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import os
 import statistics
@@ -148,10 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     if any(n % GROUP_SIZE for n in args.episodes):
         raise SystemExit(f"--episodes: each must be a multiple of the group size {GROUP_SIZE}")
     sys.path.insert(0, str(Path(__file__).parent))
-    from harness import cpu_model, read_machines
+    from harness import cpu_model, write_machine_record
 
     cpu = cpu_model()
-    machines = read_machines(args.out)
     load_before = os.getloadavg()[0]
     runs: list[dict[str, Any]] = []
     spawn = multiprocessing.get_context("spawn")
@@ -163,9 +161,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(pool.apply(measure, (backend, dtype, args.config, args.episodes, args.repeats,
                                                  args.kv_cache_gib)))
             print(f"done: {backend} {dtype}", file=sys.stderr)
-            record = machines[cpu] = {"cpu": cpu, **summarize(runs, args, load_before)}
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+            record = {"cpu": cpu, **summarize(runs, args, load_before)}
+            write_machine_record(args.out, cpu, record)
             plot(record, args.out.with_suffix(".png"))
     ratios = record["vllm_over_hf_tokens_per_s"]
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentgym_opsd.models.hf_policy import cache_kwarg
+from agentgym_opsd.models.hf_policy import cache_kwarg, common_prefix_length
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, trunk_inputs
 
 __all__ = [
@@ -406,18 +406,7 @@ def shared_prefix_groups(prompts: Sequence[Sequence[int]], *, min_prefix: int = 
     for i, p in enumerate(prompts):
         key = tuple(p[:min_prefix]) if len(p) > min_prefix else ("row", i)  # type: ignore[assignment]
         buckets.setdefault(key, []).append(i)
-    groups = []
-    for idx in buckets.values():
-        first = prompts[idx[0]]
-        n = min(len(prompts[i]) for i in idx) - 1
-        for i in idx[1:]:
-            other = prompts[i]
-            k = 0
-            while k < n and other[k] == first[k]:
-                k += 1
-            n = k
-        groups.append((max(n, 0), idx))
-    return groups
+    return [(common_prefix_length([prompts[i] for i in idx]), idx) for idx in buckets.values()]
 
 
 @torch.no_grad()
