@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,17 @@ def parse_time_report(line: str) -> dict[str, float]:
     return {"total": total, **{m["name"].strip(): float(m["minutes"]) for m in PHASE.finditer(parts)}}
 
 
-def run_main_job(python: str, run_dir: Path, cache: Path, threads: int) -> dict[str, Any]:
+def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """README's main job under `python`, its output in `run_dir`, its cache in `cache` (`threads` > 0: its
-    OMP_NUM_THREADS): wall minutes, the run's time line, and the success lines it printed."""
+    OMP_NUM_THREADS; `overrides`: `key=value` settings after the preset's, to time a recipe change): wall
+    minutes, the run's time line, and the success lines it printed."""
     # vLLM's compiled graphs are cached too (in ~/.cache/vllm by default): a cold pass starts without them
     env = {**os.environ, "AGENTGYM_OPSD_CACHE": str(cache), "VLLM_CACHE_ROOT": str(cache / "vllm"),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     argv = [python, "-m", "agentgym_opsd.train", "--config", "cpu-small", f"trainer.output_dir={run_dir}",
-            "trainer.progress=false"]
+            "trainer.progress=false", *overrides]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.with_suffix(".log")
     start = time.perf_counter()
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "main-job-time", help="run folders and caches")
     ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the runs (0: torch's default)")
     ap.add_argument("--results", type=Path, default=RESULTS / "main_job_time.json")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting after cpu-small's (repeatable), to time a recipe change; kept in the record")
     args = ap.parse_args(argv)
     cpu = cpu_model()
     record = read_machines(args.results).get(cpu, {"runs": []})
@@ -113,8 +117,11 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"{run_dir} exists: remove it first (this benchmark never deletes a folder)")
             print(f"{venv} {which}: running the main job ({cpu}, {os.getloadavg()[0]:.1f} load)", file=sys.stderr)
             result = {"python": venv, "pass": which, "load_avg_before": round(os.getloadavg()[0], 2),
-                      **run_main_job(python, run_dir, cache, args.threads)}
-            record["runs"] = [r for r in record["runs"] if (r["python"], r["pass"]) != (venv, which)] + [result]
+                      **({"overrides": args.overrides} if args.overrides else {}),
+                      **run_main_job(python, run_dir, cache, args.threads, args.overrides)}
+            same = (venv, which, args.overrides)  # a recipe change is a record of its own beside README's command
+            record["runs"] = [r for r in record["runs"] if (r["python"], r["pass"], r.get("overrides", [])) != same]
+            record["runs"].append(result)
             write_machine_record(args.results, cpu, record)
             print(f"{venv} {which}: {result['wall_min']:.1f} min; {result['time_report']}", file=sys.stderr)
     table = Table(title=f"the main job (cpu-small), {cpu}")
