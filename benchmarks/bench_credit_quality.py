@@ -144,7 +144,8 @@ def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[st
     per_turn, row_seq = {}, None
     for name in estimators:  # the trainer's own composition (A_seq, penalty bookkeeping, estimator)
         out = batch_advantages(batch, evidence, gaps, estimator=name, config=a.credit_config(),
-                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std)
+                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std,
+                               penalised_turns_gain=a.penalised_turns_gain)
         assert out.result is not None
         per_turn[name] = _per_turn(out.result, mask)  # the estimator's Ã_k, the penalty term left out
         row_seq = out.seq[batch.traj_index]
@@ -209,7 +210,8 @@ def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tu
     for key, form, norm in variants:
         result = compute_evidence(form, inputs, choice_norm=norm)
         out = batch_advantages(batch, result.evidence, gaps, estimator="agentopsd", config=a.credit_config(),
-                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std)
+                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std,
+                               penalised_turns_gain=a.penalised_turns_gain)
         assert out.result is not None
         multipliers[key], forms[key] = out.result.advantages, result.forms
         evidence[key] = result.evidence.tolist()

@@ -382,7 +382,8 @@ def render_main_job_time() -> str:
                        f"trained{', autocast' if ws.get('autocast') else ''}"
                        + (f", {100 * exact:.1f}% exact" if exact is not None else ""))
             cells = [f"{run['phases_min'].get(p, 0.0):.1f}" for p in phases]
-            cache = run["pass"] + (f" ({run['note']})" if run.get("note") else "")
+            said = [f"`{o}`" for o in run.get("overrides", [])] + ([run["note"]] if run.get("note") else [])
+            cache = run["pass"] + (f" ({'; '.join(said)})" if said else "")
             lines.append(f"| `{run['python']}` | {cache} | {run['dtype']} | {run['rollout_backend']} | {trained} | "
                          f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} |")
         lines.append("")

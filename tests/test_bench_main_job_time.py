@@ -38,3 +38,34 @@ def test_a_cold_pass_refuses_a_cache_that_is_not_empty(tmp_path) -> None:
     with pytest.raises(SystemExit, match="needs an empty cache"):
         bt.main(["--python", str(python), "--passes", "cold", "--out", str(tmp_path),
                  "--results", str(tmp_path / "time.json")])
+
+
+FAKE_TRAIN = """#!/usr/bin/env python3
+import pathlib, sys
+out = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.output_dir=")))
+out.mkdir(parents=True)
+(out / "config.yaml").write_text("model: {dtype: float32}\\nrollout: {backend: hf}\\nwarm_start: {}\\n")
+print("argv:", " ".join(sys.argv[1:]))
+print("time: 1.0 min in all (float32, 2 threads): setup 0.1, warm start 0.5, evaluation 0.4 min")
+"""
+
+
+def test_a_recipe_change_is_passed_to_the_job_and_kept_as_a_record_of_its_own(tmp_path) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_TRAIN)
+    python.chmod(0o755)
+    results = tmp_path / "time.json"
+
+    def time_it(out: str, *settings: str) -> None:
+        bt.main(["--python", str(python), "--passes", "cold", "--out", str(tmp_path / out), "--results", str(results),
+                 *[arg for s in settings for arg in ("--set", s)]])
+
+    time_it("a")
+    time_it("b", "warm_start.epochs=1")
+    time_it("c", "warm_start.epochs=1")  # the same recipe again replaces its own record only
+    runs = next(iter(bt.read_machines(results).values()))["runs"]
+    assert [r.get("overrides") for r in runs] == [None, ["warm_start.epochs=1"]]
+    assert runs[0]["phases_min"]["warm start"] == 0.5
+    log = (tmp_path / "c" / "venv" / "cold.log").read_text()
+    assert log.split("\n")[0].endswith("trainer.progress=false warm_start.epochs=1")

@@ -1,6 +1,6 @@
 """The CPU recipe never rewards failure: with `penalty_mode=outcome`, no row of a lost trajectory gets a positive
-advantage, in any estimator the presets use, and the invalid-action push stays small beside the outcome
-advantage. The released semantics (`penalty_mode=turn` with cross-step statistics) are kept for reproduction;
+advantage, in any estimator the presets use, no invalid turn gains from its rollout's win, and the invalid-action
+push stays small beside the outcome advantage. The released semantics (`penalty_mode=turn` with cross-step statistics) are kept for reproduction;
 the last test shows, by hand, what they do to an all-failed group (docs/method.md)."""
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ def step_batches(draw, all_failed: bool = False):
     return trajs, torch.tensor(evidence, dtype=torch.float64), penalty
 
 
-def _advantages(trajs, evidence, penalty, estimator, *, mode="outcome", cross_steps=False, lam=0.5):
+def _advantages(trajs, evidence, penalty, estimator, *, mode="outcome", cross_steps=False, lam=0.5, gain=False):
     batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None,
                              invalid_penalty=penalty, penalty_mode=mode)
     gaps = [torch.full((2,), float(e) / 2) for e in evidence]
     out = batch_advantages(batch, evidence, gaps, estimator=estimator, config=CreditConfig(lam=lam),
-                           cross_steps=cross_steps)
+                           cross_steps=cross_steps, penalised_turns_gain=gain)
     return batch, out
 
 
@@ -106,7 +106,24 @@ def test_outcome_mode_by_hand() -> None:
     batch, out = _advantages(trajs, torch.zeros(6, dtype=torch.float64), 0.1, "grpo")
     s = math.sqrt(0.5) + 1e-6  # unbiased std of rewards 1 and 0
     assert out.seq.tolist() == pytest.approx([0.5 / s, -0.5 / s, 0.0, 0.0])
-    assert [float(t[0]) for t in out.tokens] == pytest.approx([0.5 / s, 0.5 / s - 0.1, -0.5 / s, 0.0, -0.1, 0.0])
+    # the win's invalid turn has no share in it: only the push down
+    assert [float(t[0]) for t in out.tokens] == pytest.approx([0.5 / s, -0.1, -0.5 / s, 0.0, -0.1, 0.0])
+    _, kept = _advantages(trajs, torch.zeros(6, dtype=torch.float64), 0.1, "grpo", gain=True)  # as before the option
+    assert [float(t[0]) for t in kept.tokens] == pytest.approx([0.5 / s, 0.5 / s - 0.1, -0.5 / s, 0.0, -0.1, 0.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(step_batches(), st.sampled_from(ESTIMATORS), st.floats(0.0, 1.0))
+def test_no_penalised_turn_gains_from_its_rollouts_win(case, estimator, lam) -> None:
+    trajs, evidence, penalty = case
+    batch, out = _advantages(trajs, evidence, penalty, estimator, lam=lam)
+    _, kept = _advantages(trajs, evidence, penalty, estimator, lam=lam, gain=True)
+    for row, pushed in enumerate(out.penalty.tolist()):
+        if pushed < 0:  # a penalised turn: at most the push, and never above what it had before
+            assert float(out.tokens[row].max()) <= pushed + 1e-6
+            assert torch.all(out.tokens[row] <= kept.tokens[row] + 1e-6)
+        else:  # every other row keeps its estimator's advantage
+            assert torch.equal(out.tokens[row], kept.tokens[row])
 
 
 def test_the_released_semantics_reward_valid_turns_of_an_all_failed_group() -> None:

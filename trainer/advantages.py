@@ -7,6 +7,7 @@ Pure tensor math on a `TurnBatch` (no model), so the trainer and the property te
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,7 @@ def batch_advantages(
     config: CreditConfig,
     cross_steps: bool = False,
     normalize_std: bool = True,
+    penalised_turns_gain: bool = False,
     return_details: bool = False,
 ) -> BatchAdvantages:
     """Advantages of every row of `batch` (`evidence` (rows,) e_k, `gaps` per-row token gaps).
@@ -53,6 +55,11 @@ def batch_advantages(
     released code: row score R − p normalised by the group's statistics, split into A_seq and a row term,
     `credit.grpo_turn_penalty_advantages`), "outcome" (A_seq from outcomes alone and −p on the invalid row,
     `credit.outcome_penalty_advantages`). The estimator reshapes A_seq; the row term is added after it.
+
+    In "outcome" mode a penalised turn never gains (unless `penalised_turns_gain`): its row is min(Ã_k, 0) − p.
+    An invalid action changes nothing in the environment, so a won rollout's outcome is none of its doing; left
+    positive, a win carried its invalid turns up with it (ALFWorld `cpu-small`, seed 0: 21 of 56 invalid turns,
+    among them made-up receptacles, were pushed up, and held-out invalid actions rose from 18% to 33%).
     """
     eps = config.eps
     if batch.penalty_mode == "turn":
@@ -75,5 +82,8 @@ def batch_advantages(
         # outcome mode: the penalty is the separate row push only, never part of GiGPO's step returns
         turn_penalties=None if batch.penalty_mode == "outcome" else batch.turn_penalties)
     result = credit.estimate(estimator, inputs, config, return_details=return_details)
-    tokens = result.token_advantages(mask, row_offset=penalty, dtype=torch.float32)
+    row_max = None
+    if batch.penalty_mode == "outcome" and not penalised_turns_gain:
+        row_max = torch.where(batch.row_penalties > 0, 0.0, math.inf).to(torch.float64)
+    tokens = result.token_advantages(mask, row_offset=penalty, row_max=row_max, dtype=torch.float32)
     return BatchAdvantages(tokens, seq, penalty, result)

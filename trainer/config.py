@@ -387,6 +387,10 @@ class AlgorithmConfig:
                                          "an all-failed group it makes valid turns of failed rollouts positive); "
                                          "'outcome' = A_seq from outcomes alone, the penalty a separate push of "
                                          "-penalty on the invalid turn's row (never rewards a failed rollout)")
+    penalised_turns_gain: bool = _f(False, "penalty_mode=outcome: true lets a penalised (invalid) turn keep the "
+                                           "positive advantage of its rollout's win (the behaviour before this "
+                                           "option); false makes its row min(A, 0) - penalty: an invalid action "
+                                           "changes nothing in the environment, so it has no share in the win")
     penalize: str = _f("any", "which invalid turns are penalised: 'any' (no tag, refused by the environment, "
                               "cut off) or 'format' (only replies without a parsable action; released code)")
     grpo_cross_steps: bool = _f(False, "penalty_mode=turn: GRPO mean/std of a group over all its turn rows "

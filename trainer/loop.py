@@ -277,7 +277,8 @@ class Trainer:
         a = self.session.cfg.algorithm
         return batch_advantages(batch, evidence.evidence, evidence.gaps, estimator=a.estimator,
                                 config=a.credit_config(self.current_lam()), cross_steps=a.grpo_cross_steps,
-                                normalize_std=a.normalize_std, return_details=self.session.cfg.trainer.save_trajectories)
+                                normalize_std=a.normalize_std, penalised_turns_gain=a.penalised_turns_gain,
+                                return_details=self.session.cfg.trainer.save_trajectories)
 
     def update(self, batch: TurnBatch, logprobs: PolicyLogProbs, advantages: BatchAdvantages) -> dict[str, float]:
         """The update phase: PPO on the step batch (`PPOUpdate`); the update's metrics."""

@@ -63,14 +63,19 @@ class CreditResult:
     details: Mapping[str, Tensor] = field(default_factory=dict)
 
     def token_advantages(
-        self, token_mask: Tensor, *, row_offset: Tensor | None = None, dtype: torch.dtype | None = None
+        self, token_mask: Tensor, *, row_offset: Tensor | None = None, row_max: Tensor | None = None,
+        dtype: torch.dtype | None = None,
     ) -> list[Tensor]:
         """One 1-D tensor per row with an advantage per response token (the mask's True positions, in
-        order): a turn-level value repeated, or the token-level grid read under the mask; ``row_offset``
-        (rows,) is added to every token of its row (e.g. a per-turn penalty term)."""
+        order): a turn-level value repeated, or the token-level grid read under the mask; ``row_max`` (rows,)
+        caps the estimator's value of every token of its row (``inf``: no cap), then ``row_offset`` (rows,) is
+        added to every token of its row (e.g. a per-turn penalty term)."""
         mask = token_mask.bool()
         lengths = mask.sum(1)
         adv = self.advantages
+        if row_max is not None:
+            cap = row_max.to(adv.dtype)
+            adv = torch.minimum(adv, cap[:, None] if self.granularity == "token" else cap)
         if self.granularity == "token":
             flat = (adv if row_offset is None else adv + row_offset.to(adv.dtype)[:, None])[mask]
         else:
