@@ -228,3 +228,17 @@ def test_the_config_names_a_bad_outcome() -> None:
     assert load_config("cpu-tiny", ["env.outcome=score"]).env.outcome == "score"
     with pytest.raises(ConfigError, match="env.outcome"):
         load_config("cpu-tiny", ["env.outcome=reward"])
+
+
+def test_the_step_metrics_count_the_invalid_turns_of_won_rollouts() -> None:
+    from types import SimpleNamespace
+
+    from agentgym_opsd.trainer.metrics import step_metrics
+    from agentgym_opsd.trainer.phases import StepRecord
+
+    trajs = [_traj(0, 0, True, [None, "not_admissible", "no_tag"]), _traj(1, 0, False, ["not_admissible"]),
+             _traj(2, 1, True, [None]), _traj(3, 1, True, ["truncated"])]  # group 1: all won, A_seq = 0
+    batch, out = _advantages(trajs, torch.zeros(6, dtype=torch.float64), 0.1, "agentopsd")
+    record = StepRecord(batch, SimpleNamespace(old=[torch.tensor(r.sample_logprobs) for r in batch.rows]),
+                        SimpleNamespace(evidence=torch.zeros(6), forms=[]), out)
+    assert step_metrics(record, {}, lam=0.5)["won_invalid_rows"] == 2.0  # the two of the won rollout above its group

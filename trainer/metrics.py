@@ -61,6 +61,9 @@ def step_metrics(record: StepRecord, update: dict[str, float], *, lam: float) ->
         "advantage_abs_mean": float(tok_adv.abs().mean()) if tok_adv.numel() else 0.0,
         "seq_advantage_std": float(seq_adv.std(unbiased=False)) if seq_adv.numel() else 0.0,
         "teacher_rows": float(sum(r.teacher_prompt_ids is not None for r in batch.rows)),
+        # penalised turns of won rollouts: where penalty_mode=outcome keeps a win from pushing an invalid turn up
+        "won_invalid_rows": float(((record.credit.penalty < 0) & (seq_adv[batch.traj_index] > 0)).sum())
+        if len(batch.rows) else 0.0,
         **form_counts(record.evidence.forms),  # teacher/<form>_rows: which evidence form each row got
         "lam": lam,
         "response_tokens": float(batch.num_response_tokens),
@@ -80,7 +83,7 @@ def reduce_step_metrics(metrics: dict[str, Any], trajs: list[Trajectory], record
            "row": float(len(evidence)), "token": float(tok_adv.numel())}
     by_turn = {"invalid_action_rate"} | {k for k in metrics if k.startswith("invalid/")}
     by_traj = {"success_rate", "reward_mean", "turns_mean", "score_mean"}
-    summed = {"env_errors", "num_rows", "teacher_rows", "response_tokens"} | {k for k in metrics
+    summed = {"env_errors", "num_rows", "teacher_rows", "won_invalid_rows", "response_tokens"} | {k for k in metrics
                                                                              if k.startswith("teacher/")}
     biggest = {k for k in metrics if k.startswith(("seconds_", "memory/"))}
     weighted = [k for k in metrics if k in by_turn | by_traj and isinstance(metrics[k], (int, float))]
