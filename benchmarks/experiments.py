@@ -145,6 +145,26 @@ def credit_check(run_dir: Path) -> dict[str, int]:
     return {"failed_rows": rows, "failed_rows_positive": positive}
 
 
+def invalid_credit_check(run_dir: Path) -> dict[str, int]:
+    """Invalid turns (the environment refused the action, or no action was parsed) in the run's training rollouts
+    (`trajectories/`, joined to `credit/` by step and trajectory id), and how many got a positive advantage: with
+    `penalty_mode=outcome` none since invalid turns stopped sharing their rollout's win; before, a won rollout
+    pushed its invalid turns up. Zero rows where the run kept no trajectories."""
+    rows = positive = 0
+    for path in sorted((run_dir / "credit").glob("step_*.jsonl")):
+        saved = run_dir / "trajectories" / path.name
+        if not saved.is_file():
+            continue
+        valid = {t["traj_id"]: [turn["action_valid"] for turn in t["turns"]]
+                 for t in map(json.loads, saved.read_text(encoding="utf-8").splitlines())}
+        for traj in map(json.loads, path.read_text(encoding="utf-8").splitlines()):
+            for turn, ok in zip(traj["turns"], valid.get(traj["traj_id"], []), strict=False):
+                if not ok:
+                    rows += 1
+                    positive += (turn.get("advantage") or 0.0) > 0
+    return {"invalid_rows": rows, "invalid_rows_positive": positive}
+
+
 def run_outcome(run_dir: Path) -> str:
     """The run's `env.outcome` from its saved config (the default, "won", for a config that predates the
     field; also without a config)."""
@@ -208,6 +228,7 @@ def run_result(run_dir: Path, before: dict[str, Any], before_dir: Path | None = 
                           for m in steps) / 60,
         "per_step": [{k: m.get(k) for k in PER_STEP_KEYS} for m in steps],
         **credit_check(run_dir),
+        **invalid_credit_check(run_dir),
         "credit_auc": run_credit_auc(run_dir),
         **machine_record(run_dir),
     }

@@ -59,6 +59,19 @@ def test_credit_check_counts_positive_rows_of_lost_rollouts(tmp_path) -> None:
     assert experiments.credit_check(tmp_path) == {"failed_rows": 3, "failed_rows_positive": 1}
 
 
+def test_invalid_credit_check_joins_the_credit_rows_to_the_turns_that_were_invalid(tmp_path) -> None:
+    credit = [{"traj_id": 7, "won": True, "turns": [{"advantage": 0.4}, {"advantage": 0.3}, {"advantage": -0.1}]},
+              {"traj_id": 8, "won": False, "turns": [{"advantage": -0.6}]}]
+    saved = [{"traj_id": 7, "turns": [{"action_valid": True}, {"action_valid": False}, {"action_valid": False}]},
+             {"traj_id": 8, "turns": [{"action_valid": False}]}]
+    for folder, lines in (("credit", credit), ("trajectories", saved)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "step_000002.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert experiments.invalid_credit_check(tmp_path) == {"invalid_rows": 3, "invalid_rows_positive": 1}
+    (tmp_path / "trajectories" / "step_000002.jsonl").unlink()  # no trajectories kept: nothing to join
+    assert experiments.invalid_credit_check(tmp_path) == {"invalid_rows": 0, "invalid_rows_positive": 0}
+
+
 def test_with_a_graded_outcome_only_rollouts_below_their_group_mean_count_as_lost(tmp_path) -> None:
     # a group with scores 0.75, 0.25, 0.5 (none won): only the 0.25 rollout (below the mean 0.5) is lost
     lines = [{"won": False, "group_id": 3, "reward": r, "turns": [{"advantage": a}]}

@@ -1,0 +1,73 @@
+"""Finished training runs side by side, from their own folders: held-out and pool success and invalid actions
+before and after RL, the held-out change episode by episode, and the credit checks of their training rollouts
+(rows of lost rollouts pushed up; invalid turns pushed up). For runs made by hand with `agentgym_opsd.train`
+(each evaluated at step 0 and after its last step), where `bench_main_job.py` would run them itself.
+
+    python benchmarks/report_runs.py --run "seed 0" runs/a --run "seed 0, fix" runs/b --results out.json
+
+Each run's "before" is its own step-0 validation (a cached start evaluation counts: every run from one warm start
+plays the same episodes with the same sampler seed). Writes the JSON given (one record per run name, with the CPU)
+and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from experiments import read_metrics, run_result
+from rich.console import Console
+from rich.table import Table
+
+
+def report(run_dir: Path) -> dict[str, Any]:
+    """`experiments.run_result` of one finished run against its own step-0 validation, with its seeds and the
+    penalty settings from its saved config."""
+    start = next((m for m in read_metrics(run_dir) if m.get("step") == 0 and "val/success_rate" in m), None)
+    if start is None:
+        raise SystemExit(f"{run_dir}: no validation at step 0 in its metrics.jsonl")
+    result = run_result(run_dir, start, before_dir=run_dir)
+    if result is None:
+        raise SystemExit(f"{run_dir}: no validation after an RL step yet (not finished?)")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    algorithm = config.get("algorithm", {})
+    return {"run_dir": run_dir.name, "trainer_seed": config["trainer"]["seed"],
+            "penalty_mode": algorithm.get("penalty_mode"),
+            "penalised_turns_gain": algorithm.get("penalised_turns_gain", True),  # before the option: they gained
+            "kl_coef": algorithm.get("kl_coef"), **result}
+
+
+def _pct(rate: dict[str, Any] | None, key: str) -> str:
+    value = (rate or {}).get(key)
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", nargs=2, action="append", required=True, metavar=("NAME", "DIR"))
+    ap.add_argument("--results", type=Path, required=True, help="the JSON to write (runs by name)")
+    args = ap.parse_args(argv)
+    runs = {name: report(Path(folder)) for name, folder in args.run}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps({"runs": runs}, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    table = Table(title="runs, before -> after RL (%)")
+    for col in ("run", "held-out", "held-out invalid", "pool", "pool invalid", "won->lost / lost->won",
+                "invalid turns pushed up"):
+        table.add_column(col, justify="right")
+    for name, r in runs.items():
+        before, after, paired = r["before"], r["after"], r["valid_paired"] or {}
+        table.add_row(name, *(f"{_pct(before[s], k)} -> {_pct(after[s], k)}"
+                              for s, k in (("valid", "success"), ("valid", "invalid_action_rate"),
+                                           ("pool", "success"), ("pool", "invalid_action_rate"))),
+                      f"{paired.get('first_only', '–')} / {paired.get('second_only', '–')}",
+                      f"{r['invalid_rows_positive']} of {r['invalid_rows']}")
+    Console().print(table)
+    print(f"wrote {args.results}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""benchmarks/report_runs.py: a finished run's before (its own step-0 validation) and after, episode by episode,
+its credit checks and its penalty settings, from its folder; a run that has not finished is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from benchmark_scripts import load_benchmark
+
+from agentgym_opsd.records import Trajectory, Turn
+
+rr = load_benchmark("report_runs")
+
+
+def _won_with_an_invalid_turn() -> Trajectory:
+    turns = [Turn(index=i, prompt=[{"role": "user", "content": "look"}], response_text="x", action="go",
+                  action_valid=ok, observation="room", reward=float(i == 1), response_token_ids=[5],
+                  response_logprobs=[-1.0]) for i, ok in enumerate((True, False))]
+    return Trajectory(env_id="toy", task_id="t0", task_type="", group_id=0, traj_id=1, seed=0, won=True, turns=turns)
+
+
+def _run(folder, *, finished: bool = True) -> None:
+    folder.mkdir()
+    lines = [{"step": 0, "val/success_rate": 0.5, "val/episodes": 2.0, "val/invalid_action_rate": 0.1}]
+    if finished:
+        lines += [{"step": 1, "seconds_update": 1.0, "seconds_rollout": 2.0, "success_rate": 0.5},
+                  {"step": 1, "val/success_rate": 0.5, "val/episodes": 2.0, "val/invalid_action_rate": 0.3}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (folder / "validation").mkdir()
+    for step, wins in ((0, (True, False)), (1, (False, True))):
+        (folder / "validation" / f"step_{step:06d}.jsonl").write_text("".join(
+            json.dumps({"env_spec": "toy", "seed": 10_000 + i, "task_id": f"t{i}", "task_type": "", "won": won,
+                        "score": float(won), "turns": 3, "invalid_actions": 0, "error": None}) + "\n"
+            for i, won in enumerate(wins)))
+    (folder / "config.yaml").write_text("trainer: {seed: 3}\nalgorithm: {penalty_mode: outcome, kl_coef: 0.0}\n")
+    for name, line in (("credit", {"traj_id": 1, "won": True, "group_id": 0, "reward": 1.0,
+                                    "seq_advantage": 0.5,
+                                    "turns": [{"turn": 0, "advantage": 0.5}, {"turn": 1, "advantage": 0.4}]}),
+                       ("trajectories", _won_with_an_invalid_turn().to_dict())):
+        (folder / name).mkdir()
+        (folder / name / "step_000001.jsonl").write_text(json.dumps(line) + "\n")
+
+
+def test_a_finished_run_is_reported_against_its_own_start(tmp_path) -> None:
+    _run(tmp_path / "a")
+    rr.main(["--run", "seed 3", str(tmp_path / "a"), "--results", str(tmp_path / "out.json")])
+    run = json.loads((tmp_path / "out.json").read_text())["runs"]["seed 3"]
+    assert run["trainer_seed"] == 3 and run["penalty_mode"] == "outcome"
+    assert run["penalised_turns_gain"] is True  # a config from before the option: invalid turns could gain
+    assert run["before"]["valid"]["invalid_action_rate"] == 0.1 and run["after"]["valid"]["invalid_action_rate"] == 0.3
+    assert (run["valid_paired"]["first_only"], run["valid_paired"]["second_only"]) == (1, 1)
+    assert (run["invalid_rows"], run["invalid_rows_positive"]) == (1, 1)
+
+
+def test_a_run_without_an_after_validation_is_refused(tmp_path) -> None:
+    _run(tmp_path / "b", finished=False)
+    with pytest.raises(SystemExit, match="not finished"):
+        rr.main(["--run", "b", str(tmp_path / "b"), "--results", str(tmp_path / "out.json")])
