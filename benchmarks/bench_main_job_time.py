@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness import cpu_model, read_machines, write_machine_record
+from harness import (
+    cpu_model,
+    last_time_line,
+    parse_time_report,
+    read_machines,
+    training_env,
+    write_machine_record,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -36,17 +43,8 @@ from agentgym_opsd.cpu_runtime import LOG_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PHASE = re.compile(r"(?P<name>[a-z][a-z ]*?) (?P<minutes>\d+\.\d)(?:,| min)")
 SUCCESS = re.compile(r"^(?P<label>(held-out|training-pool) success): (?P<line>.*)$")
 PRELOADED = re.compile(re.escape(LOG_PREFIX) + r"(?P<what>.*)$")
-
-
-def parse_time_report(line: str) -> dict[str, float]:
-    """`time: 23.7 min in all (bfloat16, 2 threads): setup 0.3, warm start 8.9, ... other 0.4 min` -> minutes
-    per phase, with "total"."""
-    head, _, parts = line.partition("): ")
-    total = float(head.split()[1])
-    return {"total": total, **{m["name"].strip(): float(m["minutes"]) for m in PHASE.finditer(parts)}}
 
 
 def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -54,10 +52,7 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, override
     OMP_NUM_THREADS; `overrides`: `key=value` settings after the preset's, to time a recipe change): wall
     minutes, the run's time line, and the success lines it printed."""
     # vLLM's compiled graphs are cached too (in ~/.cache/vllm by default): a cold pass starts without them
-    env = {**os.environ, "AGENTGYM_OPSD_CACHE": str(cache), "VLLM_CACHE_ROOT": str(cache / "vllm"),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = {**training_env(threads, cache), "VLLM_CACHE_ROOT": str(cache / "vllm")}
     argv = [python, "-m", "agentgym_opsd.train", "--config", "cpu-small", f"trainer.output_dir={run_dir}",
             "trainer.progress=false", *overrides]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -69,12 +64,12 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, override
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     if code != 0:
         raise SystemExit(f"{' '.join(argv)} exited {code}; its output: {log_path}\n" + "\n".join(lines[-20:]))
-    times = [line.strip() for line in lines if line.startswith("time: ")]
+    time_line = last_time_line(log_path)
     success = {m["label"].strip(): m["line"].strip() for line in lines if (m := SUCCESS.match(line.strip()))}
     preloaded = [m["what"].strip() for line in lines if (m := PRELOADED.search(line))]  # agentgym_opsd/cpu_runtime.py
-    return {"wall_min": round(wall_min, 2), "time_report": times[-1] if times else None,
+    return {"wall_min": round(wall_min, 2), "time_report": time_line,
             **({"preloaded": preloaded[0]} if preloaded else {}),
-            "phases_min": parse_time_report(times[-1]) if times else {}, "success": success, **run_record(run_dir)}
+            "phases_min": parse_time_report(time_line) if time_line else {}, "success": success, **run_record(run_dir)}
 
 
 def run_record(run_dir: Path) -> dict[str, Any]:

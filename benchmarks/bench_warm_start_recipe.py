@@ -21,13 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from harness import cpu_model, read_machines, write_machine_record
+from harness import (
+    cpu_model,
+    last_time_line,
+    read_machines,
+    time_line_threads,
+    training_env,
+    write_machine_record,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -50,8 +56,7 @@ def run_arm(python: str, run_dir: Path, overrides: list[str], *, threads: int, b
     for entry in SHARED_CACHE_ENTRIES if base_cache else ():
         if (base_cache / entry).exists() and not (cache / entry).exists():
             (cache / entry).symlink_to((base_cache / entry).resolve())
-    env = {**os.environ, "AGENTGYM_OPSD_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = training_env(threads, cache)
     log_path = run_dir.with_suffix(".log")
     with log_path.open("w", encoding="utf-8") as log:
         code = subprocess.run(arm_command(python, run_dir / "run", overrides), cwd=ROOT, env=env, stdout=log,
@@ -64,11 +69,7 @@ def run_arm(python: str, run_dir: Path, overrides: list[str], *, threads: int, b
 def arm_record(run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     """An arm's figures from its own run folder: the warm start's summary and the threads its time line names."""
     summary = json.loads((run_dir / "run" / "warm_start" / "summary.json").read_text(encoding="utf-8"))
-    log = run_dir.with_suffix(".log")
-    times = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines()
-             if line.startswith("time: ")] if log.is_file() else []
-    threads = int(times[-1].split(" threads)")[0].rsplit(" ", 1)[-1]) if times else None
-    return {"overrides": overrides, "threads": threads,
+    return {"overrides": overrides, "threads": time_line_threads(last_time_line(run_dir.with_suffix(".log"))),
             "heldout_action_exact_match": summary["warm_start/heldout_action_exact_match"],
             "sft_steps": summary["warm_start/sft_steps"], "epochs": summary["warm_start/epochs"],
             "loss_last": summary["warm_start/loss_last"], "seconds_sft": summary["warm_start/seconds_sft"]}

@@ -238,15 +238,12 @@ def machine_record(run_dir: Path) -> dict[str, Any]:
     """Where and how the run computed: the CPU model, the dtype `model.dtype` and the sampler `rollout.backend`
     resolved to (its config.yaml), and the run's own wall-time line per phase (the last `time:` line of its log)."""
     import yaml
-    from harness import cpu_model
+    from harness import cpu_model, last_time_line
 
     config = run_dir / "config.yaml"
     resolved = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}) if config.is_file() else {}
-    log_path = run_log(run_dir)
-    times = [line.strip() for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-             if line.startswith("time: ")] if log_path.is_file() else []
     return {"cpu": cpu_model(), "dtype": resolved.get("model", {}).get("dtype"),
-            "rollout_backend": resolved.get("rollout", {}).get("backend"), "time_report": times[-1] if times else None}
+            "rollout_backend": resolved.get("rollout", {}).get("backend"), "time_report": last_time_line(run_log(run_dir))}
 
 
 def run_log(run_dir: Path) -> Path:
@@ -272,8 +269,9 @@ def start_training_run(run_dir: Path, config: str, overrides: Sequence[str], thr
                        append_log: bool = False) -> subprocess.Popen:
     """`python -m agentgym_opsd.train` into `run_dir` in its own process with `threads` torch threads, offline,
     its output in `<run_dir>.log` beside it (appended to with `append_log`); `resume` adds `--resume auto`."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+    from harness import training_env
+
+    env = {**training_env(threads), "DS_ACCELERATOR": "cpu"}
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_log(run_dir).open("a" if append_log else "w")
     cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",

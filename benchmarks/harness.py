@@ -7,6 +7,8 @@ it as `harness`; tests that load a script put the folder on `sys.path` first.
 from __future__ import annotations
 
 import json
+import os
+import re
 import resource
 import statistics
 import time
@@ -14,13 +16,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["MEASURING", "make_trainer", "peak_rss_mb", "timed"]
+__all__ = ["MEASURING", "last_time_line", "make_trainer", "parse_time_report", "peak_rss_mb", "time_line_threads",
+           "timed", "training_env"]
 
 T = TypeVar("T")
 
 MEASURING = ("trainer.backend=torch", "trainer.device=cpu", "trainer.progress=false", "trainer.tensorboard=false",
              "trainer.save_trajectories=false")
 """The overrides of a trainer built to be measured: plain torch on the CPU, no progress bars, no files kept."""
+
+PHASE = re.compile(r"(?P<name>[a-z][a-z ]*?) (?P<minutes>\d+\.\d)(?:,| min)")
+"""One phase of a run's `time:` line: `warm start 8.9,` or `other 0.4 min`."""
 
 
 def make_trainer(config: str, overrides: Sequence[str], output_dir: str) -> Any:
@@ -94,3 +100,39 @@ def write_machine_record(path: Path, cpu: str, record: dict[str, Any]) -> None:
     machines[cpu] = record
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machines": machines}, indent=2, allow_nan=False) + "\n")
+
+
+def training_env(threads: int = 0, cache: Path | None = None) -> dict[str, str]:
+    """The environment of a training run a benchmark starts as a subprocess: this one's, offline (nothing may reach
+    a hub), with `threads` > 0 torch threads and, where given, `cache` as the project's cache folder."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    if cache is not None:
+        env["AGENTGYM_OPSD_CACHE"] = str(cache)
+    return env
+
+
+def last_time_line(log: Path) -> str | None:
+    """The last `time:` line a training run printed to `log` (its wall time per phase; a resumed run prints one
+    per process), or None where the log is missing or has none."""
+    if not log.is_file():
+        return None
+    times = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()
+             if line.startswith("time: ")]
+    return times[-1] if times else None
+
+
+def parse_time_report(line: str) -> dict[str, float]:
+    """`time: 23.7 min in all (bfloat16, 2 threads): setup 0.3, warm start 8.9, ... other 0.4 min` -> minutes
+    per phase, with "total"."""
+    head, _, parts = line.partition("): ")
+    total = float(head.split()[1])
+    return {"total": total, **{m["name"].strip(): float(m["minutes"]) for m in PHASE.finditer(parts)}}
+
+
+def time_line_threads(line: str | None) -> int | None:
+    """The torch threads a `time:` line names (`(float32, 2 threads)` -> 2), None without a line."""
+    if not line or " threads)" not in line:
+        return None
+    return int(line.split(" threads)")[0].rsplit(" ", 1)[-1])

@@ -237,6 +237,11 @@ def render_main_job(name: str = "cpu_small_seeds.json") -> str:
     return "\n".join(lines)
 
 
+def peaks_at(by_threads: dict[str, float]) -> str:
+    """A dtype's matmul peaks in GFLOP/s at each thread count the bench measured (`1 / 2` on two cores)."""
+    return " / ".join(f"{gflops:.0f}" for gflops in by_threads.values())
+
+
 def render_precision() -> str:
     """One table per CPU model in `precision.json` (each machine's record of `bench_precision.py`): a column per
     dtype it measured (float32 alone where the probe ruled bf16 out, with the reason)."""
@@ -259,8 +264,8 @@ def render_precision() -> str:
         tis = data.get("tis", {}).get("bf16")
         lines += [
             "",
-            f"Matmul peak at 1 / 2 threads: float32 {peak['float32']['1']:.0f} / {peak['float32']['2']:.0f} GFLOP/s"
-            + (f", bfloat16 {peak['bfloat16']['1']:.0f} / {peak['bfloat16']['2']:.0f}" if bf16 else "")
+            f"Matmul peak at {' / '.join(peak['float32'])} threads: float32 {peaks_at(peak['float32'])} GFLOP/s"
+            + (f", bfloat16 {peaks_at(peak['bfloat16'])}" if bf16 else "")
             + ". Sampler vs log-prob pass gap (nats per token, mean / max): "
             f"float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}"
             + (f", bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}" if bf16 else "")

@@ -1,0 +1,38 @@
+"""benchmarks/harness.py: what the benchmarks that start training runs share, the environment they start them in and
+the reading of a run's `time:` line."""
+
+from __future__ import annotations
+
+from benchmark_scripts import load_benchmark
+
+harness = load_benchmark("harness")
+
+
+def test_a_training_run_starts_offline_with_its_threads_and_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = harness.training_env(2, tmp_path / "cache")
+    assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    assert env["AGENTGYM_OPSD_CACHE"] == str(tmp_path / "cache")
+    default = harness.training_env()
+    assert "OMP_NUM_THREADS" not in default and "AGENTGYM_OPSD_CACHE" not in default  # torch's and the project's own
+
+
+def test_a_resumed_runs_last_time_line_is_read_with_its_threads(tmp_path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("2026-12-05 INFO starting\n"
+                   "time: 9.0 min in all (float32, 1 threads): setup 0.1, warm start 8.9 min\n"
+                   "resuming from step 2\n"
+                   "time: 21.5 min in all (float32, 2 threads): setup 0.2, rollout 7.1, other 0.4 min\n")
+    line = harness.last_time_line(log)
+    assert line is not None and line.startswith("time: 21.5")
+    assert harness.time_line_threads(line) == 2
+    assert harness.parse_time_report(line) == {"total": 21.5, "setup": 0.2, "rollout": 7.1, "other": 0.4}
+
+
+def test_a_log_without_a_time_line_reads_as_none(tmp_path) -> None:
+    assert harness.last_time_line(tmp_path / "missing.log") is None
+    (tmp_path / "killed.log").write_text("2026-12-05 INFO step 1\n")
+    assert harness.last_time_line(tmp_path / "killed.log") is None
+    assert harness.time_line_threads(None) is None
