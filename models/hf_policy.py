@@ -2,7 +2,8 @@
 
 `HFPolicy` implements `agentgym_opsd.policies.Policy`. One `act` call generates for every request of the
 batch at once: prompts are rendered with the tokenizer's chat template, sorted by length into chunks of
-`batch_size`, left-padded, prefilled once, then decoded token by token with a KV cache. A row stops when
+`batch_size`, left-padded, prefilled once, then decoded token by token with a KV cache that has room reserved
+for the reply, so a step writes its token's keys and values in place (`kv_cache`). A row stops when
 its generated text contains one of the closing tags (`</action>`, ...), when it samples an end-of-sequence
 token, or after `max_new_tokens`; finished rows are dropped from the batch and from the cache, so long
 answers do not slow down the short ones. Identical prompts in a chunk (the G rollouts of a task share their
@@ -290,14 +291,14 @@ class HFPolicy(Policy):
         return any(s in tail for s in self.stop_strings)
 
     def _generate_chunk(self, prompts: list[Sequence[int]]) -> list[PolicyOutput]:
-        from transformers import DynamicCache
+        from agentgym_opsd.models.kv_cache import reserve, reserved_cache
 
         rows = len(prompts)
         # Prefill each distinct prompt once, then copy its cache row to every request that shares it.
         distinct: dict[tuple[int, ...], int] = {}
         row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         unique = list(distinct)
-        cache = DynamicCache(config=getattr(self.model, "config", None))
+        cache = reserved_cache(self.model)
         # The prefix every distinct prompt starts with runs once, its cache rows copied to every prompt; the
         # rows then prefill only their suffixes: [prefix][left padding][suffix], the mask spanning all of it
         # and positions continuing after the prefix, so each row sees exactly the sequence it would see alone.
@@ -325,6 +326,8 @@ class HFPolicy(Policy):
             expand = torch.as_tensor(row_of, device=self.device)
             cache.batch_select_indices(expand)
             logits, mask, positions = logits[expand], mask[expand], positions[expand]
+        # Decoding writes each new token's keys and values in place instead of concatenating the cache again.
+        reserve(cache, cache.get_seq_length() + self.max_new_tokens)
 
         token_ids: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]

@@ -1,0 +1,36 @@
+"""benchmarks/bench_hf_sampler.py: the alternating round order, and real (tiny) runs whose records say both modes
+sampled the same tokens: the shared prefix fed the model fewer prompt tokens, the reserved KV cache the same ones."""
+
+from __future__ import annotations
+
+import json
+
+from benchmark_scripts import load_benchmark
+
+bench = load_benchmark("bench_hf_sampler")
+
+
+def test_the_rounds_alternate_so_each_mode_goes_first_in_half_the_pairs() -> None:
+    assert bench.order(("shared", "whole"), 1) == ["shared", "whole"]
+    assert bench.order(("shared", "whole"), 2) == ["shared", "whole", "whole", "shared"]
+
+
+def test_a_tiny_run_samples_alike_in_both_modes_and_feeds_fewer_tokens_shared(tmp_path) -> None:
+    out = tmp_path / "h.json"
+    bench.main(["--config", "cpu-tiny", "--episodes", "4", "--rounds", "1", "--out", str(out)])
+    (record,) = json.loads(out.read_text())["machines"].values()
+    assert record["same_samples"] is True
+    shared, whole = record["modes"]["shared"], record["modes"]["whole"]
+    assert 0 < shared["fed_tokens"] < whole["fed_tokens"]
+    assert shared["rounds"][0]["generated_tokens"] == whole["rounds"][0]["generated_tokens"] > 0
+
+
+def test_a_tiny_run_samples_alike_with_the_reserved_and_the_concatenating_cache(tmp_path) -> None:
+    out = tmp_path / "k.json"
+    bench.main(["--compare", "kv-cache", "--config", "cpu-tiny", "--episodes", "4", "--rounds", "1",
+                "--set", "rollout.max_new_tokens=12", "--out", str(out)])
+    (record,) = json.loads(out.read_text())["machines"].values()
+    assert record["compare"] == "kv-cache" and record["settings"] == ["rollout.max_new_tokens=12"]
+    assert record["same_samples"] is True
+    reserved, concatenated = record["modes"]["reserved"], record["modes"]["concatenated"]
+    assert reserved["fed_tokens"] == concatenated["fed_tokens"] > 0
