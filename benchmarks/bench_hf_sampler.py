@@ -66,6 +66,14 @@ COMPARISONS: dict[str, dict[str, Callable[[], contextlib.AbstractContextManager]
 RESULT_FILES = {"shared-prefix": "hf_shared_prefix.json", "kv-cache": "hf_kv_cache.json"}
 
 
+def portable(setting: str) -> str:
+    """`KEY=VALUE` with an absolute path's folders above its last three left out (`…/warm_start/<key>/model`): a
+    record says which cache entry a run used without this machine's paths."""
+    key, _, value = setting.partition("=")
+    parts = Path(value).parts
+    return f"{key}=…/{'/'.join(parts[-3:])}" if Path(value).is_absolute() and len(parts) > 4 else setting
+
+
 def order(modes: tuple[str, str], rounds: int) -> list[str]:
     """new, baseline, baseline, new, ...: each mode first in half of the pairs."""
     return [mode for i in range(rounds) for mode in (modes if i % 2 == 0 else modes[::-1])]
@@ -105,24 +113,31 @@ def main(argv: list[str] | None = None) -> None:
             cfg = trainer.session.cfg
             fed, hook = counting_prefill(trainer.session.trained.model)
 
-            def play(n_tasks: int, mode: str) -> tuple[float, list[Any]]:
+            def play(n_tasks: int, mode: str) -> tuple[float, list[Any], dict[str, Any]]:
+                """The round's seconds, trajectories, and what the sampler ran with (its KV cache's layer kind and
+                its shared-prefix threshold), so a record shows that the mode's switch was in effect."""
                 trainer.session.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tasks_per_step=n_tasks))
                 trainer.session.tasks_per_rank, trainer.task_cursor = n_tasks, 0  # the same tasks and sampler seed
                 trainer.session.policy = trainer.session.policy.with_sampling(temperature=cfg.rollout.temperature,
                                                                               seed=cfg.trainer.seed)
                 with switches[mode]():
-                    t0 = time.perf_counter()
-                    trajs = trainer.collect()
-                    return time.perf_counter() - t0, trajs
+                    made, factory = [], kv_cache.reserved_cache
+                    with mock.patch.object(kv_cache, "reserved_cache", lambda m: made.append(factory(m)) or made[-1]):
+                        t0 = time.perf_counter()
+                        trajs = trainer.collect()
+                        seconds = time.perf_counter() - t0
+                    ran_with = {"cache_layers": sorted({type(layer).__name__ for c in made for layer in c.layers}),
+                                "min_shared_prefix": hf_policy.MIN_SHARED_PREFIX}
+                    return seconds, trajs, ran_with
 
             play(1, modes[0])  # warm-up: allocator, caches
             for mode in order(modes, args.rounds):
                 fed.clear()
-                seconds, trajs = play(tasks, mode)
+                seconds, trajs, ran_with = play(tasks, mode)
                 tokens = [tuple(t.response_token_ids) for traj in trajs for t in traj.turns]
                 samples.setdefault(mode, tokens)
                 rounds[mode].append({"seconds": seconds, "generated_tokens": sum(map(len, tokens)),
-                                     "fed_tokens": sum(fed), "same_samples": tokens == samples[mode]})
+                                     "fed_tokens": sum(fed), "same_samples": tokens == samples[mode], **ran_with})
                 print(f"{mode}: {seconds:.1f} s, {sum(map(len, tokens))} tokens generated, {sum(fed)} fed",
                       file=sys.stderr)
         finally:
@@ -134,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     new, baseline = modes
     same = samples[new] == samples[baseline] and all(r["same_samples"] for rs in rounds.values() for r in rs)
     cpu = cpu_model()
-    record = {"compare": args.compare, "config": args.config, "settings": args.set, "episodes": args.episodes,
+    record = {"compare": args.compare, "config": args.config, "settings": [portable(s) for s in args.set],
+              "episodes": args.episodes,
               "group_size": GROUP_SIZE, "rounds": args.rounds,
               "threads": torch.get_num_threads(), "min_shared_prefix": hf_policy.MIN_SHARED_PREFIX,
               "load_avg_before_after": [load_before, os.getloadavg()[0]], "cpu": cpu, "modes": summary,

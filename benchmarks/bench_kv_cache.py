@@ -5,8 +5,8 @@ decode: ALFWorld's (16 rows after a ~210-token prompt) and the long contexts of 
 A step of a small model on a CPU streams its weights (540 MB for SmolLM2-135M in float32) and, with the
 concatenating cache, every cached key and value of every layer (about 46 KB per token of context per row, read and
 written again). The reserved cache writes one token's keys and values instead. Per shape: random prompt tokens are
-prefilled, then `--steps` greedy steps are timed; the modes alternate (concatenated, reserved, reserved,
-concatenated, ...) in one process, so a drift of the machine falls on both. The JSON keeps one record per CPU.
+prefilled, then `--steps` greedy steps are timed; the modes alternate (reserved, concatenated, concatenated,
+reserved, ...) after a warm-up in one process, so a drift of the machine falls on both. The JSON keeps one record per CPU.
 
     python benchmarks/bench_kv_cache.py                        # -> benchmarks/results/kv_cache.json
     python benchmarks/bench_kv_cache.py --model tiny-random --shape 2x32 --steps 4 --rounds 1 --out /tmp/k.json
@@ -39,9 +39,10 @@ SHAPES = ("16x210", "8x1500", "8x3000")
 """rows x context tokens: ALFWorld's generate chunk, and a WebShop / Search-QA page history."""
 
 
-def decode_ms(model: Any, rows: int, context: int, steps: int, *, seed: int = 0) -> float:
+def decode_ms(model: Any, rows: int, context: int, steps: int, *, seed: int = 0) -> tuple[float, str]:
     """Milliseconds per greedy decode step of `rows` rows after a `context`-token random prompt, with the cache
-    `kv_cache.reserved_cache` gives (the mode's patch decides which) and room reserved as the sampler reserves it."""
+    `kv_cache.reserved_cache` gives (the mode's patch decides which) and room reserved as the sampler reserves it,
+    and the class of that cache's layers."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(100, model.config.vocab_size - 1, (rows, context), generator=g)
     mask = torch.ones_like(ids)
@@ -56,7 +57,9 @@ def decode_ms(model: Any, rows: int, context: int, steps: int, *, seed: int = 0)
             out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
                         **cache, logits_to_keep=1)
             tokens, positions = out.logits[:, -1].argmax(-1), positions + 1
-        return 1000 * (time.perf_counter() - start) / steps
+        seconds = time.perf_counter() - start
+    (made,) = cache.values()
+    return 1000 * seconds / steps, type(made.layers[0]).__name__
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,13 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shape or SHAPES:
         rows, context = (int(x) for x in shape.split("x"))
         times: dict[str, list[float]] = {mode: [] for mode in modes}
+        layers: dict[str, str] = {}
         with switches[modes[0]]():
             decode_ms(model, rows, context, 2)  # warm-up: allocator, caches
         for mode in order(modes, args.rounds):
             with switches[mode]():
-                times[mode].append(decode_ms(model, rows, context, args.steps))
+                ms, layers[mode] = decode_ms(model, rows, context, args.steps)
+                times[mode].append(ms)
         medians = {mode: statistics.median(ts) for mode, ts in times.items()}
-        shapes[shape] = {"rows": rows, "context": context, "ms_per_step": medians, "rounds": times,
+        shapes[shape] = {"rows": rows, "context": context, "ms_per_step": medians, "rounds": times, "cache_layers": layers,
                          "speedup": medians["concatenated"] / medians["reserved"]}
         print(f"{shape}: {medians}", file=sys.stderr)
     cpu = cpu_model()

@@ -237,9 +237,10 @@ def render_main_job(name: str = "cpu_small_seeds.json") -> str:
     return "\n".join(lines)
 
 
-def peaks_at(by_threads: dict[str, float]) -> str:
-    """A dtype's matmul peaks in GFLOP/s at each thread count the bench measured (`1 / 2` on two cores)."""
-    return " / ".join(f"{gflops:.0f}" for gflops in by_threads.values())
+def peaks_at(by_threads: dict[str, float], peak: dict[str, dict[str, float]]) -> str:
+    """A dtype's matmul peaks in GFLOP/s at the thread counts float32 was measured at (`1 / 2` on two cores), the
+    columns the line names; a count this dtype lacks shows as `–`."""
+    return " / ".join(f"{by_threads[t]:.0f}" if t in by_threads else "–" for t in peak["float32"])
 
 
 def render_precision() -> str:
@@ -264,8 +265,8 @@ def render_precision() -> str:
         tis = data.get("tis", {}).get("bf16")
         lines += [
             "",
-            f"Matmul peak at {' / '.join(peak['float32'])} threads: float32 {peaks_at(peak['float32'])} GFLOP/s"
-            + (f", bfloat16 {peaks_at(peak['bfloat16'])}" if bf16 else "")
+            f"Matmul peak at {' / '.join(peak['float32'])} threads: float32 {peaks_at(peak['float32'], peak)} GFLOP/s"
+            + (f", bfloat16 {peaks_at(peak['bfloat16'], peak)}" if bf16 else "")
             + ". Sampler vs log-prob pass gap (nats per token, mean / max): "
             f"float32 {gap['fp32']['mean']:.1e} / {gap['fp32']['max']:.1e}"
             + (f", bfloat16 {gap['bf16']['mean']:.3f} / {gap['bf16']['max']:.2f}" if bf16 else "")

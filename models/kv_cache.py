@@ -45,11 +45,15 @@ class ReservedLayer(DynamicLayer):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self._key_buffer is not None and key_states.shape[0] != self._key_buffer.shape[0]:
+            raise ValueError(f"a batch of {key_states.shape[0]} rows for a cache of {self._key_buffer.shape[0]}")
         end = self._length + key_states.shape[-2]
         if end > self.capacity:
-            # Past the reserved room (or no room reserved: a prefill) the buffer grows to fit; doubling keeps a
-            # caller that never reserves at amortised copies.
-            self._grow(end if self._key_buffer is None else max(end, 2 * self.capacity), like=key_states)
+            # A prefill past the room grows the buffers to fit exactly (a suffix after a shared prefix must not
+            # double a long prefix's room); a decode step past it doubles them, so a caller that never reserves
+            # still copies the cache only now and then.
+            decoding = key_states.shape[-2] == 1 and self._key_buffer is not None
+            self._grow(max(end, 2 * self.capacity) if decoding else end, like=(key_states, value_states))
         assert self._key_buffer is not None and self._value_buffer is not None
         self._key_buffer[..., self._length : end, :] = key_states
         self._value_buffer[..., self._length : end, :] = value_states
@@ -60,7 +64,8 @@ class ReservedLayer(DynamicLayer):
     def reserve(self, capacity: int) -> None:
         """Room for `capacity` tokens in all (those cached included), so updates up to it copy nothing else."""
         if self.is_initialized and self._key_buffer is not None and capacity > self.capacity:
-            self._grow(capacity, like=self._key_buffer)
+            assert self._value_buffer is not None
+            self._grow(capacity, like=(self._key_buffer, self._value_buffer))
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
@@ -88,10 +93,20 @@ class ReservedLayer(DynamicLayer):
         self._length = 0
         super().reset()
 
-    def _grow(self, capacity: int, *, like: torch.Tensor) -> None:
-        batch, heads, _, head_dim = like.shape
-        keys = like.new_empty((batch, heads, capacity, head_dim))
-        values = like.new_empty((batch, heads, capacity, head_dim))
+    def offload(self) -> None:
+        if self.is_initialized and self._key_buffer is not None and self._value_buffer is not None:
+            self._set_buffers(self._key_buffer.to("cpu", non_blocking=True),
+                              self._value_buffer.to("cpu", non_blocking=True))
+
+    def prefetch(self) -> None:
+        if self.is_initialized and self._key_buffer is not None and self._value_buffer is not None \
+                and self._key_buffer.device != self.device:
+            self._set_buffers(self._key_buffer.to(self.device, non_blocking=True),
+                              self._value_buffer.to(self.device, non_blocking=True))
+
+    def _grow(self, capacity: int, *, like: tuple[torch.Tensor, torch.Tensor]) -> None:
+        # Keys and values may differ in width (a model that caches latents of two sizes), so each has its shape.
+        keys, values = (t.new_empty((*t.shape[:2], capacity, t.shape[-1])) for t in like)
         if self._key_buffer is not None and self._value_buffer is not None and self._length:
             keys[..., : self._length, :] = self._key_buffer[..., : self._length, :]
             values[..., : self._length, :] = self._value_buffer[..., : self._length, :]

@@ -22,6 +22,7 @@ def test_a_tiny_run_samples_alike_in_both_modes_and_feeds_fewer_tokens_shared(tm
     assert record["same_samples"] is True
     shared, whole = record["modes"]["shared"], record["modes"]["whole"]
     assert 0 < shared["fed_tokens"] < whole["fed_tokens"]
+    assert whole["rounds"][0]["min_shared_prefix"] > shared["rounds"][0]["min_shared_prefix"]
     assert shared["rounds"][0]["generated_tokens"] == whole["rounds"][0]["generated_tokens"] > 0
 
 
@@ -34,3 +35,11 @@ def test_a_tiny_run_samples_alike_with_the_reserved_and_the_concatenating_cache(
     assert record["same_samples"] is True
     reserved, concatenated = record["modes"]["reserved"], record["modes"]["concatenated"]
     assert reserved["fed_tokens"] == concatenated["fed_tokens"] > 0
+    assert reserved["rounds"][0]["cache_layers"] == ["ReservedLayer"]  # the switch was in effect
+    assert concatenated["rounds"][0]["cache_layers"] == ["DynamicLayer"]
+
+
+def test_a_setting_with_an_absolute_path_keeps_only_its_last_folders() -> None:
+    assert bench.portable("model.name_or_path=/home/me/cache/warm_start/eb82/model") == (
+        "model.name_or_path=…/warm_start/eb82/model")
+    assert bench.portable("rollout.max_new_tokens=12") == "rollout.max_new_tokens=12"

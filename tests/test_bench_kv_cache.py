@@ -19,3 +19,4 @@ def test_a_tiny_run_times_both_caches_at_each_shape(tmp_path) -> None:
         assert set(shape["ms_per_step"]) == {"reserved", "concatenated"}
         assert all(len(times) == 1 and times[0] > 0 for times in shape["rounds"].values())
         assert shape["speedup"] > 0
+        assert shape["cache_layers"] == {"reserved": "ReservedLayer", "concatenated": "DynamicLayer"}

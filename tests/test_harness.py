@@ -10,7 +10,8 @@ harness = load_benchmark("harness")
 
 def test_a_training_run_starts_offline_with_its_threads_and_cache(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for unset in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "AGENTGYM_OPSD_CACHE"):
+        monkeypatch.delenv(unset, raising=False)
     env = harness.training_env(2, tmp_path / "cache")
     assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"

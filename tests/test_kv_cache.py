@@ -29,7 +29,8 @@ def _apply(layer: DynamicLayer, op: tuple, rows: int, seed: int) -> int:
     kind, arg = op
     if kind == "update":
         g = torch.Generator().manual_seed(seed)
-        keys, values = torch.randn(rows, 2, arg, 4, generator=g), torch.randn(rows, 2, arg, 4, generator=g)
+        # values narrower than keys: some models cache latents of two widths through one layer
+        keys, values = torch.randn(rows, 2, arg, 4, generator=g), torch.randn(rows, 2, arg, 3, generator=g)
         out_k, out_v = layer.update(keys, values)
         assert torch.equal(out_k, layer.keys) and torch.equal(out_v, layer.values)
     elif kind == "reserve":
@@ -72,6 +73,22 @@ def test_decoding_within_the_reserved_room_writes_in_place() -> None:
     assert layer._key_buffer is buffer and layer.get_seq_length() == 14  # no token copied the cache again
     layer.update(torch.randn(2, 3, 1, 8), torch.randn(2, 3, 1, 8))
     assert layer.capacity == 28  # past the room it grows, doubling
+
+
+def test_a_prefill_after_a_long_shared_prefix_grows_the_room_to_fit_not_double() -> None:
+    layer = ReservedLayer()
+    layer.update(torch.randn(1, 3, 300, 8), torch.randn(1, 3, 300, 8))  # the shared prefix, once
+    layer.batch_repeat_interleave(4)  # copied to every prompt
+    layer.update(torch.randn(4, 3, 20, 8), torch.randn(4, 3, 20, 8))  # each prompt's own suffix
+    assert layer.capacity == 320
+
+
+def test_a_batch_that_is_not_the_caches_is_refused() -> None:
+    layer = ReservedLayer()
+    layer.update(torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4))
+    layer.reserve(10)
+    with pytest.raises(ValueError, match="a batch of 1 rows for a cache of 3"):
+        layer.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))  # would broadcast silently into the room
 
 
 def test_the_cache_of_a_model_is_made_of_reserved_layers_with_or_without_its_config() -> None:
