@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +32,8 @@ from harness import (
     last_time_line,
     parse_time_report,
     read_machines,
+    run_training,
+    train_command,
     training_env,
     write_machine_record,
 )
@@ -53,17 +54,12 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, override
     minutes, the run's time line, and the success lines it printed."""
     # vLLM's compiled graphs are cached too (in ~/.cache/vllm by default): a cold pass starts without them
     env = {**training_env(threads, cache), "VLLM_CACHE_ROOT": str(cache / "vllm")}
-    argv = [python, "-m", "agentgym_opsd.train", "--config", "cpu-small", f"trainer.output_dir={run_dir}",
-            "trainer.progress=false", *overrides]
+    argv = train_command(python, "cpu-small", run_dir, overrides)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log_path = run_dir.with_suffix(".log")
     start = time.perf_counter()
-    with log_path.open("w", encoding="utf-8") as log:
-        code = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    lines = run_training(argv, env, log_path, what=" ".join(argv), cwd=ROOT)
     wall_min = (time.perf_counter() - start) / 60
-    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-    if code != 0:
-        raise SystemExit(f"{' '.join(argv)} exited {code}; its output: {log_path}\n" + "\n".join(lines[-20:]))
     time_line = last_time_line(log_path)
     success = {m["label"].strip(): m["line"].strip() for line in lines if (m := SUCCESS.match(line.strip()))}
     preloaded = [m["what"].strip() for line in lines if (m := PRELOADED.search(line))]  # agentgym_opsd/cpu_runtime.py

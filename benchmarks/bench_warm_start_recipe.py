@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,9 @@ from harness import (
     cpu_model,
     last_time_line,
     read_machines,
+    run_training,
     time_line_threads,
+    train_command,
     training_env,
     write_machine_record,
 )
@@ -39,14 +40,13 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-WARM_START_ONLY = ("trainer.total_steps=0", "trainer.eval_at_start=false", "trainer.progress=false")
+WARM_START_ONLY = ("trainer.total_steps=0", "trainer.eval_at_start=false")
 SHARED_CACHE_ENTRIES = ("models", "alfworld")
 
 
 def arm_command(python: str, run_dir: Path, overrides: list[str]) -> list[str]:
     """The CLI call that trains `cpu-small`'s warm start with `overrides` into `run_dir` and stops there."""
-    return [python, "-m", "agentgym_opsd.train", "--config", "cpu-small", *WARM_START_ONLY,
-            f"trainer.output_dir={run_dir}", *overrides]
+    return train_command(python, "cpu-small", run_dir, [*WARM_START_ONLY, *overrides])
 
 
 def run_arm(python: str, run_dir: Path, overrides: list[str], *, threads: int, base_cache: Path | None) -> None:
@@ -56,14 +56,8 @@ def run_arm(python: str, run_dir: Path, overrides: list[str], *, threads: int, b
     for entry in SHARED_CACHE_ENTRIES if base_cache else ():
         if (base_cache / entry).exists() and not (cache / entry).exists():
             (cache / entry).symlink_to((base_cache / entry).resolve())
-    env = training_env(threads, cache)
-    log_path = run_dir.with_suffix(".log")
-    with log_path.open("w", encoding="utf-8") as log:
-        code = subprocess.run(arm_command(python, run_dir / "run", overrides), cwd=ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-20:]
-        raise SystemExit(f"arm {run_dir.name} exited {code}; its output: {log_path}\n" + "\n".join(tail))
+    run_training(arm_command(python, run_dir / "run", overrides), training_env(threads, cache),
+                 run_dir.with_suffix(".log"), what=f"arm {run_dir.name}", cwd=ROOT)
 
 
 def arm_record(run_dir: Path, overrides: list[str]) -> dict[str, Any]:

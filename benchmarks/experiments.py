@@ -269,13 +269,12 @@ def start_training_run(run_dir: Path, config: str, overrides: Sequence[str], thr
                        append_log: bool = False) -> subprocess.Popen:
     """`python -m agentgym_opsd.train` into `run_dir` in its own process with `threads` torch threads, offline,
     its output in `<run_dir>.log` beside it (appended to with `append_log`); `resume` adds `--resume auto`."""
-    from harness import training_env
+    from harness import train_command, training_env
 
     env = {**training_env(threads), "DS_ACCELERATOR": "cpu"}
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_log(run_dir).open("a" if append_log else "w")
-    cmd = [sys.executable, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",
-           "trainer.progress=false", *overrides, *(["--resume", "auto"] if resume else [])]
+    cmd = [*train_command(sys.executable, config, run_dir, overrides), *(["--resume", "auto"] if resume else [])]
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

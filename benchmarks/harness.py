@@ -11,13 +11,14 @@ import os
 import re
 import resource
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["MEASURING", "last_time_line", "make_trainer", "parse_time_report", "peak_rss_mb", "time_line_threads",
-           "timed", "training_env"]
+__all__ = ["MEASURING", "last_time_line", "make_trainer", "parse_time_report", "peak_rss_mb", "run_training",
+           "time_line_threads", "timed", "train_command", "training_env"]
 
 T = TypeVar("T")
 
@@ -111,6 +112,24 @@ def training_env(threads: int = 0, cache: Path | None = None) -> dict[str, str]:
     if cache is not None:
         env["AGENTGYM_OPSD_CACHE"] = str(cache)
     return env
+
+
+def train_command(python: str, config: str, run_dir: Path, overrides: Sequence[str] = ()) -> list[str]:
+    """The CLI call that trains preset (or YAML) `config` into `run_dir` under `python`, without progress bars (its
+    output goes to a log), with `overrides` last so they win."""
+    return [python, "-m", "agentgym_opsd.train", "--config", config, f"trainer.output_dir={run_dir}",
+            "trainer.progress=false", *overrides]
+
+
+def run_training(argv: Sequence[str], env: dict[str, str], log: Path, *, what: str, cwd: Path | None = None) -> list[str]:
+    """Run the training command `argv` to its end, its output in `log`; the log's lines. A failed run raises
+    SystemExit naming `what`, with the log's last 20 lines."""
+    with log.open("w", encoding="utf-8") as out:
+        code = subprocess.run(list(argv), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    if code != 0:
+        raise SystemExit(f"{what} exited {code}; its output: {log}\n" + "\n".join(lines[-20:]))
+    return lines
 
 
 def last_time_line(log: Path) -> str | None:

@@ -3,6 +3,9 @@ the reading of a run's `time:` line."""
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 from benchmark_scripts import load_benchmark
 
 harness = load_benchmark("harness")
@@ -37,3 +40,19 @@ def test_a_log_without_a_time_line_reads_as_none(tmp_path) -> None:
     (tmp_path / "killed.log").write_text("2026-12-05 INFO step 1\n")
     assert harness.last_time_line(tmp_path / "killed.log") is None
     assert harness.time_line_threads(None) is None
+
+
+def test_the_train_command_puts_a_runs_own_settings_last(tmp_path) -> None:
+    argv = harness.train_command("py", "cpu-small", tmp_path / "run", ["warm_start.epochs=1"])
+    assert argv == ["py", "-m", "agentgym_opsd.train", "--config", "cpu-small", f"trainer.output_dir={tmp_path / 'run'}",
+                    "trainer.progress=false", "warm_start.epochs=1"]
+
+
+def test_a_training_run_that_fails_raises_with_its_logs_tail(tmp_path) -> None:
+    ok = harness.run_training([sys.executable, "-c", "print('step 1')"], harness.training_env(), tmp_path / "ok.log",
+                              what="run ok")
+    assert ok == ["step 1"]
+    script = "import sys; print('\\n'.join(f'line {i}' for i in range(30))); sys.exit(3)"
+    with pytest.raises(SystemExit, match="run bad exited 3") as failed:
+        harness.run_training([sys.executable, "-c", script], harness.training_env(), tmp_path / "bad.log", what="run bad")
+    assert "line 29" in str(failed.value) and "line 9\n" not in str(failed.value)  # the last 20 lines only
