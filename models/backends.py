@@ -73,8 +73,9 @@ class RolloutBackend(Protocol):
 
     def act(self, requests: Sequence[PolicyRequest]) -> list[PolicyOutput]: ...
 
-    def with_sampling(self, *, temperature: float, seed: int) -> RolloutBackend:
-        """A sampler over the same weights at another temperature, with its own seeded stream."""
+    def with_sampling(self, *, temperature: float, seed: int, batch_size: int | None = None) -> RolloutBackend:
+        """A sampler over the same weights at another temperature, with its own seeded stream; `batch_size`:
+        the most prompts it generates for together (None: the policy's own; vLLM schedules its own batches)."""
         ...
 
     def wake_up(self) -> None:

@@ -214,13 +214,17 @@ class HFPolicy(Policy):
 
     # -- rollout backend (`agentgym_opsd.models.backends.RolloutBackend`) ---------------------------------
 
-    def with_sampling(self, *, temperature: float, seed: int) -> HFPolicy:
-        """A sampler over the same model (no copy of the weights) at `temperature` with its own seeded stream;
-        this policy's settings and stream are untouched."""
+    def with_sampling(self, *, temperature: float, seed: int, batch_size: int | None = None) -> HFPolicy:
+        """A sampler over the same model (no copy of the weights) at `temperature` with its own seeded stream
+        and, given `batch_size`, its own chunk size (validation generates its turns in one batch); this policy's
+        settings and stream are untouched."""
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         view = copy.copy(self)
         view.generator = torch.Generator(device=self.device)
         view.generator.manual_seed(seed)
         view.set_temperature(temperature)
+        view.batch_size = batch_size or self.batch_size
         return view
 
     def wake_up(self) -> None:

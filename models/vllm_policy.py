@@ -290,9 +290,10 @@ class VLLMPolicy:
         self._calls = 0
         self._engine_state = {"asleep": False}  # shared with every `with_sampling` view of this engine
 
-    def with_sampling(self, *, temperature: float, seed: int) -> VLLMPolicy:
+    def with_sampling(self, *, temperature: float, seed: int, batch_size: int | None = None) -> VLLMPolicy:
         """A policy over the same engine (no second `LLM`, no second copy of the weights) that samples at
-        `temperature` from its own seed stream; the rollout policy's settings and stream are untouched."""
+        `temperature` from its own seed stream; the rollout policy's settings and stream are untouched.
+        `batch_size` is the HF backend's chunk size: the engine schedules its own batches and ignores it."""
         view = copy.copy(self)
         view.seed, view._calls = seed, 0
         view.set_temperature(temperature)

@@ -4,6 +4,7 @@ rounds, the fallback when none exists, and the trainer's step with it on (toy en
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
 
@@ -163,3 +164,30 @@ def test_pool_check_plays_eval_batch_episodes_side_by_side(tmp_path, toy_env_ids
         trainer.close()
     assert out["pool/episodes"] == 12 and sum(calls) == 12
     assert max(calls) == min(max(batch // 2, 1) * 2, 12)  # whole games, up to the batch
+
+
+@pytest.mark.parametrize(("rollout_batch", "eval_batch", "chunk", "most_rows"), [(2, 6, 6, 6), (4, 2, 4, 2)])
+def test_validation_generates_the_turns_of_its_side_by_side_episodes_in_one_batch(
+        tmp_path, toy_env_ids, rollout_batch, eval_batch, chunk, most_rows) -> None:
+    """`eval_batch_episodes` episodes are played side by side and their turns generated together, in chunks of
+    that size (never smaller than `rollout.batch_size`); the rollout policy keeps its own chunk size."""
+    from agentgym_opsd.models.hf_policy import HFPolicy
+    from agentgym_opsd.trainer.loop import Trainer
+
+    cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
+                                   "trainer.tensorboard=false", "env.num_train_tasks=6", "trainer.eval_pool_rollouts=2",
+                                   "trainer.eval_episodes=6", f"trainer.eval_batch_episodes={eval_batch}",
+                                   f"rollout.batch_size={rollout_batch}"])
+    trainer = Trainer(cfg)
+    chunks: list[int] = []
+    real = HFPolicy._generate_chunk
+    try:
+        sampler = trainer.session.sampler_at(0.4, 7)
+        assert sampler.batch_size == chunk and trainer.session.policy.batch_size == rollout_batch
+        with mock.patch.object(HFPolicy, "_generate_chunk",
+                               lambda self, prompts: (chunks.append(len(prompts)), real(self, prompts))[1]):
+            out = trainer.session.validation.run(trainer.session.sampler_at)
+    finally:
+        trainer.close()
+    assert out["val/episodes"] == 6 and out["pool/episodes"] == 12
+    assert max(chunks) == most_rows

@@ -191,6 +191,28 @@ def test_sampling_is_reproducible_from_the_seed_and_the_rng_state(tiny):
     assert torch.equal(torch_state, torch.get_rng_state())  # the global RNG is untouched
 
 
+def test_with_sampling_views_share_the_model_and_may_generate_in_larger_chunks(tiny, monkeypatch):
+    """A view has its own temperature, stream and chunk size; the policy it came from keeps its own."""
+    model, tok = tiny
+    policy = HFPolicy(model, tok, max_new_tokens=6, temperature=1.0, batch_size=2, seed=0)
+    view = policy.with_sampling(temperature=0.0, seed=5, batch_size=8)
+    assert view.model is policy.model and (view.temperature, view.batch_size) == (0.0, 8)
+    assert (policy.temperature, policy.batch_size) == (1.0, 2)
+    assert policy.with_sampling(temperature=0.4, seed=1).batch_size == 2  # None keeps the policy's
+    chunks: list[int] = []
+    real = HFPolicy._generate_chunk
+    monkeypatch.setattr(HFPolicy, "_generate_chunk", lambda self, prompts: (chunks.append(len(prompts)), real(self, prompts))[1])
+    requests = [_request(p) for p in PROMPTS]
+    wide = view.act(requests)
+    assert chunks == [5]
+    chunks.clear()
+    narrow = policy.with_sampling(temperature=0.0, seed=5).act(requests)
+    assert chunks == [2, 2, 1]
+    assert [o.token_ids for o in wide] == [o.token_ids for o in narrow]  # greedy: the chunking changes no token
+    with pytest.raises(ValueError, match="batch_size"):
+        policy.with_sampling(temperature=1.0, seed=0, batch_size=0)
+
+
 def test_top_p_keeps_sampling_inside_the_nucleus(tiny):
     model, tok = tiny
     policy = HFPolicy(model, tok, max_new_tokens=4, top_p=1e-6, seed=0)

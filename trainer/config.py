@@ -547,7 +547,8 @@ class TrainerConfig:
     eval_episodes: int = _f(32, "validation episodes", Range(1, 1_000_000, "validation plays these one pool at a "
                                                                            "time; more adds no precision"))
     eval_batch_episodes: int = _f(32, "validation plays this many episodes side by side, their turns generated in "
-                                      "one batch (held-out episodes, and the pool check's games x copies)",
+                                      "one batch (held-out episodes, and the pool check's games x copies; the HF "
+                                      "sampler's chunk, never below rollout.batch_size)",
                                   Range(1, 4_096, "each is a live environment copy"))
     eval_temperature: float = _f(0.4, "validation sampling temperature (paper: 0.4; 0 = greedy)", _TEMPERATURE)
     eval_at_start: bool = _f(False, "also validate before the first RL step (after the warm start)")

@@ -334,7 +334,11 @@ class RunSession:
             llm_kwargs={"enforce_eager": True} if r.vllm_enforce_eager else None)
 
     def sampler_at(self, temperature: float, seed: int) -> RolloutBackend:
-        return self.policy.with_sampling(temperature=temperature, seed=seed)
+        """Validation's sampler: a view of the rollout policy that generates for up to `trainer.eval_batch_episodes`
+        prompts at once (never fewer than `rollout.batch_size`), so the turns of the episodes validation plays
+        side by side are one batch: a decode step streams the weights once for all of them."""
+        rows = max(self.cfg.rollout.batch_size, self.cfg.trainer.eval_batch_episodes)
+        return self.policy.with_sampling(temperature=temperature, seed=seed, batch_size=rows)
 
     @contextlib.contextmanager
     def generating(self) -> Iterator[None]:
