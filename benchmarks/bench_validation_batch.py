@@ -12,8 +12,8 @@ in chunks of `rollout.batch_size` (16 on `cpu-learn`), so a decode step streamed
 A `cpu-small` trainer (float32, HF sampler; `--set model.name_or_path=` a warm start's folder, whose episodes are as
 long as the main job's) runs one validation point (held-out episodes, then the pool check) per round, the modes
 alternating (new, baseline, baseline, new, ...), after a short warm-up. The samples differ between the modes (a
-chunk's rows draw from one stream), so each mode's success is reported beside its time. The JSON keeps one record per
-CPU.
+chunk's rows draw from one stream), so the episodes last other numbers of turns: each mode's turns (rows generated)
+and milliseconds per turn are reported beside its seconds and success. The JSON keeps one record per CPU.
 
     python benchmarks/bench_validation_batch.py --set model.name_or_path=RUN/warm_start/model
     python benchmarks/bench_validation_batch.py --config cpu-tiny --episodes 4 --pool-rollouts 2 --rounds 1 --out /tmp/v.json
@@ -112,12 +112,14 @@ def main(argv: list[str] | None = None) -> None:
                     "seconds": seconds, "held_out_seconds": metrics["seconds_validation"],
                     "pool_seconds": metrics.get("seconds_pool"), "held_out_success": metrics["val/success_rate"],
                     "pool_success": metrics.get("pool/success_rate"), "chunks": len(chunks),
-                    "largest_chunk": max(chunks, default=0)})
-                print(f"{mode}: {seconds:.1f} s, {len(chunks)} chunks of up to {max(chunks, default=0)} rows, "
-                      f"held-out {metrics['val/success_rate']:.3f}", file=sys.stderr)
+                    "largest_chunk": max(chunks, default=0), "turns": sum(chunks),
+                    "ms_per_turn": 1000 * seconds / max(sum(chunks), 1)})
+                print(f"{mode}: {seconds:.1f} s, {sum(chunks)} turns in {len(chunks)} chunks of up to "
+                      f"{max(chunks, default=0)} rows, held-out {metrics['val/success_rate']:.3f}", file=sys.stderr)
         finally:
             trainer.close()
-    summary = {mode: {"median_s": statistics.median(r["seconds"] for r in rs), "rounds": rs}
+    summary = {mode: {"median_s": statistics.median(r["seconds"] for r in rs),
+                      "median_ms_per_turn": statistics.median(r["ms_per_turn"] for r in rs), "rounds": rs}
                for mode, rs in rounds.items()}
     new, baseline = modes
     cpu = cpu_model()
@@ -125,19 +127,23 @@ def main(argv: list[str] | None = None) -> None:
               "pool_rollouts": args.pool_rollouts, "batch": args.batch, "before_batch": BEFORE_BATCH,
               "rollout_batch_size": rollout_batch, "rounds": args.rounds, "threads": torch.get_num_threads(),
               "load_avg_before_after": [load_before, os.getloadavg()[0]], "cpu": cpu, "modes": summary,
-              "speedup": summary[baseline]["median_s"] / summary[new]["median_s"]}
+              "speedup": summary[baseline]["median_s"] / summary[new]["median_s"],
+              "speedup_per_turn": summary[baseline]["median_ms_per_turn"] / summary[new]["median_ms_per_turn"]}
     write_machine_record(args.out, cpu, record)
 
     table = Table(title=f"validation, {args.episodes} held-out + pool x {args.pool_rollouts}, {cpu}")
-    for col in ("mode", "median s", "chunks", "largest chunk", "held-out success", "pool success"):
+    for col in ("mode", "median s", "ms per turn", "turns", "chunks", "largest chunk", "held-out success",
+                "pool success"):
         table.add_column(col, justify="right")
     for mode, s in summary.items():
         last = s["rounds"][-1]
         pool = "-" if last["pool_success"] is None else f"{last['pool_success']:.3f}"
-        table.add_row(mode, f"{s['median_s']:.1f}", str(last["chunks"]), str(last["largest_chunk"]),
+        table.add_row(mode, f"{s['median_s']:.1f}", f"{s['median_ms_per_turn']:.0f}", str(last["turns"]),
+                      str(last["chunks"]), str(last["largest_chunk"]),
                       f"{last['held_out_success']:.3f}", pool)
     Console().print(table)
-    print(f"validation in one batch: {record['speedup']:.2f}x the chunked speed; wrote {args.out}", file=sys.stderr)
+    print(f"validation in one batch: {record['speedup']:.2f}x the chunked speed, {record['speedup_per_turn']:.2f}x per "
+          f"turn; wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -20,4 +20,5 @@ def test_a_tiny_run_generates_validation_in_one_batch_against_chunks(tmp_path) -
     # the switch took effect: 4 held-out episodes (and the pool's 2 games x 2) in one chunk, against chunks of 2
     assert one["largest_chunk"] == 4 and chunked["largest_chunk"] == 2
     assert chunked["chunks"] > one["chunks"]
-    assert one["pool_success"] is not None and record["speedup"] > 0
+    assert one["turns"] >= 6 and chunked["turns"] >= 6  # at least one turn of each of the 4 + 2 x 2 episodes
+    assert one["pool_success"] is not None and record["speedup"] > 0 and record["speedup_per_turn"] > 0
