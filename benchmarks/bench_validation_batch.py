@@ -53,20 +53,18 @@ def validation_round(trainer: Any, base: Any, mode: str, batch: int, *, warm_up:
     """One validation point of config `base` in `mode`: its seconds, metrics, and the rows of every generate chunk
     it ran. `warm_up`: two held-out episodes and no pool check (allocator, lazy initialisation)."""
     session = trainer.session
-    cfg = base
-    eval_batch = batch if mode == "one-batch" else BEFORE_BATCH
-    settings: dict[str, int] = {"eval_batch_episodes": eval_batch}
+    settings: dict[str, int] = {"eval_batch_episodes": batch if mode == "one-batch" else BEFORE_BATCH}
     if warm_up:
-        settings.update(eval_episodes=min(2, cfg.trainer.eval_episodes), eval_pool_rollouts=0)
-    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, **settings))
+        settings.update(eval_episodes=min(2, base.trainer.eval_episodes), eval_pool_rollouts=0)
+    cfg = dataclasses.replace(base, trainer=dataclasses.replace(base.trainer, **settings))
     if mode == "one-batch":
         session.cfg = cfg
         sampler_at: Callable[[float, int], Any] = session.sampler_at
     else:
         def sampler_at(temperature: float, seed: int) -> Any:
             return session.policy.with_sampling(temperature=temperature, seed=seed)  # chunks of rollout.batch_size
-    validation = Validation(cfg, {env.spec: env.runner for env in session.envs}, session.make_runner,
-                            session.generating)
+    # a validation of its own (its held-out runners sized by this mode's batch) over the session's training runners
+    validation = Validation(cfg, session.validation.train_runners, session.make_runner, session.generating)
     chunks: list[int] = []
     generate_chunk = type(session.policy)._generate_chunk
 
