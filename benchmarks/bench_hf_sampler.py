@@ -5,7 +5,13 @@
   whole. Modes `shared` / `whole`; `benchmarks/results/hf_shared_prefix.json`.
 - `kv-cache`: decoding writes each token's keys and values into room reserved after the prefill
   (`models/kv_cache.py`), against transformers' `DynamicCache`, which concatenates the whole cache again per
-  token. Modes `reserved` / `concatenated`; `benchmarks/results/hf_kv_cache.json`.
+  token; both prefill left-padded (a concatenating cache cannot take a packed prefill). Modes `reserved` / `concatenated`; `benchmarks/results/hf_kv_cache.json`.
+- `packed-prefill`: a chunk's prompts (their suffixes after the shared prefix) are prefilled end to end in one
+  sequence, each row attending to the prefix and itself (`models/packed_attention.py`), against left-padding them
+  to the chunk's longest. Modes `packed` / `padded`; `benchmarks/results/hf_packed_prefill.json`. With
+  `--set rollout.batch_size=64 --episodes 64` a chunk is validation's (`trainer.eval_batch_episodes` on
+  `cpu-learn`), whose prompts are further apart in length than a training chunk's of 16 (that one's record:
+  `--out benchmarks/results/hf_packed_prefill_rollout.json`).
 
 A `cpu-small` trainer (SmolLM2-135M-Instruct, float32, no warm start, dynamic sampling off; `--set KEY=VALUE` for
 more, such as `model.name_or_path=` a warm start's folder, whose replies are as short as the main job's) plays the
@@ -16,6 +22,7 @@ tokens/s, and the tokens fed to the model. The JSON keeps one record per CPU (`h
 
     python benchmarks/bench_hf_sampler.py                        # -> benchmarks/results/hf_shared_prefix.json
     python benchmarks/bench_hf_sampler.py --compare kv-cache     # -> benchmarks/results/hf_kv_cache.json
+    python benchmarks/bench_hf_sampler.py --compare packed-prefill --set rollout.batch_size=64 --episodes 64
     python benchmarks/bench_hf_sampler.py --episodes 4 --rounds 1 --config cpu-tiny --out /tmp/h.json
 """
 
@@ -57,13 +64,21 @@ def _concatenating_cache(model: Any) -> Any:
     return DynamicCache(config=getattr(model, "config", None))
 
 
+def _padded_prefill() -> contextlib.AbstractContextManager:
+    """The sampler with its chunks' prompts prefilled left-padded, not packed."""
+    return mock.patch.object(hf_policy.HFPolicy, "_packs", lambda self, cache: False)
+
+
 COMPARISONS: dict[str, dict[str, Callable[[], contextlib.AbstractContextManager]]] = {
     # the sampler as it ships first, then the mode without the saving
     "shared-prefix": {"shared": as_is, "whole": lambda: mock.patch.object(hf_policy, "MIN_SHARED_PREFIX", 10**9)},
-    "kv-cache": {"reserved": as_is,
+    # both prefill left-padded: a concatenating cache cannot be unpacked into rows after a packed prefill
+    "kv-cache": {"reserved": lambda: _padded_prefill(),
                  "concatenated": lambda: mock.patch.object(kv_cache, "reserved_cache", _concatenating_cache)},
+    "packed-prefill": {"packed": as_is, "padded": lambda: _padded_prefill()},
 }
-RESULT_FILES = {"shared-prefix": "hf_shared_prefix.json", "kv-cache": "hf_kv_cache.json"}
+RESULT_FILES = {"shared-prefix": "hf_shared_prefix.json", "kv-cache": "hf_kv_cache.json",
+                "packed-prefill": "hf_packed_prefill.json"}
 
 
 def portable(setting: str) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -156,7 +157,8 @@ class HFPolicy(Policy):
     nucleus sampling mass (1.0 = off; reported log-probs stay those of the full tempered distribution).
     `stop_strings`: a row stops once its text contains one of them. `batch_size`: rows generated together
     (requests beyond it are processed in successive chunks of similar prompt length). `seed`: seeds the
-    private sampling RNG.
+    private sampling RNG. `packed_prefill`: a chunk's prompts are prefilled end to end without padding where the
+    model family allows it (`packed_attention.supports_packing`); False prefills them left-padded.
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class HFPolicy(Policy):
         stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS,
         batch_size: int = 16,
         seed: int = 0,
+        packed_prefill: bool = True,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -187,6 +190,8 @@ class HFPolicy(Policy):
         self.top_p = top_p
         self.stop_strings = tuple(stop_strings)
         self.batch_size = batch_size
+        # prompts prefilled end to end without padding where the model family allows (`_packs`); False: left-padded
+        self.packed_prefill = packed_prefill
         self.temperature = 1.0
         self.set_temperature(temperature)
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -310,7 +315,6 @@ class HFPolicy(Policy):
         if shared >= MIN_SHARED_PREFIX:
             prefix = torch.as_tensor([unique[0][:shared]], dtype=torch.long, device=self.device)
             self._forward(prefix, torch.ones_like(prefix), torch.arange(shared, device=self.device)[None], cache)
-            cache.batch_repeat_interleave(len(unique))
         else:
             shared = 0
         suffixes = [p[shared:] for p in unique]
@@ -325,7 +329,12 @@ class HFPolicy(Policy):
         # Positions count real tokens only, so a padded row sees the same positions as it would alone.
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
         mask = torch.cat([mask.new_ones((len(unique), shared)), mask], dim=1)
-        logits = self._forward(input_ids, mask, positions, cache)  # (distinct prompts, vocab)
+        if self._packs(cache):
+            logits = self._prefill_packed(suffixes, shared, width, cache)  # (distinct prompts, vocab)
+        else:
+            if shared:
+                cache.batch_repeat_interleave(len(unique))
+            logits = self._forward(input_ids, mask, positions, cache)
         if len(unique) < rows:
             expand = torch.as_tensor(row_of, device=self.device)
             cache.batch_select_indices(expand)
@@ -368,6 +377,33 @@ class HFPolicy(Policy):
                          lps, finish_reason=why)
             for ids, lps, why in zip(token_ids, logprobs, finish, strict=True)
         ]
+
+    def _packs(self, cache: Any) -> bool:
+        """Whether this chunk's prompts are prefilled packed: a model family whose attention takes row spans, and a
+        cache whose every layer can be unpacked into rows afterwards (`ReservedLayer`)."""
+        from agentgym_opsd.models.kv_cache import ReservedLayer
+        from agentgym_opsd.models.packed_attention import supports_packing
+
+        return (self.packed_prefill and supports_packing(self.model) and bool(cache.layers)
+                and all(isinstance(layer, ReservedLayer) for layer in cache.layers))
+
+    def _prefill_packed(self, suffixes: list[Sequence[int]], shared: int, width: int, cache: Any) -> torch.Tensor:
+        """Prefill the distinct prompts' suffixes laid end to end after the `shared` prefix already in `cache`
+        (one row), each attending to the prefix and to itself (`packed_attention`), so no FLOP goes to padding;
+        then lay the cache out as the rows' left-padded batch with room for the replies. Returns the logits of
+        every suffix's last position, (rows, vocab): the padded prefill's numbers to float rounding."""
+        from agentgym_opsd.models.kv_cache import unpack_rows
+        from agentgym_opsd.models.packed_attention import packed_attention
+
+        lengths = [len(s) for s in suffixes]
+        ids = torch.as_tensor([[t for s in suffixes for t in s]], dtype=torch.long, device=self.device)
+        positions = torch.cat([torch.arange(shared, shared + n) for n in lengths])[None].to(self.device)
+        bounds = torch.as_tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=self.device)
+        with packed_attention(self.model):
+            out = self.model(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},
+                             cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, logits_to_keep=(bounds[1:] - 1).long())
+        unpack_rows(cache, prefix=shared, lengths=lengths, width=width, room=self.max_new_tokens)
+        return out.logits[0]
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """Logits of the last position, shape (rows, vocab); extends `cache` with the new tokens."""

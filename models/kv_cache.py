@@ -18,12 +18,13 @@ in a larger buffer (tests/test_kv_cache.py; greedy replies identical, log-probs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-__all__ = ["ReservedLayer", "reserve", "reserved_cache"]
+__all__ = ["ReservedLayer", "reserve", "reserved_cache", "unpack_rows"]
 
 
 class ReservedLayer(DynamicLayer):
@@ -84,6 +85,28 @@ class ReservedLayer(DynamicLayer):
         if self.get_seq_length() > 0:
             self._set_buffers(self._key_buffer[indices, ...], self._value_buffer[indices, ...])
 
+    def unpack_rows(self, prefix: int, lengths: Sequence[int], width: int, room: int = 0) -> None:
+        """One cached row — `prefix` tokens, then the rows' spans of `lengths` end to end (a packed prefill) — laid
+        out as a batch of rows: the prefix, then each row's span right-aligned in `width` columns, zeros where a
+        row is shorter (positions its attention mask leaves out); `room` more tokens reserved after them."""
+        assert self._key_buffer is not None and self._value_buffer is not None
+        if self._key_buffer.shape[0] != 1 or self._length != prefix + sum(lengths):
+            raise ValueError(f"a packed cache holds one row of {prefix} + {sum(lengths)} tokens, not "
+                             f"{self._key_buffer.shape[0]} of {self._length}")
+        end = prefix + width
+        unpacked = []
+        for packed in (self._key_buffer, self._value_buffer):
+            rows = packed.new_empty((len(lengths), *packed.shape[1:-2], end + room, packed.shape[-1]))
+            rows[..., :prefix, :] = packed[..., :prefix, :]
+            rows[..., prefix:end, :] = 0
+            start = prefix
+            for r, length in enumerate(lengths):
+                rows[r, ..., end - length : end, :] = packed[0, ..., start : start + length, :]
+                start += length
+            unpacked.append(rows)
+        self._length = end
+        self._set_buffers(*unpacked)
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.get_seq_length() > 0:
             self.batch_select_indices(beam_idx.to(self.device))
@@ -130,6 +153,14 @@ def reserved_cache(model: Any) -> DynamicCache:
     if cache.layer_class_to_replicate is DynamicLayer:  # no config: layers are made as the forward reaches them
         cache.layer_class_to_replicate = ReservedLayer
     return cache
+
+
+def unpack_rows(cache: DynamicCache, *, prefix: int, lengths: Sequence[int], width: int, room: int = 0) -> None:
+    """`ReservedLayer.unpack_rows` on every layer of `cache`, whose layers must all be `ReservedLayer`s."""
+    if not all(isinstance(layer, ReservedLayer) for layer in cache.layers):
+        raise TypeError("only a cache of ReservedLayers can be unpacked")
+    for layer in cache.layers:
+        layer.unpack_rows(prefix, lengths, width, room)
 
 
 def reserve(cache: DynamicCache, length: int) -> None:

@@ -39,6 +39,16 @@ def test_a_tiny_run_samples_alike_with_the_reserved_and_the_concatenating_cache(
     assert concatenated["rounds"][0]["cache_layers"] == ["DynamicLayer"]
 
 
+def test_a_tiny_run_samples_alike_with_the_packed_and_the_padded_prefill(tmp_path) -> None:
+    out = tmp_path / "p.json"
+    bench.main(["--compare", "packed-prefill", "--config", "cpu-tiny", "--episodes", "8", "--rounds", "1",
+                "--set", "rollout.max_new_tokens=12", "--out", str(out)])
+    (record,) = json.loads(out.read_text())["machines"].values()
+    assert record["compare"] == "packed-prefill" and record["same_samples"] is True
+    packed, padded = record["modes"]["packed"], record["modes"]["padded"]
+    assert 0 < packed["fed_tokens"] < padded["fed_tokens"]  # the switch was in effect: no padding fed
+
+
 def test_a_setting_with_an_absolute_path_keeps_only_its_last_folders() -> None:
     assert bench.portable("model.name_or_path=/home/me/cache/warm_start/eb82/model") == (
         "model.name_or_path=…/warm_start/eb82/model")

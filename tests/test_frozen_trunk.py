@@ -21,7 +21,12 @@ from agentgym_opsd.models.loading import (
 from agentgym_opsd.models.precision import float32_lm_head
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache, frozen_depth, trunk_depth
-from agentgym_opsd.trainer.logprobs import pack, packed_batched_response_logprobs, packed_response_logprobs
+from agentgym_opsd.trainer.logprobs import (
+    pack,
+    packed_batched_response_logprobs,
+    packed_response_logprobs,
+    shared_prompt_prefix,
+)
 from agentgym_opsd.trainer.loop import Trainer
 
 
@@ -86,6 +91,39 @@ def test_the_trained_blocks_from_the_kept_trunk_give_the_full_forwards_numbers(d
         n = len(responses[i])
         torch.testing.assert_close(kept[0][r, kept[0].shape[1] - n:], old[i], **tol)
     assert len(list(model.model.layers)) == 3  # the full stack is back
+
+
+def test_after_a_shared_prefix_the_trunk_keeps_it_once_and_gives_the_full_forwards_numbers() -> None:
+    model, tok = _model()
+    prompts, responses = _rows(9, len(tok))
+    prefix = list(range(3, 23))  # a 20-token system message every prompt starts with
+    prompts = [prefix + p for p in prompts]
+    prefix_len = shared_prompt_prefix(prompts)
+    cache = TrunkCache(frozen_depth(model), budget_bytes=1 << 30)
+    old = packed_batched_response_logprobs(model, prompts, responses, max_tokens=80, max_rows=3, trunk_cache=cache)
+    assert cache.prefix_len == prefix_len >= 20 and cache.prefix is not None and cache.prefix.shape[0] == prefix_len
+    assert cache.covers(range(len(prompts)), prefix_len=prefix_len) and not cache.covers([0])
+    assert all(cache.rows[i].shape[0] == len(p) - prefix_len + len(r)
+               for i, (p, r) in enumerate(zip(prompts, responses, strict=True)))
+    model.train()
+    idx = [7, 2, 5, 0]
+
+    def run(trunk):
+        pb = pack(idx, prompts, responses, prefix_len=prefix_len)
+        with torch.no_grad():
+            return packed_response_logprobs(model, pb, trunk=trunk)[0]
+
+    full, kept = run(None), run((cache.depth, cache.packed(idx, prefix_len=prefix_len)))
+    torch.testing.assert_close(kept, full, rtol=1e-6, atol=1e-6)
+    for r, i in enumerate(idx):  # π_old is the update's start
+        n = len(responses[i])
+        torch.testing.assert_close(kept[r, kept.shape[1] - n:], old[i], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="shared prefix"):  # one cache, one layout
+        cache.add_packed([20], torch.zeros(1, 3, 8), torch.tensor([0, 3]))
+    with pytest.raises(KeyError):
+        cache.packed(idx)
+    cache.release()
+    assert cache.prefix is None and cache.prefix_len is None and cache.used_bytes == 0
 
 
 def test_the_cache_keeps_rows_within_its_budget() -> None:
@@ -203,7 +241,7 @@ def test_a_packed_sft_step_trains_as_the_padded_one(monkeypatch) -> None:
         return losses, grads
 
     packs = []
-    monkeypatch.setattr(logprobs, "pack", lambda idx, *args: packs.append(list(idx)) or pack(idx, *args))
+    monkeypatch.setattr(logprobs, "pack", lambda idx, *args, **kw: packs.append(list(idx)) or pack(idx, *args, **kw))
     (padded_losses, padded_grads), (packed_losses, packed_grads) = train(False), train(True)
     assert sorted(i for idx in packs for i in idx) == [0, 0, 1, 1, 2, 2, 3, 4]  # every row of both steps packed
     assert packed_losses == pytest.approx(padded_losses, rel=1e-5)

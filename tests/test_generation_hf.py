@@ -93,8 +93,10 @@ def _prefill_tokens(model) -> tuple[list[int], object]:
     return fed, hook
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_prefix_every_prompt_shares_is_prefilled_once_with_the_same_results(tiny, monkeypatch, temperature):
+def test_the_prefix_every_prompt_shares_is_prefilled_once_with_the_same_results(tiny, monkeypatch, temperature,
+                                                                                 packed):
     model, tok = tiny
     system = "You are a household robot. Reply with exactly one command inside <action>...</action>. " * 3
     requests = [PolicyRequest([{"role": "system", "content": system}, {"role": "user", "content": p}])
@@ -104,22 +106,42 @@ def test_the_prefix_every_prompt_shares_is_prefilled_once_with_the_same_results(
     assert shared >= MIN_SHARED_PREFIX
     fed, hook = _prefill_tokens(model)
     try:
-        together = HFPolicy(model, tok, max_new_tokens=8, temperature=temperature, batch_size=8, seed=4).act(requests)
+        together = HFPolicy(model, tok, max_new_tokens=8, temperature=temperature, batch_size=8, seed=4,
+                            packed_prefill=packed).act(requests)
         prefill_shared = fed[:2]  # the prefix once (1 x shared), then the suffixes
         fed.clear()
         monkeypatch.setattr(hf_policy, "MIN_SHARED_PREFIX", 10**9)
-        apart = HFPolicy(model, tok, max_new_tokens=8, temperature=temperature, batch_size=8, seed=4).act(requests)
+        apart = HFPolicy(model, tok, max_new_tokens=8, temperature=temperature, batch_size=8, seed=4,
+                         packed_prefill=packed).act(requests)
         prefill_whole = fed[0]
     finally:
         hook.remove()
     width = max(len(p) for p in prompts)
-    assert prefill_shared == [shared, len(prompts) * (width - shared)]
-    assert prefill_whole == len(prompts) * width
+    if packed:  # the suffixes end to end: no padding fed
+        assert prefill_shared == [shared, sum(len(p) - shared for p in prompts)]
+        assert prefill_whole == sum(len(p) for p in prompts)
+    else:  # left-padded to the longest
+        assert prefill_shared == [shared, len(prompts) * (width - shared)]
+        assert prefill_whole == len(prompts) * width
     for a, b, prompt in zip(together, apart, prompts, strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
         expected = _teacher_forced(model, prompt, a.token_ids, temperature)
         torch.testing.assert_close(torch.tensor(a.logprobs), expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_packed_and_left_padded_prefill_sample_the_same_replies(tiny, temperature):
+    """Prompts of other lengths, duplicates among them (prefilled once, cache rows copied), a shared prefix and
+    replies that end at different steps: the packed prefill's samples and log-probs are the padded one's."""
+    model, tok = tiny
+    requests = [_request(p) for p in PROMPTS + PROMPTS[2:4]]
+    packed = HFPolicy(model, tok, max_new_tokens=12, temperature=temperature, batch_size=8, seed=7).act(requests)
+    padded = HFPolicy(model, tok, max_new_tokens=12, temperature=temperature, batch_size=8, seed=7,
+                      packed_prefill=False).act(requests)
+    for a, b in zip(packed, padded, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
 
 
 def test_common_prefix_length_leaves_every_prompt_a_token_of_its_own():

@@ -91,6 +91,47 @@ def test_a_batch_that_is_not_the_caches_is_refused() -> None:
         layer.update(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))  # would broadcast silently into the room
 
 
+@given(prefix=st.integers(0, 4), lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+       extra=st.integers(0, 3), room=st.integers(0, 6))
+@settings(max_examples=40, deadline=None)
+def test_a_packed_prefill_unpacks_into_the_rows_left_padded_after_the_prefix(prefix, lengths, extra, room) -> None:
+    """Row r of the unpacked cache is the prefix, zeros, then its own span (right-aligned in `width` columns),
+    with `room` more tokens reserved; a step decoded after it lands right after every row's span."""
+    width = max(lengths) + extra
+    g = torch.Generator().manual_seed(len(lengths))
+    keys, values = torch.randn(1, 2, prefix + sum(lengths), 4, generator=g), torch.randn(1, 2, prefix + sum(lengths), 3, generator=g)
+    layer = ReservedLayer()
+    layer.update(keys, values)
+    layer.unpack_rows(prefix, lengths, width, room)
+    assert layer.keys.shape == (len(lengths), 2, prefix + width, 4) and layer.capacity == prefix + width + room
+    start = prefix
+    for r, n in enumerate(lengths):
+        for packed, rows in ((keys, layer.keys), (values, layer.values)):
+            assert torch.equal(rows[r, :, :prefix], packed[0, :, :prefix])
+            assert torch.equal(rows[r, :, prefix + width - n:], packed[0, :, start:start + n])
+            assert not rows[r, :, prefix:prefix + width - n].any()
+        start += n
+    buffer = layer._key_buffer
+    layer.update(torch.ones(len(lengths), 2, 1, 4), torch.ones(len(lengths), 2, 1, 3))
+    assert layer.get_seq_length() == prefix + width + 1 and torch.equal(layer.keys[:, :, -1], torch.ones(len(lengths), 2, 4))
+    assert (layer._key_buffer is buffer) == (room > 0)  # decoded in place within the room
+
+
+def test_only_a_one_row_cache_holding_the_packed_tokens_unpacks() -> None:
+    layer = ReservedLayer()
+    layer.update(torch.zeros(2, 1, 5, 4), torch.zeros(2, 1, 5, 4))
+    with pytest.raises(ValueError, match="one row"):
+        layer.unpack_rows(1, [2, 2], 2)
+    single = ReservedLayer()
+    single.update(torch.zeros(1, 1, 5, 4), torch.zeros(1, 1, 5, 4))
+    with pytest.raises(ValueError, match="1 \\+ 3 tokens"):
+        single.unpack_rows(1, [1, 2], 2)
+    plain = DynamicCache()
+    plain.layers = [DynamicLayer()]
+    with pytest.raises(TypeError, match="ReservedLayers"):
+        kv_cache.unpack_rows(plain, prefix=0, lengths=[1], width=1)
+
+
 def test_the_cache_of_a_model_is_made_of_reserved_layers_with_or_without_its_config() -> None:
     config = load_policy_model("tiny-random", trainable=False)[0].config
 

@@ -67,12 +67,17 @@ def trunk_depth(model: torch.nn.Module, *, zero_stage: int, budget_mb: int) -> i
 
 @dataclass
 class TrunkCache:
-    """Per row, the trunk's output (tokens, hidden) of its prompt + response, up to `budget_bytes` in all."""
+    """Per row, the trunk's output (tokens, hidden) of its prompt + response, up to `budget_bytes` in all. In the
+    packed layout with a shared prompt prefix (`logprobs.pack`'s `prefix_len`), a row's output covers its tokens
+    after the prefix, and the prefix's output is kept once: a frozen trunk gives the same prefix the same output
+    in every micro-batch. One cache serves one prefix length (the rows of one step, or of one warm start)."""
 
     depth: int
     budget_bytes: int
     rows: dict[int, Tensor] = field(default_factory=dict)
     used_bytes: int = 0
+    prefix: Tensor | None = None
+    prefix_len: int | None = None  # fixed by the first row kept
 
     @classmethod
     def within(cls, depth: int, budget_mb: int) -> TrunkCache | None:
@@ -87,29 +92,52 @@ class TrunkCache:
             self.rows[row] = hidden.detach().clone()  # a copy: a view would keep the whole micro-batch alive
             self.used_bytes += size
 
-    def add_packed(self, rows: Sequence[int], hidden: Tensor, cu_seq_lens: Tensor) -> None:
-        """Keep the rows' outputs from a packed pass's (1, T, hidden), row r at `cu_seq_lens[r]:[r + 1]`."""
+    def _layout(self, prefix_len: int) -> None:
+        if self.prefix_len is None:
+            self.prefix_len = prefix_len
+        elif prefix_len != self.prefix_len:
+            raise ValueError(f"this trunk cache keeps rows after a {self.prefix_len}-token shared prefix, not "
+                             f"{prefix_len}")
+
+    def add_packed(self, rows: Sequence[int], hidden: Tensor, cu_seq_lens: Tensor, *, prefix_len: int = 0) -> None:
+        """Keep the rows' outputs from a packed pass's (1, T, hidden), row r at `cu_seq_lens[r]:[r + 1]`; after
+        a shared prefix (`prefix_len`), that prefix's output at `[0]:[1]` once and row r at `[r + 1]:[r + 2]`."""
+        self._layout(prefix_len)
         spans = cu_seq_lens.tolist()
+        if prefix_len:
+            if self.prefix is None:
+                self.prefix = hidden[0, :prefix_len].detach().clone()
+                self.used_bytes += self.prefix.numel() * self.prefix.element_size()
+            spans = spans[1:]
         for r, row in enumerate(rows):
             self.add(row, hidden[0, spans[r]:spans[r + 1]])
 
     def add_left_padded(self, rows: Sequence[int], hidden: Tensor, attention_mask: Tensor) -> None:
         """Keep the rows' outputs from a left-padded pass's (rows, width, hidden): each row's last tokens."""
+        self._layout(0)
         width = hidden.shape[1]
         for r, (row, length) in enumerate(zip(rows, attention_mask.sum(-1).tolist(), strict=True)):
             self.add(row, hidden[r, width - length:])
 
-    def covers(self, rows: Sequence[int]) -> bool:
+    def covers(self, rows: Sequence[int], *, prefix_len: int = 0) -> bool:
+        """Whether every row's output is kept, in the layout of a `prefix_len`-token shared prefix."""
+        if (self.prefix_len or 0) != prefix_len or (prefix_len and self.prefix is None):
+            return False
         return all(r in self.rows for r in rows)
 
     def release(self) -> None:
         """Free the kept outputs (the update is done with them)."""
         self.rows.clear()
+        self.prefix, self.prefix_len = None, None
         self.used_bytes = 0
 
-    def packed(self, rows: Sequence[int]) -> Tensor:
-        """(1, tokens, hidden): the rows' outputs end to end, as `logprobs.pack` lays out their tokens."""
-        return torch.cat([self.rows[r] for r in rows]).unsqueeze(0)
+    def packed(self, rows: Sequence[int], *, prefix_len: int = 0) -> Tensor:
+        """(1, tokens, hidden): the rows' outputs end to end, as `logprobs.pack` lays out their tokens (after the
+        shared prefix's, with `prefix_len`)."""
+        if not self.covers(rows, prefix_len=prefix_len):
+            raise KeyError(f"the trunk cache does not hold rows {list(rows)} after a {prefix_len}-token prefix")
+        head = [self.prefix] if prefix_len and self.prefix is not None else []
+        return torch.cat([*head, *(self.rows[r] for r in rows)]).unsqueeze(0)
 
     def left_padded(self, rows: Sequence[int], width: int) -> Tensor:
         """(rows, width, hidden): each row's output right-aligned, as `logprobs.collate` lays out its tokens (zeros

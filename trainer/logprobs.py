@@ -19,16 +19,15 @@ rows of short responses (`benchmarks/bench_update_path.py`).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from agentgym_opsd.models.hf_policy import cache_kwarg, common_prefix_length
+from agentgym_opsd.models.hf_policy import MIN_SHARED_PREFIX, cache_kwarg, common_prefix_length
+from agentgym_opsd.models.packed_attention import PACKED_MODEL_TYPES, packed_attention, supports_packing
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache, capturing_trunk, trunk_inputs
 
 __all__ = [
@@ -45,6 +44,7 @@ __all__ = [
     "prefix_shared_response_logprobs",
     "response_logprobs",
     "shared_prefix_groups",
+    "shared_prompt_prefix",
     "supports_packing",
 ]
 
@@ -151,12 +151,7 @@ def response_logprobs(
     return logp, entropy
 
 
-# ---- the packed layout (update pass) -----------------------------------------------------------------------
-# Model families (tested here) whose attention dispatches through transformers' AttentionInterface with the
-# forward's keyword arguments (the row boundaries reach `_packed_sdpa_attention`) and whose causal LM accepts
-# positions as `logits_to_keep`. Other models keep the padded path.
-PACKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-_PACKED_ATTENTION = "agentgym_opsd_packed_sdpa"
+# ---- the packed layout (update pass; the attention: models/packed_attention.py) ---------------------------
 
 
 @dataclass
@@ -164,38 +159,63 @@ class PackedBatch:
     """Some rows laid end to end without padding. Row r spans `cu_seq_lens[r]:cu_seq_lens[r + 1]` of the
     sequence; `logit_positions` are the N positions whose logits predict the N response tokens
     `response_ids`, row after row; `response_mask` (rows, R) is `collate`'s right-aligned mask, where
-    `packed_response_logprobs` puts the N values back."""
+    `packed_response_logprobs` puts the N values back. With `prefix_len` > 0 the sequence starts with the prompt
+    prefix every row shares, once, as its own first span (`cu_seq_lens[0]:[1]`); the rows' spans hold the rest of
+    their tokens, at positions continuing after it."""
 
     indices: list[int]
-    input_ids: Tensor  # (1, T), T = sum of the rows' prompt + response lengths
-    position_ids: Tensor  # (1, T), restarting at 0 in every row
-    cu_seq_lens: Tensor  # (rows + 1,) int32
+    input_ids: Tensor  # (1, T), T = sum of the rows' prompt + response lengths (+ the shared prefix once)
+    position_ids: Tensor  # (1, T), restarting at 0 in every row (at prefix_len after a shared prefix)
+    cu_seq_lens: Tensor  # (rows + 1,) int32, or (rows + 2,) with a shared prefix
     logit_positions: Tensor  # (N,)
     response_ids: Tensor  # (N,)
     response_mask: Tensor  # (rows, R) bool
+    prefix_len: int = 0
 
     def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(self.indices, *(t.to(device) for t in (
             self.input_ids, self.position_ids, self.cu_seq_lens, self.logit_positions, self.response_ids,
-            self.response_mask)))
+            self.response_mask)), prefix_len=self.prefix_len)
 
 
-def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> PackedBatch:
-    """Lay prompt+response of the given rows end to end (each row needs a prompt token before its response)."""
+def shared_prompt_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens the packed layout lays once for all of `prompts` (`pack`'s `prefix_len`): their
+    common prefix (every prompt keeping a token of its own), or 0 below `MIN_SHARED_PREFIX` tokens, where a span of
+    its own saves less than it costs."""
+    if len(prompts) < 2:
+        return 0
+    shared = common_prefix_length(prompts)
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
+def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
+         prefix_len: int = 0) -> PackedBatch:
+    """Lay prompt+response of the given rows end to end (each row needs a prompt token before its response); with
+    `prefix_len`, the prompts' first `prefix_len` tokens, which they must all share, once at the start."""
     ids: list[int] = []
     positions: list[int] = []
     bounds = [0]
+    prefix: list[int] = []
+    if prefix_len:
+        prefix = list(prompts[indices[0]][:prefix_len])
+        ids, positions = list(prefix), list(range(prefix_len))
+        bounds.append(prefix_len)
     logit_positions: list[int] = []
     response_ids: list[int] = []
     resp_width = max(max(len(responses[i]) for i in indices), 1)
     response_mask = torch.zeros((len(indices), resp_width), dtype=torch.bool)
     for r, i in enumerate(indices):
         prompt, response = list(prompts[i]), list(responses[i])
+        if prefix_len:
+            if len(prompt) <= prefix_len or prompt[:prefix_len] != prefix:
+                raise ValueError(f"row {i}'s prompt does not continue the {prefix_len}-token shared prefix with a "
+                                 "token of its own")
+            prompt = prompt[prefix_len:]
         if not prompt:
             raise ValueError(f"row {i} has an empty prompt: its first response token has no position to predict it")
         start = bounds[-1]
         ids += prompt + response
-        positions += range(len(prompt) + len(response))
+        positions += range(prefix_len, prefix_len + len(prompt) + len(response))
         bounds.append(len(ids))
         logit_positions += range(start + len(prompt) - 1, start + len(prompt) - 1 + len(response))
         response_ids += response
@@ -203,61 +223,7 @@ def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Se
             response_mask[r, resp_width - len(response):] = True
     return PackedBatch(list(indices), torch.tensor([ids], dtype=torch.long), torch.tensor([positions], dtype=torch.long),
                        torch.tensor(bounds, dtype=torch.int32), torch.tensor(logit_positions, dtype=torch.long),
-                       torch.tensor(response_ids, dtype=torch.long), response_mask)
-
-
-def supports_packing(model: torch.nn.Module) -> bool:
-    """Whether `packed_response_logprobs` gives `response_logprobs`' numbers for this model. Gradient
-    checkpointing re-runs the forward pass during backward, after the packed attention is switched off
-    again, so it keeps the padded path."""
-    config = getattr(model, "config", None)
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    return getattr(config, "model_type", None) in PACKED_MODEL_TYPES and not checkpointing
-
-
-def _packed_sdpa_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                           attention_mask: Tensor | None, *, cu_seq_lens_q: Tensor | None = None,
-                           **kwargs: Any) -> tuple[Tensor, None]:
-    """transformers attention function for packed rows: q (1, heads, T, head_dim), k/v (1, kv_heads, T,
-    head_dim); causal SDPA on each row's span alone. Returns (1, T, heads, head_dim) like `sdpa`."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if cu_seq_lens_q is None or attention_mask is not None:
-        raise ValueError("the packed attention needs the row boundaries (cu_seq_lens_q) and no attention mask; "
-                         "call it through packed_response_logprobs")
-    kwargs.pop("is_causal", None)
-    lengths = [e - s for s, e in pairwise(cu_seq_lens_q.tolist())]
-    # `split` rather than slicing: its backward is one concatenation, not a zero-filled full-size gradient
-    # per row and per tensor.
-    parts = [sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]
-             for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2),
-                                strict=True)]
-    return torch.cat(parts, dim=1), None
-
-
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The mask builder of the packed attention: rows are separated by their spans, not by a mask."""
-    return None
-
-
-@contextlib.contextmanager
-def _packed_attention(model: torch.nn.Module) -> Iterator[None]:
-    """Route the model's attention through `_packed_sdpa_attention` for one forward call (the rollout and
-    log-prob passes share the model and keep its own implementation). Registering twice is harmless."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(_PACKED_ATTENTION, _packed_sdpa_attention)
-    AttentionMaskInterface.register(_PACKED_ATTENTION, _no_mask)
-    config = model.config
-    before = config._attn_implementation
-    config._attn_implementation = _PACKED_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = before
+                       torch.tensor(response_ids, dtype=torch.long), response_mask, prefix_len=prefix_len)
 
 
 def packed_response_logprobs(
@@ -271,9 +237,10 @@ def packed_response_logprobs(
     pack order (`trainer/frozen_trunk.py`); only the blocks above it run."""
     # The model's own forward (so wrappers — PEFT, DeepSpeed ZeRO-3's module hooks — see the usual call), with
     # `logits_to_keep` as the positions: the LM head runs on those N rows only.
-    with _packed_attention(model), trunk_inputs(model, pb.input_ids, trunk) as inputs:
-        out = model(**inputs, position_ids=pb.position_ids, use_cache=False,
-                    cu_seq_lens_q=pb.cu_seq_lens, cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions)
+    with packed_attention(model), trunk_inputs(model, pb.input_ids, trunk) as inputs:
+        prefix = {"shared_prefix_len": pb.prefix_len} if pb.prefix_len else {}
+        out = model(**inputs, position_ids=pb.position_ids, use_cache=False, cu_seq_lens_q=pb.cu_seq_lens,
+                    cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions, **prefix)
     logits = out.logits[0].float() / temperature  # (N, vocab)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, pb.response_ids.unsqueeze(-1)).squeeze(-1)  # (N,)
@@ -299,17 +266,22 @@ def micro_batch_logprobs(
     trunk: TrunkCache | None = None,
     rows: Sequence[int] | None = None,
     keep: bool = False,
+    prefix_len: int = 0,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """One micro-batch of rows `idx`: (rows, R) right-aligned log-probs, entropies (with `with_entropy`) and the
     response mask, packed (no padding) or left-padded (`pad_id`). Gradients flow when enabled. `trunk`, keyed by
     `rows` (default `idx`): where it holds every row, only the trained blocks run from the kept outputs
-    (`trainer/frozen_trunk.py`); where it does not and `keep`, the pass leaves the rows' outputs there."""
+    (`trainer/frozen_trunk.py`); where it does not and `keep`, the pass leaves the rows' outputs there.
+    `prefix_len` (packed only): the prompts' shared first tokens are laid once (`pack`, `shared_prompt_prefix`)."""
     rows = list(idx) if rows is None else list(rows)
-    covered = trunk is not None and trunk.covers(rows)
+    if prefix_len and not packed:
+        raise ValueError("a shared prefix is laid once only in the packed layout")
+    covered = trunk is not None and trunk.covers(rows, prefix_len=prefix_len)
     with capturing_trunk(model, trunk if keep and not covered else None) as captured:
         if packed:
-            pb = pack(idx, prompts, responses).to(device)
-            kept = (trunk.depth, trunk.packed(rows).to(device)) if trunk is not None and covered else None
+            pb = pack(idx, prompts, responses, prefix_len=prefix_len).to(device)
+            kept = (trunk.depth, trunk.packed(rows, prefix_len=prefix_len).to(device)) \
+                if trunk is not None and covered else None
             logp, entropy = packed_response_logprobs(model, pb, temperature=temperature, with_entropy=with_entropy,
                                                      trunk=kept)
         else:
@@ -322,7 +294,7 @@ def micro_batch_logprobs(
                                               trunk=kept)
     if captured and trunk is not None:
         if packed:
-            trunk.add_packed(rows, captured[0], pb.cu_seq_lens)
+            trunk.add_packed(rows, captured[0], pb.cu_seq_lens, prefix_len=prefix_len)
         else:
             trunk.add_left_padded(rows, captured[0], mb.attention_mask)
     return logp, entropy, pb.response_mask if packed else mb.response_mask
@@ -370,15 +342,18 @@ def packed_batched_response_logprobs(
     """`batched_response_logprobs` in the update's packed layout (no grad): the same kernels and shapes as the
     update's forward pass, so that in bf16 π_old and the update's first forward round alike and the PPO ratio
     starts at 1 (the padded layout's other matmul shapes round differently: `benchmarks/bench_precision.py`).
-    `trunk_cache`: each row's frozen-trunk output is kept there for the update (`trainer/frozen_trunk.py`)."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    `trunk_cache`: each row's frozen-trunk output is kept there for the update (`trainer/frozen_trunk.py`). The
+    prompts' shared prefix is laid once per micro-batch (`shared_prompt_prefix`), as the update lays it."""
+    prefix_len = shared_prompt_prefix(prompts)  # the update lays the same prefix once: it reads the same prompts
+    lengths = [len(p) - prefix_len + len(r) for p, r in zip(prompts, responses, strict=True)]
     results: list[Tensor | None] = [None] * len(prompts)
     was_training = model.training
     model.eval()
     try:
         for idx in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=False):
             logp, _, _ = micro_batch_logprobs(model, idx, prompts, responses, packed=True, device=device,
-                                              temperature=temperature, trunk=trunk_cache, keep=True)
+                                              temperature=temperature, trunk=trunk_cache, keep=True,
+                                              prefix_len=prefix_len)
             _store_rows(results, idx, logp.cpu(), responses)
     finally:
         model.train(was_training)

@@ -30,6 +30,7 @@ from agentgym_opsd.trainer.logprobs import (
     collate,
     micro_batch_logprobs,
     response_logprobs,
+    shared_prompt_prefix,
 )
 from agentgym_opsd.trainer.losses import StartDrift, policy_objective
 from agentgym_opsd.trainer.phases import PolicyLogProbs
@@ -99,7 +100,10 @@ class PPOUpdate:
             enabled=tis_enabled(a.tis, backend=self.cfg.rollout.backend, low_precision=is_low_precision(
                 self.cfg.model.dtype), reuses_sampler=logprobs.from_sampler))
         prompts, responses = batch.prompt_ids, batch.response_ids
-        lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+        # the packed layout lays the prompts' shared prefix once per micro-batch, as the π_old pass over the same
+        # prompts did (its trunk outputs follow that layout)
+        prefix_len = shared_prompt_prefix(prompts) if self.packed else 0
+        lengths = [len(p) - prefix_len + len(r) for p, r in zip(prompts, responses, strict=True)]
         sums = dict.fromkeys(("policy", "kl", "entropy", "clipped", "approx_kl", "tokens"), 0.0)
         losses, grad_norms = [], []
         drift = StartDrift()
@@ -120,7 +124,8 @@ class PPOUpdate:
                     self.engine.backward(self._idle_loss(), is_last=k == n_micro - 1)
                     continue
                 idx = [chosen[j] for j in local[k]]
-                logp, entropy, mask = self._logprobs(idx, prompts, responses, logprobs.trunk)  # (rows, R) each
+                logp, entropy, mask = self._logprobs(idx, prompts, responses, logprobs.trunk,  # (rows, R) each
+                                                     prefix_len=prefix_len)
                 width = mask.shape[1]
                 old_tokens = pad_left([old[i] for i in idx], width).to(self.device)
                 terms = policy_objective(
@@ -158,14 +163,15 @@ class PPOUpdate:
                 **self.engine.low_precision_stats()}  # the same on every rank (identical masters)
 
     def _logprobs(self, idx: list[int], prompts: list, responses: list,
-                  trunk: TrunkCache | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                  trunk: TrunkCache | None = None, *, prefix_len: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probs, entropies and the response mask of one update micro-batch, all (rows, R) right-aligned:
         packed (no padding) when `self.packed`, else left-padded. Where `trunk` holds every row's frozen-trunk
-        output from the π_old pass, only the trained blocks run (`trainer/frozen_trunk.py`)."""
+        output from the π_old pass, only the trained blocks run (`trainer/frozen_trunk.py`). `prefix_len`: the
+        prompts' shared prefix, laid once (packed only: `logprobs.shared_prompt_prefix`)."""
         logp, entropy, mask = micro_batch_logprobs(self.model, idx, prompts, responses, packed=self.packed,
                                                    device=self.device, pad_id=self.tokenizer.pad_token_id,
                                                    temperature=self.cfg.rollout.temperature, with_entropy=True,
-                                                   trunk=trunk)
+                                                   trunk=trunk, prefix_len=prefix_len)
         assert entropy is not None
         return logp, entropy, mask
 

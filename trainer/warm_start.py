@@ -35,7 +35,12 @@ from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache, trunk_depth
-from agentgym_opsd.trainer.logprobs import bucket_micro_batches, micro_batch_logprobs, supports_packing
+from agentgym_opsd.trainer.logprobs import (
+    bucket_micro_batches,
+    micro_batch_logprobs,
+    shared_prompt_prefix,
+    supports_packing,
+)
 from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT, train_task_specs
 
 if TYPE_CHECKING:
@@ -122,6 +127,7 @@ def sft_step(
     autocast_dtype: torch.dtype | None = None,
     trunk: TrunkCache | None = None,
     packed: bool = False,
+    prefix_len: int = 0,
 ) -> float:
     """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL. With
     `autocast_dtype` the forward computes in it under `torch.autocast` while the weights and their gradients stay
@@ -129,12 +135,14 @@ def sft_step(
     a micro-batch whose rows it holds runs only the trained blocks from their frozen-trunk output, one it does
     not runs the whole model and leaves theirs there (`trainer/frozen_trunk.py`). `packed`: the micro-batches
     lay their rows end to end without padding (`logprobs.pack`, the update's layout, where `supports_packing`):
-    the same loss to float rounding, without computing the padding (about a tenth of ALFWorld's SFT tokens)."""
+    the same loss to float rounding, without computing the padding (about a tenth of ALFWorld's SFT tokens).
+    `prefix_len` (packed): the demonstrations' shared prompt prefix, laid once per micro-batch (`shared_prompt_prefix`:
+    ALFWorld's system message, a fifth of its tokens)."""
     pick = [int(i) for i in pick]
     prompts = [rows[i].prompt_ids for i in pick]
     responses = [rows[i].response_ids for i in pick]
     num_tokens = sum(len(r) for r in responses)
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    lengths = [len(p) - prefix_len + len(r) for p, r in zip(prompts, responses, strict=True)]
     batches = bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=not packed)
     model = engine.module
     model.train()
@@ -142,7 +150,8 @@ def sft_step(
     for k, idx in enumerate(batches):
         with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             logp, _, mask = micro_batch_logprobs(model, idx, prompts, responses, packed=packed, device=device,
-                                                 pad_id=pad_id, trunk=trunk, rows=[pick[i] for i in idx], keep=True)
+                                                 pad_id=pad_id, trunk=trunk, rows=[pick[i] for i in idx], keep=True,
+                                                 prefix_len=prefix_len)
         loss = -(logp * mask).sum() / num_tokens
         engine.backward(loss, is_last=k == len(batches) - 1)
         total += float(loss.detach())
@@ -298,6 +307,8 @@ class WarmStart:
         depth = trunk_depth(policy.model, zero_stage=cfg.deepspeed.zero_stage, budget_mb=cfg.optim.trunk_cache_mb)
         trunk = TrunkCache.within(depth, cfg.optim.trunk_cache_mb) if epochs > 1 else None
         packed = supports_packing(policy.model)  # no padding computed; the update's layout
+        # every micro-batch lays the system message all demonstrations start with once (the same numbers)
+        prefix_len = shared_prompt_prefix([r.prompt_ids for r in rows]) if packed else 0
         losses = []
         every = max(len(schedule) // 10, 1)  # a log line per tenth: background runs have no progress bar
         for k, pick in enumerate(tqdm(schedule, desc="warm start (SFT)", unit="step",
@@ -305,7 +316,7 @@ class WarmStart:
             losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
                                    max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
                                    device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk,
-                                   packed=packed))
+                                   packed=packed, prefix_len=prefix_len))
             if not cfg.trainer.progress and (k % every == 0 or k == len(schedule)):
                 log.info("warm start: SFT step %d / %d, loss %.3f, %.0f s", k, len(schedule),
                          float(np.mean(losses[-every:])), time.perf_counter() - t0 - seconds_demos)
