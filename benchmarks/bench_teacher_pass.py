@@ -4,7 +4,9 @@
 
 Rows come from oracle episodes on ALFWorld `easy` (prompts as the policy sees them); the teacher prompt
 adds the task's skill block `c+` to the system message. Both passes and the student pass run in one process,
-interleaved, and the table reports medians and the max |difference| of the two teacher results.
+interleaved, and the table reports medians and the max |difference| of the two teacher results. The prefix-cached
+pass runs twice: its rows left-padded after a copy of the prefix's cache repeated over them, and packed end to end
+after the one-row cache (what the trainer runs where `supports_packing`).
 
 The choice-level teacher (`teacher.evidence=choice`) scores every admissible action under the teacher prompt
 too. Two ways to get both numbers are timed beside the others: the choice pass and then the teacher pass
@@ -59,6 +61,8 @@ def main() -> None:
         "student (plain)": lambda: batched_response_logprobs(model, student, responses, **kw),
         "teacher (plain)": lambda: batched_response_logprobs(model, teacher, responses, **kw),
         "teacher (prefix cache)": lambda: prefix_shared_response_logprobs(model, teacher, responses, **kw),
+        "teacher (prefix cache, packed rows)": lambda: prefix_shared_response_logprobs(model, teacher, responses,
+                                                                                      packed=True, **kw),
         "choices, then teacher (prefix cache)": lambda: (
             score_continuations(model, teacher, choices, max_tokens=4096),
             prefix_shared_response_logprobs(model, teacher, responses, **kw)),
@@ -86,7 +90,11 @@ def main() -> None:
     Console().print(table)
     if "teacher (plain)" in results:
         prefix_diff = _max_diff(results["teacher (plain)"], results["teacher (prefix cache)"])
-        print(f"max |plain - prefix-cache| teacher log-prob: {prefix_diff:.2e}")
+        packed_diff = _max_diff(results["teacher (plain)"], results["teacher (prefix cache, packed rows)"])
+        packed = statistics.median(times["teacher (prefix cache)"]) / statistics.median(
+            times["teacher (prefix cache, packed rows)"])
+        print(f"max |plain - prefix-cache| teacher log-prob: {prefix_diff:.2e} (packed rows: {packed_diff:.2e}); "
+              f"packed rows after the one-row prefix cache: {packed:.2f}x the left-padded rows' speed")
     judged = [c for c in choices if c]
     two = statistics.median(times["choices, then teacher (prefix cache)"])
     one = statistics.median(times["choices with the reply folded in"])

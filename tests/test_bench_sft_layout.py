@@ -19,6 +19,8 @@ def test_the_padded_layout_computes_its_padding_and_the_packed_one_only_the_rows
     # padded: rows x longest <= 30 -> [5, 10] (2 x 10) and [20] (1 x 20); packed: 35 > 30 -> [5, 10] and [20]
     assert bench.computed_tokens(rows, pick, max_tokens=30, max_rows=8, packed=False) == 40
     assert bench.computed_tokens(rows, pick, max_tokens=30, max_rows=8, packed=True) == 35
+    # a 2-token shared prefix: the rows' 8, 3 and 18 tokens after it fit one micro-batch (29), plus the prefix once
+    assert bench.computed_tokens(rows, pick, max_tokens=30, max_rows=8, packed=True, prefix_len=2) == 31
 
 
 def test_a_run_records_both_layouts_for_this_cpu(tmp_path, monkeypatch) -> None:
@@ -29,7 +31,10 @@ def test_a_run_records_both_layouts_for_this_cpu(tmp_path, monkeypatch) -> None:
     machines = json.loads(out.read_text())["machines"]
     assert set(machines) == {"Other CPU", "Test CPU"}  # another machine's record stays
     record = machines["Test CPU"]
-    assert record["steps"] == 2 and set(record["layouts"]) == {"padded", "packed"}
+    assert record["steps"] == 2 and set(record["layouts"]) == {"padded", "packed", "packed-prefix"}
     padded, packed = record["layouts"]["padded"], record["layouts"]["packed"]
+    prefix = record["layouts"]["packed-prefix"]
     assert packed["computed_tokens"] == record["real_tokens"] <= padded["computed_tokens"]
     assert packed["loss_max_abs_diff_vs_padded"] < 1e-4 and padded["loss_max_abs_diff_vs_padded"] == 0
+    assert record["shared_prefix_tokens"] > 0  # the system message every demonstration starts with
+    assert prefix["computed_tokens"] < packed["computed_tokens"] and prefix["loss_max_abs_diff_vs_padded"] < 1e-4

@@ -39,13 +39,15 @@ def test_groups_share_the_longest_common_prefix():
     assert [(n, len(i)) for n, i in groups] == [(40, 5), (60, 4), (3, 1)]
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize(("temperature", "max_rows"), [(1.0, 16), (0.7, 2)])
-def test_prefix_cache_matches_plain_pass(tiny, temperature, max_rows):
+def test_prefix_cache_matches_plain_pass(tiny, temperature, max_rows, packed):
+    """Left-padded after a copy of the prefix's cache repeated over the rows, or packed after the one-row cache."""
     model, tok = tiny
     prompts, responses = _rows(1)
     kw = dict(pad_id=tok.pad_token_id, temperature=temperature, max_rows=max_rows)
     plain = batched_response_logprobs(model, prompts, responses, **kw)
-    cached = prefix_shared_response_logprobs(model, prompts, responses, **kw)
+    cached = prefix_shared_response_logprobs(model, prompts, responses, packed=packed, **kw)
     for a, b, r in zip(plain, cached, responses, strict=True):
         assert a.shape == b.shape == (len(r),)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -189,9 +189,13 @@ def shared_prompt_prefix(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *,
-         prefix_len: int = 0) -> PackedBatch:
+         prefix_len: int = 0, cached_prefix: int = 0) -> PackedBatch:
     """Lay prompt+response of the given rows end to end (each row needs a prompt token before its response); with
-    `prefix_len`, the prompts' first `prefix_len` tokens, which they must all share, once at the start."""
+    `prefix_len`, the prompts' first `prefix_len` tokens, which they must all share, once at the start. With
+    `cached_prefix`, the rows continue a prefix of that many tokens that a KV cache holds (not laid here): their
+    positions start after it."""
+    if prefix_len and cached_prefix:
+        raise ValueError("a shared prefix is either laid in the sequence or held in a cache, not both")
     ids: list[int] = []
     positions: list[int] = []
     bounds = [0]
@@ -215,7 +219,8 @@ def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Se
             raise ValueError(f"row {i} has an empty prompt: its first response token has no position to predict it")
         start = bounds[-1]
         ids += prompt + response
-        positions += range(prefix_len, prefix_len + len(prompt) + len(response))
+        first = prefix_len + cached_prefix
+        positions += range(first, first + len(prompt) + len(response))
         bounds.append(len(ids))
         logit_positions += range(start + len(prompt) - 1, start + len(prompt) - 1 + len(response))
         response_ids += response
@@ -228,19 +233,23 @@ def pack(indices: Sequence[int], prompts: Sequence[Sequence[int]], responses: Se
 
 def packed_response_logprobs(
     model: torch.nn.Module, pb: PackedBatch, *, temperature: float = 1.0, with_entropy: bool = False,
-    trunk: tuple[int, Tensor] | None = None,
+    trunk: tuple[int, Tensor] | None = None, prefix_cache: Any = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`response_logprobs` on a `PackedBatch`: (rows, R) right-aligned log-probs (0 where masked) and
     optionally entropies, the same numbers to float rounding. Gradients flow when enabled.
 
     `trunk` = (depth, hidden): the output of the frozen blocks below `depth` for these rows, (1, T, hidden) in
-    pack order (`trainer/frozen_trunk.py`); only the blocks above it run."""
+    pack order (`trainer/frozen_trunk.py`); only the blocks above it run. `prefix_cache`: a one-row KV cache of the
+    prefix every row continues (`pack(cached_prefix=...)`); the forward appends the rows to it."""
     # The model's own forward (so wrappers — PEFT, DeepSpeed ZeRO-3's module hooks — see the usual call), with
     # `logits_to_keep` as the positions: the LM head runs on those N rows only.
     with packed_attention(model), trunk_inputs(model, pb.input_ids, trunk) as inputs:
-        prefix = {"shared_prefix_len": pb.prefix_len} if pb.prefix_len else {}
-        out = model(**inputs, position_ids=pb.position_ids, use_cache=False, cu_seq_lens_q=pb.cu_seq_lens,
-                    cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions, **prefix)
+        prefix: dict[str, Any] = {"shared_prefix_len": pb.prefix_len} if pb.prefix_len else {}
+        if prefix_cache is not None:
+            prefix[cache_kwarg(model)] = prefix_cache
+        out = model(**inputs, position_ids=pb.position_ids, use_cache=prefix_cache is not None,
+                    cu_seq_lens_q=pb.cu_seq_lens, cu_seq_lens_k=pb.cu_seq_lens, logits_to_keep=pb.logit_positions,
+                    **prefix)
     logits = out.logits[0].float() / temperature  # (N, vocab)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, pb.response_ids.unsqueeze(-1)).squeeze(-1)  # (N,)
@@ -395,15 +404,17 @@ def prefix_shared_response_logprobs(
     max_tokens: int = 4096,
     max_rows: int = 16,
     device: torch.device | str = "cpu",
+    packed: bool = False,
 ) -> list[Tensor]:
     """Same numbers as `batched_response_logprobs`, computing each shared prompt prefix once.
 
     For every group of rows with a common prefix, the prefix runs once (batch 1) into a KV cache; each
-    micro-batch then runs only its rows' suffixes (rest of the prompt + response, left-padded as usual)
-    against a copy of that cache repeated over the micro-batch. The attention mask spans prefix + suffix and
-    position ids continue after the prefix, so each row sees exactly the sequence it would see alone.
-    This is what makes the self-teacher pass cheap: its prompts differ from the student's by a long skill
-    block that every row of a task kind shares.
+    micro-batch then runs only its rows' suffixes (rest of the prompt + response) after it. `packed` (where
+    `supports_packing`): the suffixes end to end without padding, each attending to the one-row cache and to
+    itself (`models/packed_attention.py`); else left-padded against a copy of the cache repeated over the
+    micro-batch, the attention mask spanning prefix + suffix. Position ids continue after the prefix, so each row
+    sees exactly the sequence it would see alone. This is what makes the self-teacher pass cheap: its prompts
+    differ from the student's by a long skill block that every row of a task kind shares.
     """
     import copy
 
@@ -426,11 +437,16 @@ def prefix_shared_response_logprobs(
             model(input_ids=prefix, use_cache=True, logits_to_keep=1, **{cache_kwarg(model): prefix_cache})
             suffixes = [list(prompts[i][prefix_len:]) for i in idx]
             lengths = [len(s) + len(responses[i]) for s, i in zip(suffixes, idx, strict=True)]
-            for local in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows):
-                mb = collate(local, suffixes, [responses[i] for i in idx], pad_id).to(device)
+            group_responses = [responses[i] for i in idx]
+            for local in bucket_micro_batches(lengths, max_tokens=max_tokens, max_rows=max_rows, padded=not packed):
                 cache = copy.deepcopy(prefix_cache)  # the forward appends to it: one fresh copy per micro-batch
-                cache.batch_repeat_interleave(len(local))
-                logp, _ = response_logprobs(model, mb, temperature=temperature, prefix_cache=cache)
+                if packed:
+                    pb = pack(local, suffixes, group_responses, cached_prefix=prefix_len).to(device)
+                    logp, _ = packed_response_logprobs(model, pb, temperature=temperature, prefix_cache=cache)
+                else:
+                    mb = collate(local, suffixes, group_responses, pad_id).to(device)
+                    cache.batch_repeat_interleave(len(local))
+                    logp, _ = response_logprobs(model, mb, temperature=temperature, prefix_cache=cache)
                 _store_rows(results, [idx[j] for j in local], logp.cpu(), responses)
     finally:
         model.train(was_training)

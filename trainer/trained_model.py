@@ -21,6 +21,7 @@ from agentgym_opsd.trainer.logprobs import (
     batched_response_logprobs,
     packed_batched_response_logprobs,
     prefix_shared_response_logprobs,
+    supports_packing,
 )
 
 __all__ = ["TrainedModel"]
@@ -63,9 +64,13 @@ class TrainedModel:
                                                     max_tokens=self.micro_batch_tokens,
                                                     max_rows=self.micro_batch_rows, device=self.device,
                                                     trunk_cache=trunk_cache)
-        score = prefix_shared_response_logprobs if shared_prefix else batched_response_logprobs
-        return score(model, prompts, responses, pad_id=self.pad_id, temperature=self.temperature,
-                     max_tokens=self.micro_batch_tokens, max_rows=self.micro_batch_rows, device=self.device)
+        settings: dict[str, Any] = {"pad_id": self.pad_id, "temperature": self.temperature,
+                                    "max_tokens": self.micro_batch_tokens, "max_rows": self.micro_batch_rows,
+                                    "device": self.device}
+        if shared_prefix:  # the rows after each cached prefix packed, without padding, where the model allows
+            return prefix_shared_response_logprobs(model, prompts, responses, packed=supports_packing(model),
+                                                   **settings)
+        return batched_response_logprobs(model, prompts, responses, **settings)
 
     def save(self, folder: Path) -> None:
         """save_pretrained of the full weights (the trained adapter only, with LoRA); collective."""
