@@ -66,7 +66,7 @@ def _concatenating_cache(model: Any) -> Any:
 
 def _padded_prefill() -> contextlib.AbstractContextManager:
     """The sampler with its chunks' prompts prefilled left-padded, not packed."""
-    return mock.patch.object(hf_policy.HFPolicy, "_packs", lambda self, cache: False)
+    return mock.patch.object(hf_policy.HFPolicy, "_packs", lambda self, *args: False)
 
 
 COMPARISONS: dict[str, dict[str, Callable[[], contextlib.AbstractContextManager]]] = {

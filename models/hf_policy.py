@@ -2,13 +2,16 @@
 
 `HFPolicy` implements `agentgym_opsd.policies.Policy`. One `act` call generates for every request of the
 batch at once: prompts are rendered with the tokenizer's chat template, sorted by length into chunks of
-`batch_size`, left-padded, prefilled once, then decoded token by token with a KV cache that has room reserved
+`batch_size`, prefilled once (packed or left-padded), then decoded token by token with a KV cache that has room reserved
 for the reply, so a step writes its token's keys and values in place (`kv_cache`). A row stops when
 its generated text contains one of the closing tags (`</action>`, ...), when it samples an end-of-sequence
 token, or after `max_new_tokens`; finished rows are dropped from the batch and from the cache, so long
 answers do not slow down the short ones. Identical prompts in a chunk (the G rollouts of a task share their
 first prompt) are prefilled once and their cache rows copied, and the prefix every prompt of a chunk starts with
-(the system message: a fifth of an ALFWorld prompt) is prefilled once for the chunk (`MIN_SHARED_PREFIX`).
+(the system message: a fifth of an ALFWorld prompt) is prefilled once for the chunk (`MIN_SHARED_PREFIX`). The
+prompts' suffixes after it are prefilled packed, end to end without padding (`_prefill_packed`), where the model
+family allows (`packed_attention.supports_packing`); the cache is then laid out as the left-padded rows decoding
+extends.
 
 Each `PolicyOutput` carries exactly the sampled tokens (`token_ids`, up to and including the token that
 completed the closing tag; never padding, never the end-of-sequence token) and, per token, its log-prob
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_STOP_STRINGS",
     "MIN_SHARED_PREFIX",
+    "PACKED_PREFILL_MIN_PADDING",
     "HFPolicy",
     "cache_kwarg",
     "chat_prompt_ids",
@@ -52,6 +56,13 @@ DEFAULT_STOP_STRINGS: tuple[str, ...] = ("</action>", "</search>", "</answer>")
 MIN_SHARED_PREFIX = 16
 """A chunk's common prompt prefix is prefilled once (batch 1) when it is at least this many tokens; a shorter one
 saves less than the extra forward call costs."""
+
+PACKED_PREFILL_MIN_PADDING = 0.10
+"""A chunk's suffixes are prefilled packed when left-padding them would compute at least this share of padding. Packed,
+each row's attention runs on its own (one SDPA call per row and layer), which costs about what a tenth of padding
+does: on ALFWorld's validation chunks (17% padding) packing ran 1.08x, on near-greedy chunks whose G copies collapse
+to 16 distinct prompts (9%) 0.98x without this floor and 1.01x with it (`bench_hf_sampler.py --compare
+packed-prefill`, float32, AMD EPYC family 25)."""
 
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -329,7 +340,7 @@ class HFPolicy(Policy):
         # Positions count real tokens only, so a padded row sees the same positions as it would alone.
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
         mask = torch.cat([mask.new_ones((len(unique), shared)), mask], dim=1)
-        if self._packs(cache):
+        if self._packs(cache, [len(s) for s in suffixes], width):
             logits = self._prefill_packed(suffixes, shared, width, cache)  # (distinct prompts, vocab)
         else:
             if shared:
@@ -378,14 +389,16 @@ class HFPolicy(Policy):
             for ids, lps, why in zip(token_ids, logprobs, finish, strict=True)
         ]
 
-    def _packs(self, cache: Any) -> bool:
-        """Whether this chunk's prompts are prefilled packed: a model family whose attention takes row spans, and a
-        cache whose every layer can be unpacked into rows afterwards (`ReservedLayer`)."""
+    def _packs(self, cache: Any, lengths: Sequence[int], width: int) -> bool:
+        """Whether this chunk's suffixes of `lengths` are prefilled packed rather than left-padded to `width`: a
+        model family whose attention takes row spans, a cache whose every layer can be unpacked into rows afterwards
+        (`ReservedLayer`), and padding worth saving (`PACKED_PREFILL_MIN_PADDING`)."""
         from agentgym_opsd.models.kv_cache import ReservedLayer
         from agentgym_opsd.models.packed_attention import supports_packing
 
-        return (self.packed_prefill and supports_packing(self.model) and bool(cache.layers)
-                and all(isinstance(layer, ReservedLayer) for layer in cache.layers))
+        padding = 1.0 - sum(lengths) / (len(lengths) * width)
+        return (self.packed_prefill and padding >= PACKED_PREFILL_MIN_PADDING and supports_packing(self.model)
+                and bool(cache.layers) and all(isinstance(layer, ReservedLayer) for layer in cache.layers))
 
     def _prefill_packed(self, suffixes: list[Sequence[int]], shared: int, width: int, cache: Any) -> torch.Tensor:
         """Prefill the distinct prompts' suffixes laid end to end after the `shared` prefix already in `cache`

@@ -39,7 +39,8 @@ def test_a_tiny_run_samples_alike_with_the_reserved_and_the_concatenating_cache(
     assert concatenated["rounds"][0]["cache_layers"] == ["DynamicLayer"]
 
 
-def test_a_tiny_run_samples_alike_with_the_packed_and_the_padded_prefill(tmp_path) -> None:
+def test_a_tiny_run_samples_alike_with_the_packed_and_the_padded_prefill(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(bench.hf_policy, "PACKED_PREFILL_MIN_PADDING", 0.0)  # the tiny prompts pad little
     out = tmp_path / "p.json"
     bench.main(["--compare", "packed-prefill", "--config", "cpu-tiny", "--episodes", "8", "--rounds", "1",
                 "--set", "rollout.max_new_tokens=12", "--out", str(out)])

@@ -98,6 +98,7 @@ def _prefill_tokens(model) -> tuple[list[int], object]:
 def test_the_prefix_every_prompt_shares_is_prefilled_once_with_the_same_results(tiny, monkeypatch, temperature,
                                                                                  packed):
     model, tok = tiny
+    monkeypatch.setattr(hf_policy, "PACKED_PREFILL_MIN_PADDING", 0.0)  # packed whatever the padding
     system = "You are a household robot. Reply with exactly one command inside <action>...</action>. " * 3
     requests = [PolicyRequest([{"role": "system", "content": system}, {"role": "user", "content": p}])
                 for p in PROMPTS]
@@ -131,10 +132,11 @@ def test_the_prefix_every_prompt_shares_is_prefilled_once_with_the_same_results(
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_packed_and_left_padded_prefill_sample_the_same_replies(tiny, temperature):
+def test_packed_and_left_padded_prefill_sample_the_same_replies(tiny, monkeypatch, temperature):
     """Prompts of other lengths, duplicates among them (prefilled once, cache rows copied), a shared prefix and
     replies that end at different steps: the packed prefill's samples and log-probs are the padded one's."""
     model, tok = tiny
+    monkeypatch.setattr(hf_policy, "PACKED_PREFILL_MIN_PADDING", 0.0)
     requests = [_request(p) for p in PROMPTS + PROMPTS[2:4]]
     packed = HFPolicy(model, tok, max_new_tokens=12, temperature=temperature, batch_size=8, seed=7).act(requests)
     padded = HFPolicy(model, tok, max_new_tokens=12, temperature=temperature, batch_size=8, seed=7,
@@ -142,6 +144,25 @@ def test_packed_and_left_padded_prefill_sample_the_same_replies(tiny, temperatur
     for a, b in zip(packed, padded, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+
+
+def test_only_a_chunk_with_enough_padding_to_save_is_prefilled_packed(tiny, monkeypatch):
+    model, tok = tiny
+    policy = HFPolicy(model, tok, max_new_tokens=4, temperature=0.0)
+    packed: list[bool] = []
+    prefill = HFPolicy._prefill_packed
+    monkeypatch.setattr(HFPolicy, "_prefill_packed", lambda self, *a: packed.append(True) or prefill(self, *a))
+    even = [_request("Go to the fridge 1."), _request("Go to the drawer 1.")]  # the same length: no padding
+    uneven = [_request("Go."), _request(PROMPTS[2])]
+    policy.act(even)
+    assert packed == []
+    policy.act(uneven)
+    assert packed == [True]
+    monkeypatch.setattr(hf_policy, "PACKED_PREFILL_MIN_PADDING", 0.0)
+    policy.act(even)
+    assert packed == [True, True]
+    HFPolicy(model, tok, max_new_tokens=4, temperature=0.0, packed_prefill=False).act(uneven)
+    assert packed == [True, True]  # switched off
 
 
 def test_common_prefix_length_leaves_every_prompt_a_token_of_its_own():

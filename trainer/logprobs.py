@@ -409,10 +409,11 @@ def prefix_shared_response_logprobs(
     """Same numbers as `batched_response_logprobs`, computing each shared prompt prefix once.
 
     For every group of rows with a common prefix, the prefix runs once (batch 1) into a KV cache; each
-    micro-batch then runs only its rows' suffixes (rest of the prompt + response) after it. `packed` (where
-    `supports_packing`): the suffixes end to end without padding, each attending to the one-row cache and to
-    itself (`models/packed_attention.py`); else left-padded against a copy of the cache repeated over the
-    micro-batch, the attention mask spanning prefix + suffix. Position ids continue after the prefix, so each row
+    micro-batch then runs only its rows' suffixes (rest of the prompt + response) after it, left-padded against a
+    copy of the cache repeated over the micro-batch, the attention mask spanning prefix + suffix; or with `packed`
+    (a model where `supports_packing`) end to end without padding, each attending to the one-row cache and to
+    itself (`models/packed_attention.py`), which the trainer does not use: 0.96x on a CPU (`bench_teacher_pass.py`),
+    since the micro-batches are length-bucketed and a row's attention over the long prefix costs the same. Position ids continue after the prefix, so each row
     sees exactly the sequence it would see alone. This is what makes the self-teacher pass cheap: its prompts
     differ from the student's by a long skill block that every row of a task kind shares.
     """

@@ -21,7 +21,6 @@ from agentgym_opsd.trainer.logprobs import (
     batched_response_logprobs,
     packed_batched_response_logprobs,
     prefix_shared_response_logprobs,
-    supports_packing,
 )
 
 __all__ = ["TrainedModel"]
@@ -67,10 +66,11 @@ class TrainedModel:
         settings: dict[str, Any] = {"pad_id": self.pad_id, "temperature": self.temperature,
                                     "max_tokens": self.micro_batch_tokens, "max_rows": self.micro_batch_rows,
                                     "device": self.device}
-        if shared_prefix:  # the rows after each cached prefix packed, without padding, where the model allows
-            return prefix_shared_response_logprobs(model, prompts, responses, packed=supports_packing(model),
-                                                   **settings)
-        return batched_response_logprobs(model, prompts, responses, **settings)
+        # The teacher's rows stay left-padded after the repeated prefix cache: packed after the one-row cache they
+        # ran at 0.96x (`bench_teacher_pass.py`), the per-row attention over the long c+ prefix costing more than
+        # the little padding that length-bucketed micro-batches leave.
+        score = prefix_shared_response_logprobs if shared_prefix else batched_response_logprobs
+        return score(model, prompts, responses, **settings)
 
     def save(self, folder: Path) -> None:
         """save_pretrained of the full weights (the trained adapter only, with LoRA); collective."""
