@@ -27,7 +27,8 @@ FLOP convention (model FLOPs in fp32: what the algorithm needs, not what the har
 
 - Tokens are the real tokens a forward call feeds the model (attention mask 1 in its new positions);
   padding is not counted (its share is the "pad" column), nor is recomputation. Prefix-cached teacher
-  passes count the shared prefix once, as they compute it.
+  passes count the shared prefix once, as they compute it, and so do the packed passes that lay the system
+  message once (the update) or prefill the rows after it in the KV cache (the sampler).
 - Forward, per real token: 2 x the linear weights of all L decoder layers (q, k, v, o, gate, up, down);
   attention 4 x L x (heads x head_dim) x context (QK^T and AV; context = the real tokens the position
   attends to, itself and the KV cache included); the LM head 2 x hidden x vocab, only on the positions
@@ -183,14 +184,17 @@ def call_counts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pa
                       padded_tokens=rows * new)
 
 
-def packed_call_counts(input_ids: torch.Tensor, cu_seq_lens: torch.Tensor, logit_positions: torch.Tensor) -> CallCounts:
-    """Counts of a packed forward call (`trainer/logprobs.py`'s update layout): rows laid end to end in
-    `input_ids` (1, T), row r spanning `cu_seq_lens[r]:cu_seq_lens[r + 1]`, each attending causally to its own
-    span; the LM head on `logit_positions` only. No padding, no cache."""
+def packed_call_counts(input_ids: torch.Tensor, cu_seq_lens: torch.Tensor, logit_positions: torch.Tensor, *,
+                       past: int = 0, shared_prefix_len: int = 0) -> CallCounts:
+    """Counts of a packed forward call (`models/packed_attention.py`): rows laid end to end in `input_ids` (1, T),
+    row r spanning `cu_seq_lens[r]:cu_seq_lens[r + 1]`, each attending causally to its own span and to the prefix
+    every span sees: `past` tokens in a KV cache (the sampler's prefill), and with `shared_prefix_len` the first span
+    (the trainer's shared system message); the LM head on `logit_positions` only. No padding."""
     lengths = (cu_seq_lens[1:] - cu_seq_lens[:-1]).tolist()
     tokens = int(input_ids.numel())
-    return CallCounts(tokens=tokens, attn_pairs=sum(n * (n + 1) // 2 for n in lengths),
-                      head_positions=int(logit_positions.numel()), kv_tokens=tokens, padded_tokens=tokens)
+    seen = [past] + [past + shared_prefix_len] * (len(lengths) - 1)
+    return CallCounts(tokens=tokens, attn_pairs=sum(n * (n + 1) // 2 + n * p for n, p in zip(lengths, seen, strict=True)),
+                      head_positions=int(logit_positions.numel()), kv_tokens=tokens + past, padded_tokens=tokens)
 
 
 # ---- the machine ----------------------------------------------------------------------------------------------
@@ -309,13 +313,14 @@ class ForwardMeter:
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length()) if cache is not None else 0
         keep = kwargs.get("logits_to_keep")
-        if kwargs.get("cu_seq_lens_q") is not None:  # the packed update layout: rows end to end, head on positions
-            counts = packed_call_counts(ids, kwargs["cu_seq_lens_q"], keep)
+        if kwargs.get("cu_seq_lens_q") is not None:  # the packed layout: rows end to end, head on positions
+            counts = packed_call_counts(ids, kwargs["cu_seq_lens_q"], keep, past=past,
+                                        shared_prefix_len=int(kwargs.get("shared_prefix_len", 0)))
         else:
             counts = call_counts(ids, kwargs.get("attention_mask"), past, int(keep or 0))
         label = self.label
-        if label == "rollout":
-            label = "prefill" if past == 0 else "decode"
+        if label == "rollout":  # a decode step feeds one token per row; a prefill may follow a cached prefix
+            label = "prefill" if past == 0 or ids.shape[1] > 1 else "decode"
         self.calls.append(Call(label, counts, torch.is_grad_enabled()))
         self._started.append(clock())
 
@@ -515,8 +520,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     sft.extra = {"forward_seconds": meter.forward_times("SFT step")[0], "backward_seconds": sft_backward[0],
                  "optimizer_seconds": sft_optimizer[0]}
 
-    expected_update_tokens = a.ppo_epochs * sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids,
-                                                                                   strict=True))
+    # the packed update lays the prompts' shared prefix once per forward call (`logprobs.shared_prompt_prefix`)
+    from agentgym_opsd.trainer.logprobs import shared_prompt_prefix
+
+    prefix_len = shared_prompt_prefix(batch.prompt_ids) if trainer.updater.packed else 0
+    expected_update_tokens = a.ppo_epochs * sum(len(p) - prefix_len + len(r) for p, r in zip(
+        batch.prompt_ids, batch.response_ids, strict=True)) + prefix_len * sum(c.phase == "update" for c in meter.calls)
     load_after = os.getloadavg()
     return {
         "config": args.config, "overrides": overrides, "quick": args.quick, "torch_threads": torch.get_num_threads(),

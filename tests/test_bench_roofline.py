@@ -67,6 +67,16 @@ def test_packed_call_counts() -> None:
     assert (c.tokens, c.attn_pairs, c.head_positions, c.kv_tokens, c.padded_tokens) == (5, 6 + 3, 2, 5, 5)
 
 
+def test_packed_calls_count_each_span_with_the_prefix_every_span_sees() -> None:
+    ids, cu, keep = torch.zeros(1, 7, dtype=torch.long), torch.tensor([0, 2, 5, 7]), torch.tensor([1, 4, 6])
+    plain = br.packed_call_counts(ids, cu, keep)
+    assert plain.attn_pairs == 3 + 6 + 3 and plain.tokens == plain.padded_tokens == plain.kv_tokens == 7
+    shared = br.packed_call_counts(ids, cu, keep, shared_prefix_len=2)  # the first span: the trainer's system message
+    assert shared.attn_pairs == 3 + (6 + 3 * 2) + (3 + 2 * 2)
+    cached = br.packed_call_counts(ids, cu, keep, past=4)  # the sampler's prefix in the KV cache
+    assert cached.attn_pairs == (3 + 2 * 4) + (6 + 3 * 4) + (3 + 2 * 4) and cached.kv_tokens == 7 + 4
+
+
 def test_hooks_split_prefill_and_decode() -> None:
     from agentgym_opsd.models.hf_policy import HFPolicy
     from agentgym_opsd.models.loading import load_policy_model
@@ -81,7 +91,9 @@ def test_hooks_split_prefill_and_decode() -> None:
     meter.detach()
     prefill = [c for c in meter.calls if c.phase == "prefill"]
     decode = [c for c in meter.calls if c.phase == "decode"]
-    assert len(prefill) == 1 and prefill[0].counts.tokens == 5 + 3 and prefill[0].counts.padded_tokens == 2 * 5
+    # packed (left-padding would compute 2 pad tokens of 10: over PACKED_PREFILL_MIN_PADDING), so nothing padded
+    assert len(prefill) == 1 and prefill[0].counts.tokens == prefill[0].counts.padded_tokens == 5 + 3
+    assert prefill[0].counts.attn_pairs == 5 * 6 // 2 + 3 * 4 // 2  # each row causally on its own span
     assert prefill[0].counts.head_positions == 2  # logits_to_keep=1 per distinct prompt
     # every generated token but a row's last is fed back, one per alive row and step
     assert sum(c.counts.tokens for c in decode) == sum(len(o.token_ids) - 1 for o in outs)
