@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from agentgym_opsd.envpool import TaskSpec  # noqa: E402
 from agentgym_opsd.integrations.openenv_client import AgentGymEnvClient  # noqa: E402
 from agentgym_opsd.integrations.openenv_env import AgentAction, AgentGymEnvironment, SessionSettings  # noqa: E402
 from agentgym_opsd.integrations.openenv_server import (  # noqa: E402
+    DRAIN_QUIET_S,
     GuardedApp,
     ServerLimits,
     bind,
@@ -295,6 +297,79 @@ def test_posts_beyond_the_cap_get_503_while_others_are_in_progress() -> None:
     assert held[0]["status"] == 200 and refused[0]["status"] == 503
     assert (b"retry-after", b"1") in refused[0]["headers"] and b"max_sessions" in refused[1]["body"]
     assert guard.posts_in_progress == 0
+
+
+def test_a_stopping_guard_refuses_newcomers_and_says_when_it_has_drained() -> None:
+    """The drain, driven as ASGI and with the clock given: after `begin_stop` every request gets a JSON 503 with
+    Retry-After and a new WebSocket session the SERVER_STOPPING error; the listening socket may close once no
+    request has been in progress for DRAIN_QUIET_S, or when the shutdown grace is spent."""
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        raise AssertionError("a stopping server passes nothing on")
+
+    guard = GuardedApp(app, ServerLimits(shutdown_grace_s=5.0))
+    assert not guard.drained()
+    guard.begin_stop()
+    start = guard.stopping_since
+    assert start is not None
+
+    def call(scope: dict, incoming: list[dict]) -> list[dict]:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return incoming.pop(0)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        asyncio.run(guard(scope, receive, send))
+        return sent
+
+    for method in ("GET", "POST"):
+        sent = call({"type": "http", "method": method, "path": "/health", "headers": []}, [])
+        assert sent[0]["status"] == 503 and (b"retry-after", b"1") in sent[0]["headers"]
+        assert json.loads(sent[1]["body"])["limit"] == "shutdown"
+    sent = call({"type": "websocket", "path": "/ws"}, [{"type": "websocket.connect"}])
+    assert json.loads(sent[1]["text"])["data"]["code"] == "SERVER_STOPPING"
+    assert sent[2] == {"type": "websocket.close", "code": 1012}
+
+    last = guard.last_request_s
+    assert not guard.drained(last + DRAIN_QUIET_S / 2) and guard.drained(last + DRAIN_QUIET_S)
+    guard.requests_in_progress = 1  # a request still in progress holds the socket open, up to the grace
+    assert not guard.drained(last + 1.0) and guard.drained(start + 5.0)
+
+
+def test_sigterm_drains_the_server_before_it_stops_listening() -> None:
+    """The real server process: with a POST in progress at SIGTERM, a newcomer gets the drain's JSON 503 (not a
+    reset: the listening socket stays open), the POST in progress is answered, and then the server exits 0 and
+    refuses connections."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opsd", "serve-openenv", "ALFWorld-v0:easy", "--port", "0"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split(" on ")[1].split()[0]
+        host, port = url.removeprefix("http://").split(":")
+        assert post(url, "/reset", b'{"seed": 0}')[0] == 200  # the environment is loaded
+        held = socket.create_connection((host, int(port)), timeout=30)
+        held.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 11\r\n\r\n{\"seed\"")  # the body's rest comes after the signal
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        status, body = post(url, "/reset", b'{"seed": 0}')
+        assert status == 503 and body["limit"] == "shutdown", body
+        held.sendall(b": 0}")
+        answer = held.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        held.close()
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=5)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_an_unknown_environment_or_split_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from agentgym_opsd.serving.bodies import BodyError, parse_json_text
 from agentgym_opsd.serving.connections import json_response
 
-__all__ = ["SessionGate", "connection_protocol", "guard_session"]
+__all__ = ["SessionGate", "connection_protocol", "guard_session", "refuse_session"]
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -137,18 +137,26 @@ def _refusal(message: Message) -> str | None:
     return None
 
 
+async def refuse_session(receive: Receive, send: Send, message: str, code: str, *, close_code: int,
+                         **extra: Any) -> None:
+    """Accept a WebSocket connection only to tell it, in OpenEnv's error message, why it gets no session, then
+    close it with `close_code`."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    await send(_error(message, code, **extra))
+    await send({"type": "websocket.close", "code": close_code})
+
+
 async def guard_session(app: Any, gate: SessionGate, session_timeout_s: float,
                         scope: Message, receive: Receive, send: Send) -> None:
     """Run OpenEnv's WebSocket handler `app` for one connection, with the gate, the idle timeout and the message
     checks of the module docstring."""
     if gate.open >= gate.max_sessions:
         # Answered here, before OpenEnv creates anything, so every connection over the cap hears why.
-        if (await receive())["type"] != "websocket.connect":
-            return
-        await send({"type": "websocket.accept"})
-        await send(_error(f"the server holds {gate.max_sessions} sessions already; retry later", "CAPACITY_REACHED",
-                          active_sessions=gate.open, max_sessions=gate.max_sessions))
-        await send({"type": "websocket.close", "code": 1013})  # "try again later"
+        await refuse_session(receive, send, f"the server holds {gate.max_sessions} sessions already; retry later",
+                             "CAPACITY_REACHED", close_code=1013,  # "try again later"
+                             active_sessions=gate.open, max_sessions=gate.max_sessions)
         return
 
     async def checked_receive() -> Message:

@@ -25,8 +25,13 @@ Around it, the hardening of our other servers:
   bounds open connections of any kind (one more: a JSON 503); a request head that takes over
   `--header-timeout` (10 s), or a POST body over `--body-timeout` (30 s), gets a JSON 408;
 - an unknown environment or split is a usage error at startup (exit 2) that lists what exists;
-- SIGINT or SIGTERM stops it: no new connections, the sessions are closed, requests in progress get
-  `--shutdown-grace` (5 s) to end, exit 0. It binds 127.0.0.1 unless told otherwise.
+- SIGINT or SIGTERM stops it in two stages, as our other servers stop: first it drains (every new request gets
+  a JSON 503 with Retry-After, a new WebSocket session the SERVER_STOPPING error, requests in progress end),
+  and once no request has been in progress for `DRAIN_QUIET_S` (or `--shutdown-grace`, 5 s, has passed) it
+  stops listening, closes the sessions and exits 0. Closing the listening socket at once would reset whatever
+  connections the kernel had queued but the server not yet accepted: requests lost, not refused; drained, the
+  clients told to retry are waiting when it closes. A second signal stops it at once. It binds 127.0.0.1
+  unless told otherwise.
 """
 
 from __future__ import annotations
@@ -37,11 +42,17 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from agentgym_opsd.integrations.openenv_guards import SessionGate, connection_protocol, guard_session
+from agentgym_opsd.integrations.openenv_guards import (
+    SessionGate,
+    connection_protocol,
+    guard_session,
+    refuse_session,
+)
 from agentgym_opsd.registry import RegistryError, import_user_module, make, parse_env_spec
 from agentgym_opsd.serving import (
     BodyError,
@@ -59,8 +70,8 @@ if TYPE_CHECKING:
 # OpenEnv (and `openenv_env`, which builds on it) is imported where it is used: its server package imports gradio,
 # seconds that `serve-openenv --help` and a usage error need not wait for.
 
-__all__ = ["MAX_BODY_BYTES", "GuardedApp", "ServerLimits", "bind", "build_server", "create_app", "main", "serve",
-           "session_class"]
+__all__ = ["DRAIN_QUIET_S", "MAX_BODY_BYTES", "GuardedApp", "ServerLimits", "bind", "build_server", "create_app",
+           "main", "serve", "session_class"]
 
 MAX_BODY_BYTES = 1024 * 1024
 """A reply is at most `MAX_REPLY_CHARS` (100,000) characters, up to 12 bytes each when JSON-escaped: room for it."""
@@ -104,25 +115,69 @@ class ServerLimits:
                              f"({self.max_sessions}): every session holds a connection")
 
 
+DRAIN_QUIET_S = 0.3
+"""A stopping server closes its listening socket once no request has been in progress for this long: longer
+than a client's next request takes to arrive after its answer, shorter than the Retry-After (>= 1 s) that the
+503s of the drain ask for."""
+
+
 class GuardedApp:
     """OpenEnv's FastAPI app (`app`) behind the checks of its plain-HTTP requests: the body limit, hostile JSON,
     the cap on POSTs in progress, the body deadline. A WebSocket session goes through `openenv_guards.guard_session`
     (the session cap, the idle timeout, the message checks; uvicorn bounds a message's size, `ws_max_size`);
-    lifespan traffic passes straight through."""
+    lifespan traffic passes straight through. `begin_stop` starts the drain: new requests and sessions are
+    refused, and `drained` says when the listening socket may close."""
 
     def __init__(self, app: Any, limits: ServerLimits) -> None:
         self.app = app
         self.limits = limits
-        self.posts_in_progress = 0  # touched only on the event loop's thread
+        # touched only on the event loop's thread (begin_stop: its signal handler, which runs there too)
+        self.posts_in_progress = 0
+        self.requests_in_progress = 0
+        self.last_request_s = 0.0  # time.monotonic() of the last request's start or end
+        self.stopping_since: float | None = None
         self.sessions = SessionGate(limits.max_sessions)
+
+    def begin_stop(self) -> None:
+        """Refuse new requests (503, Retry-After) and sessions from now on; `drained` tells when to close."""
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+
+    def drained(self, now: float | None = None) -> bool:
+        """Whether a stopping server may close its listening socket: no request in progress and none for
+        `DRAIN_QUIET_S` since the stop began, or the shutdown grace spent."""
+        if self.stopping_since is None:
+            return False
+        now = time.monotonic() if now is None else now
+        if now - self.stopping_since >= self.limits.shutdown_grace_s:
+            return True
+        quiet_since = max(self.last_request_s, self.stopping_since)
+        return self.requests_in_progress == 0 and now - quiet_since >= DRAIN_QUIET_S
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
             await self._session(scope, receive, send)
             return
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        self.requests_in_progress += 1
+        self.last_request_s = time.monotonic()
+        try:
+            if self.stopping_since is not None:
+                await _send_json(send, 503, {"error": f"the server is stopping; retry after "
+                                                      f"{self.limits.retry_after_s} s", "limit": "shutdown"},
+                                 retry_after_s=self.limits.retry_after_s)
+            elif scope["method"] != "POST":
+                await self.app(scope, receive, send)
+            else:
+                await self._post(scope, receive, send)
+        finally:
+            self.requests_in_progress -= 1
+            self.last_request_s = time.monotonic()
+
+    async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A POST within the cap on POSTs in progress, its body read whole and checked before the app sees it."""
         if self.posts_in_progress >= self.limits.max_sessions:
             await _send_json(send, 503, {"error": f"the server is busy: {self.limits.max_sessions} requests are in "
                                                   f"progress; retry after {self.limits.retry_after_s} s",
@@ -145,6 +200,10 @@ class GuardedApp:
     async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.websockets import WebSocketDisconnect
 
+        if self.stopping_since is not None:
+            await refuse_session(receive, send, "the server is stopping; connect again later", "SERVER_STOPPING",
+                                 close_code=1012)  # "service restart"
+            return
         try:
             await guard_session(self.app, self.sessions, self.limits.session_timeout_s, scope, receive, send)
         except WebSocketDisconnect:
@@ -257,8 +316,22 @@ def bind(host: str, port: int) -> socket.socket:
 
 def build_server(app: GuardedApp) -> Any:
     """The uvicorn server of `app`, with its limits: the WebSocket message bound, the connection cap and the head
-    deadline (`openenv_guards.connection_protocol`), the graceful-shutdown wait. Run it with `.run(sockets=[bind(...)])`; `.should_exit = True` stops it."""
+    deadline (`openenv_guards.connection_protocol`), the graceful-shutdown wait, and the drain before it (a first
+    SIGINT or SIGTERM starts `app.begin_stop`; uvicorn's own shutdown begins once `app.drained()`, a second signal
+    begins it at once). Run it with `.run(sockets=[bind(...)])`; `.should_exit = True` stops it at once."""
     import uvicorn
+
+    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)  # uvicorn records the signal, to raise it again once it has stopped
+            if app.stopping_since is None:
+                app.begin_stop()
+                self.should_exit = False  # not yet: on_tick starts the shutdown once the server has drained
+
+        async def on_tick(self, counter: int) -> bool:
+            if app.stopping_since is not None and not self.should_exit and app.drained():
+                self.should_exit = True
+            return bool(await super().on_tick(counter))
 
     limits = app.limits
     protocol = connection_protocol(limits.header_timeout_s, limits.max_connections, limits.retry_after_s,
@@ -266,7 +339,7 @@ def build_server(app: GuardedApp) -> Any:
     config = uvicorn.Config(app, http=protocol, ws_max_size=limits.max_body_bytes,
                             timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), log_level="warning",
                             lifespan="on")
-    return uvicorn.Server(config)
+    return DrainingServer(config)
 
 
 def serve(app: GuardedApp, host: str, port: int, banner: Callable[[str], str]) -> None:
