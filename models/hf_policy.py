@@ -329,23 +329,26 @@ class HFPolicy(Policy):
         else:
             shared = 0
         suffixes = [p[shared:] for p in unique]
-        width = max(len(s) for s in suffixes)
-        pad = int(self.tokenizer.pad_token_id)
-        input_ids = torch.full((len(unique), width), pad, dtype=torch.long)
+        lengths = [len(s) for s in suffixes]
+        width = max(lengths)
+        # The rows' left-padded layout, which decoding extends (every row's last prompt token at column width-1),
+        # whichever way the suffixes are prefilled.
         mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for r, s in enumerate(suffixes):  # left padding: every row's last prompt token is at column width-1
-            input_ids[r, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
-            mask[r, width - len(s) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        for r, n in enumerate(lengths):
+            mask[r, width - n :] = 1
+        mask = mask.to(self.device)
         # Positions count real tokens only, so a padded row sees the same positions as it would alone.
         positions = (mask.cumsum(-1) - 1).clamp(min=0) + shared
         mask = torch.cat([mask.new_ones((len(unique), shared)), mask], dim=1)
-        if self._packs(cache, [len(s) for s in suffixes], width):
-            logits = self._prefill_packed(suffixes, shared, width, cache)  # (distinct prompts, vocab)
+        if self._packs(cache, lengths, width):
+            logits = self._prefill_packed(suffixes, lengths, shared, width, cache)  # (distinct prompts, vocab)
         else:
             if shared:
                 cache.batch_repeat_interleave(len(unique))
-            logits = self._forward(input_ids, mask, positions, cache)
+            input_ids = torch.full((len(unique), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+            for r, s in enumerate(suffixes):
+                input_ids[r, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+            logits = self._forward(input_ids.to(self.device), mask, positions, cache)
         if len(unique) < rows:
             expand = torch.as_tensor(row_of, device=self.device)
             cache.batch_select_indices(expand)
@@ -400,15 +403,15 @@ class HFPolicy(Policy):
         return (self.packed_prefill and padding >= PACKED_PREFILL_MIN_PADDING and supports_packing(self.model)
                 and bool(cache.layers) and all(isinstance(layer, ReservedLayer) for layer in cache.layers))
 
-    def _prefill_packed(self, suffixes: list[Sequence[int]], shared: int, width: int, cache: Any) -> torch.Tensor:
-        """Prefill the distinct prompts' suffixes laid end to end after the `shared` prefix already in `cache`
-        (one row), each attending to the prefix and to itself (`packed_attention`), so no FLOP goes to padding;
-        then lay the cache out as the rows' left-padded batch with room for the replies. Returns the logits of
-        every suffix's last position, (rows, vocab): the padded prefill's numbers to float rounding."""
+    def _prefill_packed(self, suffixes: list[Sequence[int]], lengths: Sequence[int], shared: int, width: int,
+                        cache: Any) -> torch.Tensor:
+        """Prefill the distinct prompts' suffixes (of `lengths`) laid end to end after the `shared` prefix already
+        in `cache` (one row), each attending to the prefix and to itself (`packed_attention`), so no FLOP goes to
+        padding; then lay the cache out as the rows' left-padded batch with room for the replies. Returns the
+        logits of every suffix's last position, (rows, vocab): the padded prefill's numbers to float rounding."""
         from agentgym_opsd.models.kv_cache import unpack_rows
         from agentgym_opsd.models.packed_attention import packed_attention
 
-        lengths = [len(s) for s in suffixes]
         ids = torch.as_tensor([[t for s in suffixes for t in s]], dtype=torch.long, device=self.device)
         positions = torch.cat([torch.arange(shared, shared + n) for n in lengths])[None].to(self.device)
         bounds = torch.as_tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=self.device)

@@ -17,6 +17,7 @@ The tokenizer comes back with a pad token and `padding_side="left"` (what batche
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -37,6 +38,7 @@ __all__ = [
     "TINY_RANDOM_NAME",
     "LoraSettings",
     "apply_lora",
+    "autocast_trainable_blocks",
     "cache_root",
     "decoder_layers",
     "embedded_gguf_file",
@@ -399,6 +401,37 @@ def keep_trainable_in_float32(model: torch.nn.Module) -> int:
     if cast and lowest is not None:
         lowest.register_forward_pre_hook(_hidden_state_to_float32, with_kwargs=True)
     return cast
+
+
+def autocast_trainable_blocks(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Make the trainable decoder blocks (float32 over a low-precision model: `keep_trainable_in_float32`) compute
+    their matmuls in `dtype` under `torch.autocast`: mixed precision as on a GPU, the weights, their gradients and
+    every update float32, the residual stream and norms float32 too. The blocks' own forward changes, so every
+    caller (warm start, sampler, pi_old, teacher pass, update) computes alike. Returns the blocks changed."""
+    blocks = [layer for layer in decoder_layers(model) if any(p.requires_grad for p in layer.parameters())]
+    for block in blocks:
+        # A subclass rather than a wrapped bound method: a copy of the model (deepcopy) then autocasts its own
+        # blocks, where a copied wrapper would still call the original's.
+        block.__class__ = _autocast_block_class(type(block), next(block.parameters()).device.type, dtype)
+    return len(blocks)
+
+
+@functools.cache
+def _autocast_block_class(block_class: type, device_type: str, dtype: torch.dtype) -> type:
+    import torch
+
+    if getattr(block_class, "_autocast", None) is not None:
+        raise ValueError(f"{block_class.__name__} computes under autocast already")
+
+    class AutocastBlock(block_class):  # type: ignore[misc, valid-type]
+        _autocast = (device_type, dtype)
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type, dtype=dtype):
+                return super().forward(*args, **kwargs)
+
+    AutocastBlock.__name__ = AutocastBlock.__qualname__ = f"Autocast{block_class.__name__}"
+    return AutocastBlock
 
 
 def _hidden_state_to_float32(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

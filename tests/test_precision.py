@@ -461,6 +461,41 @@ def test_trainable_dtype_auto_is_float32_where_only_the_top_layers_train_in_bf16
     assert _warm_start_settings(auto, tmp_path) == _warm_start_settings(explicit, tmp_path)
 
 
+def test_model_autocast_runs_the_float32_blocks_matmuls_in_bf16_in_every_phase(tmp_path, toy_env_ids) -> None:
+    """`model.autocast`: the float32 trainable blocks compute their matmuls in bf16 under autocast wherever the
+    model runs (sampler, pi_old, update), so the PPO ratio still starts at 1; their weights and updates stay
+    float32, a copy of the model (the KL reference) autocasts too, and the cache keys name it only where it
+    applies."""
+    top = ("model.trainable_layers=1", "model.trainable_dtype=float32", "model.autocast=true", "trainer.total_steps=1")
+    trainer = _trainer(tmp_path, "bfloat16", "torch", *top)
+    try:
+        model = trainer.session.trained.model
+        block = model.model.layers[-1]
+        assert type(block).__name__.startswith("Autocast") and not type(model.model.layers[0]).__name__.startswith(
+            "Autocast")
+        computed: list[torch.dtype] = []
+        block.mlp.down_proj.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
+        trajs = trainer.collect()
+        before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+        metrics, _ = trainer.step_on(trajs)
+        after = [p.detach() for p in model.parameters() if p.requires_grad]
+        assert computed and set(computed) == {torch.bfloat16}
+        assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND
+        assert all(p.dtype == torch.float32 for p in after) and _share_changed(before, after) > 0.5
+        trainer.session.reference.setup()
+        assert type(trainer.session.reference.frozen_copy.model.layers[-1]).__name__.startswith("Autocast")
+    finally:
+        trainer.close()
+
+    on = load_config("cpu-tiny", ["model.dtype=bfloat16", *top])
+    off = load_config("cpu-tiny", ["model.dtype=bfloat16", *top[:2]])
+    float32 = load_config("cpu-tiny", ["model.dtype=float32", *top])
+    assert on.model.trainable_autocast and not float32.model.trainable_autocast
+    assert on.model.cache_key_settings()["autocast"] is True
+    assert "autocast" not in off.model.cache_key_settings() and "autocast" not in float32.model.cache_key_settings()
+    assert _warm_start_settings(on, tmp_path) != _warm_start_settings(off, tmp_path)
+
+
 def _warm_start_settings(cfg, tmp_path) -> dict:
     from agentgym_opsd.trainer.warm_start import WarmStart
 

@@ -156,6 +156,12 @@ class ModelConfig:
                                       "auto = float32 where only the top model.trainable_layers train (the frozen "
                                       "layers keep bf16's speed), same with every layer trainable (float32 masters "
                                       "instead) or LoRA (its adapters are float32 already)")
+    autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
+                               "their blocks compute their matmuls in model.dtype under torch.autocast, mixed "
+                               "precision as on a GPU, while their weights, gradients and updates stay float32 "
+                               "and the residual stream, norms and LM head float32. Every phase computes alike "
+                               "(warm start, sampler, pi_old, teacher, update), so the PPO ratio still starts at 1; "
+                               "no effect where the trainable layers are not float32 over a low-precision model")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -177,14 +183,22 @@ class ModelConfig:
 
     def cache_key_settings(self) -> dict[str, Any]:
         """The fields as the warm-start and start-evaluation cache keys hash them: `trainable_dtype` as resolved
-        (`auto` and `float32` that make the same model share entries), and only where it changes the model, so
-        keys from before the field existed still match."""
+        (`auto` and `float32` that make the same model share entries), and it and `autocast` only where they change
+        the model, so keys from before those fields existed still match."""
         settings = dataclasses.asdict(self)
         if self.float32_trainable:
             settings["trainable_dtype"] = "float32"
         else:
             del settings["trainable_dtype"]
+        if not self.trainable_autocast:
+            del settings["autocast"]
         return settings
+
+    @property
+    def trainable_autocast(self) -> bool:
+        """Whether the float32 trainable blocks compute under autocast in `dtype` (`model.autocast` where it
+        applies: float32 trainable layers over a bf16 / fp16 model)."""
+        return self.autocast and self.float32_trainable
 
 
 def _check_prompt_template(path: str) -> None:

@@ -51,8 +51,14 @@ class ReferencePolicy:
 
     def _float32_where_the_policy_is(self, copy: torch.nn.Module, source: Path | None) -> None:
         """`model.trainable_dtype=float32`: the copy's blocks the policy trains in float32 are float32 too (with the
-        warm start's exact values), so the reference computes as the policy did where RL started."""
-        from agentgym_opsd.models.loading import keep_trainable_in_float32, restore_float32_weights
+        warm start's exact values), and under autocast where the policy's are (`model.autocast`), so the reference
+        computes as the policy did where RL started."""
+        from agentgym_opsd.models.loading import (
+            autocast_trainable_blocks,
+            decoder_layers,
+            keep_trainable_in_float32,
+            restore_float32_weights,
+        )
         from agentgym_opsd.models.precision import is_low_precision
 
         if not is_low_precision(self.dtype):
@@ -64,6 +70,9 @@ class ReferencePolicy:
         for name, p in copy.named_parameters():
             p.requires_grad_(name in float32)
         keep_trainable_in_float32(copy)
+        autocast = {getattr(type(layer), "_autocast", None) for layer in decoder_layers(self.policy.model)} - {None}
+        if autocast:  # model.autocast: those blocks compute their matmuls in bf16 as the policy's do
+            autocast_trainable_blocks(copy, autocast.pop()[1])
         if source is not None:
             restore_float32_weights(copy, source)
         copy.requires_grad_(False)

@@ -101,6 +101,7 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
     the lower layers frozen and gradient checkpointing on as the config says."""
     from agentgym_opsd.models.loading import (
         LoraSettings,
+        autocast_trainable_blocks,
         freeze_lower_layers,
         keep_trainable_in_float32,
         load_policy_model,
@@ -129,6 +130,10 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
         log.info("model.trainable_dtype=%s: %.1fM trainable weights and their blocks compute in float32, "
                  "the frozen layers in %s%s", m.trainable_dtype, cast / 1e6, m.dtype,
                  "" if m.trainable_layers else " (every layer is trainable: this is a float32 model)")
+    if m.trainable_autocast:
+        blocks = autocast_trainable_blocks(model, getattr(torch, m.dtype))
+        log.info("model.autocast: the %d trainable blocks compute their matmuls in %s under autocast, their "
+                 "weights and updates float32", blocks, m.dtype)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tok
