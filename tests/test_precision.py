@@ -493,7 +493,37 @@ def test_model_autocast_runs_the_float32_blocks_matmuls_in_bf16_in_every_phase(t
     assert on.model.trainable_autocast and not float32.model.trainable_autocast
     assert on.model.cache_key_settings()["autocast"] is True
     assert "autocast" not in off.model.cache_key_settings() and "autocast" not in float32.model.cache_key_settings()
-    assert _warm_start_settings(on, tmp_path) != _warm_start_settings(off, tmp_path)
+    assert _warm_start_settings(on, tmp_path) == _warm_start_settings(off, tmp_path)  # the SFT computes in float32
+
+
+def test_blocks_autocast_off_computes_the_autocast_blocks_in_float32_and_restores_them() -> None:
+    """The warm start's switch (`blocks_autocast(model, enabled=False)`): inside it the autocast blocks' matmuls
+    run in float32, after it in bf16 again, even when the block raised."""
+    from agentgym_opsd.models.loading import (
+        autocast_trainable_blocks,
+        blocks_autocast,
+        freeze_lower_layers,
+        keep_trainable_in_float32,
+        load_policy_model,
+    )
+
+    model, tok = load_policy_model("tiny-random", dtype="bfloat16", trainable=True)
+    freeze_lower_layers(model, 1)
+    keep_trainable_in_float32(model)
+    assert autocast_trainable_blocks(model, torch.bfloat16) == 1
+    with pytest.raises(ValueError, match="already"):
+        autocast_trainable_blocks(model, torch.bfloat16)
+    computed: list[torch.dtype] = []
+    model.model.layers[-1].mlp.down_proj.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
+    ids = torch.as_tensor([tok.encode("go to the desk")])
+    with torch.no_grad():
+        model(input_ids=ids)
+        with blocks_autocast(model, enabled=False):
+            model(input_ids=ids)
+        with pytest.raises(RuntimeError), blocks_autocast(model, enabled=False):
+            raise RuntimeError("the SFT failed")
+        model(input_ids=ids)
+    assert computed == [torch.bfloat16, torch.float32, torch.bfloat16]
 
 
 def _warm_start_settings(cfg, tmp_path) -> dict:

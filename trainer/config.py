@@ -157,11 +157,13 @@ class ModelConfig:
                                       "layers keep bf16's speed), same with every layer trainable (float32 masters "
                                       "instead) or LoRA (its adapters are float32 already)")
     autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
-                               "their blocks compute their matmuls in model.dtype under torch.autocast, mixed "
-                               "precision as on a GPU, while their weights, gradients and updates stay float32 "
-                               "and the residual stream, norms and LM head float32. Every phase computes alike "
-                               "(warm start, sampler, pi_old, teacher, update), so the PPO ratio still starts at 1; "
-                               "no effect where the trainable layers are not float32 over a low-precision model")
+                               "their blocks compute their matmuls in model.dtype under torch.autocast in the RL "
+                               "phases, mixed precision as on a GPU, while their weights, gradients and updates "
+                               "stay float32 and the residual stream, norms and LM head float32. Every RL phase "
+                               "computes alike (sampler, evaluation, pi_old, teacher, update), so the PPO ratio "
+                               "still starts at 1; the warm start's SFT keeps float32 (warm_start.autocast is its "
+                               "own switch). No effect where the trainable layers are not float32 over a "
+                               "low-precision model")
 
     def __post_init__(self) -> None:
         _check_ranges(self)

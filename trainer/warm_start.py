@@ -224,7 +224,9 @@ class WarmStart:
             env["prompt_template_text"] = Path(template).read_text(encoding="utf-8")
         if not env["action_history"]:  # left out when off, as the template: older keys still match
             del env["action_history"]
-        return {"model": c.model.cache_key_settings(), "env": env,
+        model = c.model.cache_key_settings()
+        model.pop("autocast", None)  # the SFT computes its float32 blocks in float32 either way (`run`)
+        return {"model": model, "env": env,
                 "system_prompt": self.system_prompt,
                 # `seed` enters once, as the effective seed, so keys from before the field existed still match
                 # `autocast` enters as `sft_autocast`, only where it changes the SFT: older keys still match
@@ -266,7 +268,12 @@ class WarmStart:
                             "warm_start/seconds_this_run": time.perf_counter() - t0})
             log.info("warm start: reused %s", cached)
         else:
-            summary = self._train(policy, runner, cached)
+            from agentgym_opsd.models.loading import blocks_autocast
+
+            # model.autocast is for the RL phases: the SFT under it matched the exact match but left a policy
+            # ~10 points weaker on held-out episodes (docs/training.md); warm_start.autocast is the SFT's own switch
+            with blocks_autocast(policy.model, enabled=False):
+                summary = self._train(policy, runner, cached)
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
         policy.engine.reset_optimizer_state()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
         if policy.is_main:
