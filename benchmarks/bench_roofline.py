@@ -310,6 +310,8 @@ class ForwardMeter:
 
     def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:  # hidden states fed in (the update over the frozen trunk's kept outputs): their (rows, tokens)
+            ids = kwargs["inputs_embeds"][..., 0]
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = int(cache.get_seq_length()) if cache is not None else 0
         keep = kwargs.get("logits_to_keep")

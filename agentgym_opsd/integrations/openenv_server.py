@@ -63,6 +63,7 @@ from agentgym_opsd.serving import (
     positive_int,
     stop_on_sigint_and_sigterm,
 )
+from agentgym_opsd.serving.pool import DRAIN_QUIET_S
 
 if TYPE_CHECKING:
     from agentgym_opsd.integrations.openenv_env import SessionSettings
@@ -113,12 +114,6 @@ class ServerLimits:
         if self.max_connections <= self.max_sessions:
             raise ValueError(f"ServerLimits.max_connections ({self.max_connections}) must exceed max_sessions "
                              f"({self.max_sessions}): every session holds a connection")
-
-
-DRAIN_QUIET_S = 0.3
-"""A stopping server closes its listening socket once no request has been in progress for this long: longer
-than a client's next request takes to arrive after its answer, shorter than the Retry-After (>= 1 s) that the
-503s of the drain ask for."""
 
 
 class GuardedApp:

@@ -23,7 +23,8 @@ Stopping (`stop`): the requests waiting for a worker and the connections still b
 Retry-After; the listening socket stays open through the grace, and anyone who connects then gets that 503 at
 once (a refused connection reads as a crashed server, a 503 as one to retry); the requests in progress get
 `shutdown_grace_s` to end, then the app is asked to cancel them (`cancel_in_flight`, say ending them at
-their next chunk of work), and the workers are waited for. At the end the backlog is answered 503 too, and
+their next chunk of work), and the workers are waited for, then the 503s go on until no client has connected
+for `DRAIN_QUIET_S` (within the grace). At the end the backlog is answered 503 too, and
 the socket is closed before those answers drain, so a client that comes later is refused, never reset. A
 process that exits while a worker is still inside native code (a torch encoder call, say) can abort
 ("terminate called without an active exception"), so the stop waits for the workers instead of leaving them
@@ -56,6 +57,11 @@ __all__ = ["CLOSER_CAPACITY", "PooledWSGIServer", "WorkerPool"]
 log = logging.getLogger(__name__)
 
 _ACCEPT_POLL_S = 0.05  # how often the stopping server's acceptor checks whether the grace is over
+DRAIN_QUIET_S = 0.3
+"""A stopping server closes its listening socket once no connection has come for this long (within the grace):
+longer than a client's next request takes to arrive after its answer, shorter than the Retry-After (>= 1 s) its
+503s ask for. Closed sooner, a client reconnecting right after its last answer sat in the backlog the close
+resets, a request lost rather than refused."""
 
 CLOSER_CAPACITY = LINGER_CAPACITY
 """Refused connections that may wait to be closed at once (kept under its old name)."""
@@ -160,6 +166,7 @@ class PooledWSGIServer(BaseWSGIServer):
                                              busy_response if busy_response is not None else pool.busy_response())
         self._closed = False
         self._stop_accepting = threading.Event()
+        self._last_accept = 0.0  # time.monotonic() of the stopping acceptor's last connection
         self._workers = [threading.Thread(target=self._work, name=f"http-worker-{i}", daemon=True)
                          for i in range(pool.workers)]
         for thread in self._workers:
@@ -248,10 +255,13 @@ class PooledWSGIServer(BaseWSGIServer):
         early) and wait up to `pool.request_timeout_s` more; then close the server (`server_close`). True when
         every worker has ended."""
         self._begin_stop()
+        grace_ends = time.monotonic() + self.pool.shutdown_grace_s
+        self._last_accept = time.monotonic()
         acceptor = threading.Thread(target=self._refuse_while_stopping, name="http-stopping", daemon=True)
         acceptor.start()
         try:
             if self._join_workers(self.pool.shutdown_grace_s):
+                self._wait_quiet(grace_ends)
                 return True
             if cancel_in_flight is not None:
                 cancel_in_flight()
@@ -283,6 +293,11 @@ class PooledWSGIServer(BaseWSGIServer):
         while self._connections.holding() and time.monotonic() < deadline:
             time.sleep(_ACCEPT_POLL_S)
 
+    def _wait_quiet(self, until: float) -> None:
+        """Keep answering 503 until no connection has come for `DRAIN_QUIET_S`, or until `until`."""
+        while time.monotonic() < until and time.monotonic() - self._last_accept < DRAIN_QUIET_S:
+            time.sleep(_ACCEPT_POLL_S)
+
     def _refuse_while_stopping(self) -> None:
         """During the grace: accept on the listening socket and hand each connection to the connection thread,
         which answers it 503 (a closed socket would refuse it). The accept does not block: a readiness that no
@@ -296,6 +311,7 @@ class PooledWSGIServer(BaseWSGIServer):
                     continue
                 with contextlib.suppress(OSError):  # BlockingIOError: nobody is waiting after all
                     sock, address = self.socket.accept()
+                    self._last_accept = time.monotonic()
                     self._connections.add(sock, address)
 
     def _join_workers(self, timeout_s: float) -> bool:
