@@ -12,6 +12,11 @@
   `--set rollout.batch_size=64 --episodes 64` a chunk is validation's (`trainer.eval_batch_episodes` on
   `cpu-learn`), whose prompts are further apart in length than a training chunk's of 16 (that one's record:
   `--out benchmarks/results/hf_packed_prefill_rollout.json`).
+- `autocast`: on a bf16 model with float32 trainable blocks, those blocks' matmuls in bf16 under autocast
+  (`model.autocast=on`, what `auto` picks where bf16 pays), against the same blocks in float32
+  (`blocks_autocast(model, enabled=False)`). Autocast casts the float32 weights to bf16 in every forward, and a
+  decode step is a forward for one token a row, so this is where it could cost rather than pay. Modes
+  `autocast` / `float32-blocks`; `benchmarks/results/hf_autocast.json`. The samples differ (other numerics).
 
 A `cpu-small` trainer (SmolLM2-135M-Instruct, float32, no warm start, dynamic sampling off; `--set KEY=VALUE` for
 more, such as `model.name_or_path=` a warm start's folder, whose replies are as short as the main job's) plays the
@@ -23,6 +28,7 @@ tokens/s, and the tokens fed to the model. The JSON keeps one record per CPU (`h
     python benchmarks/bench_hf_sampler.py                        # -> benchmarks/results/hf_shared_prefix.json
     python benchmarks/bench_hf_sampler.py --compare kv-cache     # -> benchmarks/results/hf_kv_cache.json
     python benchmarks/bench_hf_sampler.py --compare packed-prefill --set rollout.batch_size=64 --episodes 64
+    python benchmarks/bench_hf_sampler.py --compare autocast     # -> benchmarks/results/hf_autocast.json
     python benchmarks/bench_hf_sampler.py --episodes 4 --rounds 1 --config cpu-tiny --out /tmp/h.json
 """
 
@@ -50,10 +56,11 @@ from bench_rollout_backends import GROUP_SIZE, RESULTS  # noqa: E402
 from harness import cpu_model, make_trainer, write_machine_record  # noqa: E402
 
 from agentgym_opsd.models import hf_policy, kv_cache  # noqa: E402
+from agentgym_opsd.models.loading import autocast_blocks, blocks_autocast  # noqa: E402
 
 
 @contextlib.contextmanager
-def as_is() -> Iterator[None]:
+def as_is(model: torch.nn.Module) -> Iterator[None]:
     """The sampler as it ships."""
     yield
 
@@ -69,16 +76,19 @@ def _padded_prefill() -> contextlib.AbstractContextManager:
     return mock.patch.object(hf_policy.HFPolicy, "_packs", lambda self, *args: False)
 
 
-COMPARISONS: dict[str, dict[str, Callable[[], contextlib.AbstractContextManager]]] = {
-    # the sampler as it ships first, then the mode without the saving
-    "shared-prefix": {"shared": as_is, "whole": lambda: mock.patch.object(hf_policy, "MIN_SHARED_PREFIX", 10**9)},
+COMPARISONS: dict[str, dict[str, Callable[[torch.nn.Module], contextlib.AbstractContextManager]]] = {
+    # the sampler as it ships first, then the mode without the saving; each switch gets the trained model
+    "shared-prefix": {"shared": as_is,
+                      "whole": lambda model: mock.patch.object(hf_policy, "MIN_SHARED_PREFIX", 10**9)},
     # both prefill left-padded: a concatenating cache cannot be unpacked into rows after a packed prefill
-    "kv-cache": {"reserved": lambda: _padded_prefill(),
-                 "concatenated": lambda: mock.patch.object(kv_cache, "reserved_cache", _concatenating_cache)},
-    "packed-prefill": {"packed": as_is, "padded": lambda: _padded_prefill()},
+    "kv-cache": {"reserved": lambda model: _padded_prefill(),
+                 "concatenated": lambda model: mock.patch.object(kv_cache, "reserved_cache", _concatenating_cache)},
+    "packed-prefill": {"packed": as_is, "padded": lambda model: _padded_prefill()},
+    "autocast": {"autocast": as_is, "float32-blocks": lambda model: blocks_autocast(model, enabled=False)},
 }
 RESULT_FILES = {"shared-prefix": "hf_shared_prefix.json", "kv-cache": "hf_kv_cache.json",
-                "packed-prefill": "hf_packed_prefill.json"}
+                "packed-prefill": "hf_packed_prefill.json", "autocast": "hf_autocast.json"}
+COMPARISON_SETTINGS = {"autocast": ("model.dtype=bfloat16", "model.autocast=on")}  # after the bench's float32
 
 
 def portable(setting: str) -> str:
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = args.episodes // GROUP_SIZE
     overrides = ["model.dtype=float32", "rollout.backend=hf", "warm_start.epochs=0", "warm_start.steps=0",
                  "rollout.dynamic_sampling=false", f"rollout.tasks_per_step={tasks}", f"rollout.group_size={GROUP_SIZE}",
-                 *args.set]
+                 *COMPARISON_SETTINGS.get(args.compare, ()), *args.set]
     load_before = os.getloadavg()[0]
     rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     samples: dict[str, list[tuple[int, ...]]] = {}
@@ -129,20 +139,23 @@ def main(argv: list[str] | None = None) -> None:
             fed, hook = counting_prefill(trainer.session.trained.model)
 
             def play(n_tasks: int, mode: str) -> tuple[float, list[Any], dict[str, Any]]:
-                """The round's seconds, trajectories, and what the sampler ran with (its KV cache's layer kind and
-                its shared-prefix threshold), so a record shows that the mode's switch was in effect."""
+                """The round's seconds, trajectories, and what the sampler ran with (its KV cache's layer kind, its
+                shared-prefix threshold, the blocks computing under autocast), so a record shows that the mode's
+                switch was in effect."""
                 trainer.session.cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, tasks_per_step=n_tasks))
                 trainer.session.tasks_per_rank, trainer.task_cursor = n_tasks, 0  # the same tasks and sampler seed
                 trainer.session.policy = trainer.session.policy.with_sampling(temperature=cfg.rollout.temperature,
                                                                               seed=cfg.trainer.seed)
-                with switches[mode]():
+                with switches[mode](trainer.session.trained.model):
                     made, factory = [], kv_cache.reserved_cache
                     with mock.patch.object(kv_cache, "reserved_cache", lambda m: made.append(factory(m)) or made[-1]):
                         t0 = time.perf_counter()
                         trajs = trainer.collect()
                         seconds = time.perf_counter() - t0
+                    blocks = autocast_blocks(trainer.session.trained.model)
                     ran_with = {"cache_layers": sorted({type(layer).__name__ for c in made for layer in c.layers}),
-                                "min_shared_prefix": hf_policy.MIN_SHARED_PREFIX}
+                                "min_shared_prefix": hf_policy.MIN_SHARED_PREFIX,
+                                "autocasting_blocks": sum(block.autocast_enabled for block in blocks)}
                     return seconds, trajs, ran_with
 
             play(1, modes[0])  # warm-up: allocator, caches

@@ -30,7 +30,7 @@ from agentgym_opsd.evaluation.credit_quality import run_credit_auc
 from agentgym_opsd.evaluation.metrics import wilson_interval
 from agentgym_opsd.evaluation.paired import paired_episodes
 from agentgym_opsd.files import atomic_write_text, to_json
-from agentgym_opsd.models.precision import resolve_device, resolve_dtype
+from agentgym_opsd.models.precision import resolve_device
 from agentgym_opsd.trainer.config import Config, load_config
 from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file
 
@@ -55,9 +55,9 @@ _NOT_BEFORE = ("env.outcome", "warm_start.cache")
 
 
 def before_settings(cfg: Config) -> dict[str, Any]:
-    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys; `model.dtype: auto` resolved as the trainer resolves
-    it (a run's saved config.yaml holds the resolved name, so `auto` would never match it)."""
-    cfg = replace(cfg, model=replace(cfg.model, dtype=resolve_dtype(cfg.model.dtype, resolve_device(cfg.trainer.device))))
+    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys; `model.dtype` and `model.autocast: auto` resolved as
+    the trainer resolves them (a run's saved config.yaml holds the resolved names, so `auto` would never match)."""
+    cfg = replace(cfg, model=cfg.model.resolved(resolve_device(cfg.trainer.device)))
     out: dict[str, Any] = {}
     data = asdict(cfg)
     for path in BEFORE_SETTINGS:

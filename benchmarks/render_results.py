@@ -405,6 +405,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "main_job_bf16": lambda: render_main_job("cpu_small_seeds_bf16.json"),
     "main_job_bf16_dither": lambda: render_main_job("cpu_small_seeds_bf16_dither.json"),
     "main_job_bf16_float32_trainable": lambda: render_main_job("cpu_small_seeds_bf16_float32_trainable.json"),
+    "main_job_bf16_autocast": lambda: render_main_job("cpu_small_seeds_bf16_autocast.json"),
     "precision": render_precision,
     "main_job_time": render_main_job_time,
     "credit_quality": render_credit_quality,

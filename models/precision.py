@@ -37,14 +37,16 @@ from torch import Tensor
 
 from agentgym_opsd.files import atomic_write_text, cache_dir
 
-__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "TRAINABLE_DTYPE_CHOICES", "ProbeResult", "first_cpu",
-           "float32_lm_head", "has_float32_lm_head", "is_low_precision", "machine_key", "precision_summary",
-           "probe_bf16", "probe_matmuls", "resolve_device", "resolve_dtype", "rounding_cell", "timed_rounds"]
+__all__ = ["AUTOCAST_CHOICES", "BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "TRAINABLE_DTYPE_CHOICES", "ProbeResult",
+           "first_cpu", "float32_lm_head", "has_float32_lm_head", "is_low_precision", "machine_key",
+           "precision_summary", "probe_bf16", "probe_matmuls", "resolve_autocast", "resolve_device", "resolve_dtype",
+           "rounding_cell", "timed_rounds"]
 
 log = logging.getLogger(__name__)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 TRAINABLE_DTYPE_CHOICES = ("auto", "same", "float32")  # model.trainable_dtype: `loading.keep_trainable_in_float32`
+AUTOCAST_CHOICES = ("auto", "on", "off")  # model.autocast: `resolve_autocast`
 BF16_MIN_SPEEDUP = 1.3
 """bf16 is `auto`'s choice where the probe's matmuls run at least this much faster than in float32: below it
 the gain does not pay for the extra rounding (and timing noise alone is ~10%)."""
@@ -206,6 +208,26 @@ def resolve_dtype(dtype: str, device: torch.device | str = "cpu", dims: Sequence
     result = probe_bf16(device, tuple(dims))
     chosen = "bfloat16" if result.bf16_pays else "float32"
     _note(f"model.dtype=auto -> {chosen}: {result.describe()}")
+    return chosen
+
+
+def resolve_autocast(autocast: str, *, float32_trainable: bool, device: torch.device | str = "cpu",
+                     dims: Sequence[int] = DEFAULT_DIMS) -> str:
+    """`model.autocast` as on / off: `auto` is on where the float32 trainable blocks sit over a low-precision model
+    (`float32_trainable`) and bf16 matmuls pay here, a GPU or the probe's >= `BF16_MIN_SPEEDUP` (the rule of
+    `model.dtype: auto`, so a bf16 forced on a CPU slow at it keeps its blocks in float32)."""
+    if autocast not in AUTOCAST_CHOICES:
+        raise ValueError(f"model.autocast must be one of {AUTOCAST_CHOICES}, got {autocast!r}")
+    if autocast != "auto":
+        return autocast
+    if not float32_trainable:
+        return "off"
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "on"  # AMP: the tensor cores' low-precision matmuls
+    result = probe_bf16(device, tuple(dims))
+    chosen = "on" if result.bf16_pays else "off"
+    _note(f"model.autocast=auto -> {chosen}: {result.describe()}")
     return chosen
 
 

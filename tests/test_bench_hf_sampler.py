@@ -50,6 +50,17 @@ def test_a_tiny_run_samples_alike_with_the_packed_and_the_padded_prefill(tmp_pat
     assert 0 < packed["fed_tokens"] < padded["fed_tokens"]  # the switch was in effect: no padding fed
 
 
+def test_a_tiny_run_times_the_blocks_under_autocast_and_in_float32(tmp_path) -> None:
+    out = tmp_path / "a.json"
+    bench.main(["--compare", "autocast", "--config", "cpu-tiny", "--episodes", "4", "--rounds", "1",
+                "--set", "model.trainable_layers=1", "--set", "model.trainable_dtype=float32",
+                "--set", "rollout.max_new_tokens=8", "--out", str(out)])
+    (record,) = json.loads(out.read_text())["machines"].values()
+    autocast, float32 = record["modes"]["autocast"], record["modes"]["float32-blocks"]
+    assert autocast["rounds"][0]["autocasting_blocks"] == 1 and float32["rounds"][0]["autocasting_blocks"] == 0
+    assert autocast["rounds"][0]["generated_tokens"] > 0 and float32["rounds"][0]["generated_tokens"] > 0
+
+
 def test_a_setting_with_an_absolute_path_keeps_only_its_last_folders() -> None:
     assert bench.portable("model.name_or_path=/home/me/cache/warm_start/eb82/model") == (
         "model.name_or_path=…/warm_start/eb82/model")

@@ -52,6 +52,28 @@ def test_auto_follows_the_measured_speed_not_the_flags(monkeypatch, tmp_path, f3
     assert key == precision.machine_key("cpu") and entry == {"float32_gflops": f32, "bfloat16_gflops": bf16}
 
 
+@pytest.mark.parametrize(("f32", "bf16", "expected"), [(198.0, 883.0, "on"), (309.0, 145.0, "off")])
+def test_autocast_auto_follows_the_same_measurement(monkeypatch, tmp_path, f32, bf16, expected) -> None:
+    """`model.autocast: auto` is on where bf16 measures faster and the trainable blocks are float32 over a bf16
+    model, so a bf16 forced on a CPU slow at it keeps its blocks' matmuls in float32; on / off are kept."""
+    calls: list[int] = []
+    monkeypatch.setattr(precision, "probe_matmuls", _stub_probe(f32, bf16, calls))
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path))
+    top = ["model.trainable_layers=1", "model.trainable_dtype=float32"]
+    forced = load_config("cpu-tiny", ["model.dtype=bfloat16", *top]).model
+    assert forced.autocast == "auto" and not forced.trainable_autocast  # unresolved: off
+    assert forced.resolved("cpu").autocast == expected
+    assert forced.resolved("cpu").trainable_autocast == (expected == "on")
+    auto = load_config("cpu-tiny", ["model.dtype=auto", *top]).model.resolved("cpu")
+    assert (auto.dtype, auto.autocast) == (("bfloat16", "on") if expected == "on" else ("float32", "off"))
+    assert len(calls) == 1  # one probe for both, cached
+    for value, kept in (("true", "on"), ("false", "off"), ("on", "on"), ("off", "off")):
+        assert load_config("cpu-tiny", [f"model.autocast={value}", *top]).model.resolved("cpu").autocast == kept
+    assert load_config("cpu-tiny", ["model.dtype=float32", *top]).model.resolved("cpu").autocast == "off"
+    with pytest.raises(ConfigError, match="model.autocast"):
+        load_config("cpu-tiny", ["model.autocast=bf16"])
+
+
 def test_probe_cache_is_per_machine_and_survives_damage(monkeypatch, tmp_path) -> None:
     cache = tmp_path / "probe.json"
     calls: list[int] = []
@@ -488,7 +510,7 @@ def test_model_autocast_runs_the_float32_blocks_matmuls_in_bf16_in_every_phase(t
         trainer.close()
 
     on = load_config("cpu-tiny", ["model.dtype=bfloat16", *top])
-    off = load_config("cpu-tiny", ["model.dtype=bfloat16", *top[:2]])
+    off = load_config("cpu-tiny", ["model.dtype=bfloat16", *top[:2], "model.autocast=off"])
     float32 = load_config("cpu-tiny", ["model.dtype=float32", *top])
     assert on.model.trainable_autocast and not float32.model.trainable_autocast
     assert on.model.cache_key_settings()["autocast"] is True

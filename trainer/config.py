@@ -27,7 +27,14 @@ from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
 from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.backends import BACKEND_CHOICES
-from agentgym_opsd.models.precision import DTYPE_CHOICES, TRAINABLE_DTYPE_CHOICES, is_low_precision
+from agentgym_opsd.models.precision import (
+    AUTOCAST_CHOICES,
+    DTYPE_CHOICES,
+    TRAINABLE_DTYPE_CHOICES,
+    is_low_precision,
+    resolve_autocast,
+    resolve_dtype,
+)
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
 from agentgym_opsd.trainer.trackers import parse_report_to
@@ -156,19 +163,21 @@ class ModelConfig:
                                       "auto = float32 where only the top model.trainable_layers train (the frozen "
                                       "layers keep bf16's speed), same with every layer trainable (float32 masters "
                                       "instead) or LoRA (its adapters are float32 already)")
-    autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
-                               "their blocks compute their matmuls in model.dtype under torch.autocast in the RL "
-                               "phases, mixed precision as on a GPU, while their weights, gradients and updates "
-                               "stay float32 and the residual stream, norms and LM head float32. Every RL phase "
-                               "computes alike (sampler, evaluation, pi_old, teacher, update), so the PPO ratio "
-                               "still starts at 1; the warm start's SFT keeps float32 (warm_start.autocast is its "
-                               "own switch). No effect where the trainable layers are not float32 over a "
-                               "low-precision model")
+    autocast: str = _f("auto", "auto | on | off. on: with float32 trainable layers over a bf16 / fp16 model "
+                               "(model.trainable_dtype), their blocks compute their matmuls in model.dtype under "
+                               "torch.autocast in the RL phases, mixed precision as on a GPU, while their weights, "
+                               "gradients and updates stay float32 and the residual stream, norms and LM head "
+                               "float32. Every RL phase computes alike (sampler, evaluation, pi_old, teacher, "
+                               "update), so the PPO ratio still starts at 1; the warm start's SFT keeps float32 "
+                               "(warm_start.autocast is its own switch). auto = on where bf16 pays (a GPU, or "
+                               "model.dtype=auto's probe >= 1.3x), off elsewhere. No effect where the trainable "
+                               "layers are not float32 over a low-precision model")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
         _check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
         _check_choice("model.trainable_dtype", self.trainable_dtype, TRAINABLE_DTYPE_CHOICES)
+        _check_choice("model.autocast", self.autocast, AUTOCAST_CHOICES)
         if self.trainable_dtype == "float32" and self.lora:
             raise ConfigError("model.trainable_dtype=float32: LoRA adapters are float32 already (peft); "
                               "leave it at 'auto' or 'same' with model.lora=true")
@@ -192,15 +201,26 @@ class ModelConfig:
             settings["trainable_dtype"] = "float32"
         else:
             del settings["trainable_dtype"]
-        if not self.trainable_autocast:
+        if self.trainable_autocast:
+            settings["autocast"] = True  # as the field's keys were when it was a bool
+        else:
             del settings["autocast"]
         return settings
+
+    def resolved(self, device: Any) -> ModelConfig:
+        """This config with `dtype: auto` and then `autocast: auto` as this machine decides them (a probe of the
+        model's matmul shapes, cached per machine): the model, the reference, the rollout engine, the cache keys
+        and a run's config.yaml all see the result."""
+        model = dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device))
+        return dataclasses.replace(model, autocast=resolve_autocast(model.autocast, device=device,
+                                                                    float32_trainable=model.float32_trainable))
 
     @property
     def trainable_autocast(self) -> bool:
         """Whether the float32 trainable blocks compute under autocast in `dtype` (`model.autocast` where it
-        applies: float32 trainable layers over a bf16 / fp16 model)."""
-        return self.autocast and self.float32_trainable
+        applies: float32 trainable layers over a bf16 / fp16 model). `auto` is the session's to resolve
+        (`precision.resolve_autocast`, with `dtype: auto`); unresolved, it is off."""
+        return self.autocast == "on" and self.float32_trainable
 
 
 def _check_prompt_template(path: str) -> None:
@@ -535,8 +555,9 @@ class WarmStartConfig:
                    Range(0, _SEED, "numpy's seed range", special=((-1, "trainer.seed"),)))
     autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
                                "compute the SFT under autocast in model.dtype, the weights and updates still "
-                               "float32. On an AMD EPYC (family 25): 1.35x faster SFT (621 vs 839 s), held-out "
-                               "action exact match 88.5% against 90.4% (float32 model: 92.3%)")
+                               "float32. On an AMD EPYC (family 25 model 17): 1.63x faster SFT at the same "
+                               "exact match, but a weaker policy: 43.8% of 144 held-out episodes won against "
+                               "50.0%, 19% inadmissible actions against 13% (bench_warm_start_autocast.py)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)

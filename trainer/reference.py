@@ -54,8 +54,8 @@ class ReferencePolicy:
         warm start's exact values), and under autocast where the policy's are (`model.autocast`), so the reference
         computes as the policy did where RL started."""
         from agentgym_opsd.models.loading import (
+            autocast_dtype,
             autocast_trainable_blocks,
-            decoder_layers,
             keep_trainable_in_float32,
             restore_float32_weights,
         )
@@ -70,9 +70,8 @@ class ReferencePolicy:
         for name, p in copy.named_parameters():
             p.requires_grad_(name in float32)
         keep_trainable_in_float32(copy)
-        autocast = {getattr(type(layer), "_autocast", None) for layer in decoder_layers(self.policy.model)} - {None}
-        if autocast:  # model.autocast: those blocks compute their matmuls in bf16 as the policy's do
-            autocast_trainable_blocks(copy, autocast.pop()[1])
+        if (dtype := autocast_dtype(self.policy.model)) is not None:  # model.autocast: as the policy's blocks do
+            autocast_trainable_blocks(copy, dtype)
         if source is not None:
             restore_float32_weights(copy, source)
         copy.requires_grad_(False)

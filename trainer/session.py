@@ -37,7 +37,7 @@ import torch
 
 from agentgym_opsd.cpu_runtime import LOG_PREFIX, describe_preloads
 from agentgym_opsd.models.backends import RolloutBackend, choose_rollout_backend
-from agentgym_opsd.models.precision import resolve_device, resolve_dtype
+from agentgym_opsd.models.precision import resolve_device
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
@@ -157,11 +157,11 @@ class RunSession:
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out / "checkpoints"
         device = resolve_device(cfg.trainer.device)
-        # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where native), once, here: the
-        # model, the reference, the rollout engine, the warm-start cache key and config.yaml all see the result.
-        resolved = resolve_dtype(cfg.model.dtype, device)
-        if resolved != cfg.model.dtype:
-            cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=resolved))
+        # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where it measures faster), and
+        # `model.autocast: auto` follows it, once, here: the model, the reference, the rollout engine, the cache
+        # keys and config.yaml all see the result.
+        if (model := cfg.model.resolved(device)) != cfg.model:
+            cfg = self.cfg = dataclasses.replace(cfg, model=model)
         # `rollout.backend: auto` likewise, once: TIS, the checkpoint and config.yaml see the backend that sampled.
         backend = choose_rollout_backend(cfg.rollout.backend, device_type=device.type,
                                          planned_episodes=cfg.planned_episodes())

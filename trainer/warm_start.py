@@ -205,9 +205,9 @@ class WarmStart:
     def autocast_dtype(self) -> torch.dtype | None:
         """`warm_start.autocast` over float32 trainable layers on a bf16 / fp16 model: the SFT computes in the
         model's dtype under autocast while the weights, and so every update, stay float32. Off by default: on
-        the AMD EPYC (family 25) it made the SFT 1.35x faster but the held-out action exact match 88.5% against
-        90.4% computing in float32 (float32 model: 92.3%; bf16 masters: 82.7%). The RL phases never autocast:
-        the sampler, the pi_old pass and the update must compute alike."""
+        an AMD EPYC (family 25 model 17) it made the SFT 1.63x faster at the same exact match, but its policy won
+        43.8% of 144 held-out episodes against 50.0% and chose inadmissible actions in 19% of its turns against
+        13% (`bench_warm_start_autocast.py`). The RL phases have their own switch, `model.autocast`."""
         m = self.cfg.model
         return getattr(torch, m.dtype) if self.cfg.warm_start.autocast and m.float32_trainable else None
 
@@ -270,8 +270,8 @@ class WarmStart:
         else:
             from agentgym_opsd.models.loading import blocks_autocast
 
-            # model.autocast is for the RL phases: the SFT under it matched the exact match but left a policy
-            # ~10 points weaker on held-out episodes (docs/training.md); warm_start.autocast is the SFT's own switch
+            # model.autocast is for the RL phases: the SFT under it matched the exact match but left a weaker
+            # policy (more inadmissible actions; docs/training.md); warm_start.autocast is the SFT's own switch
             with blocks_autocast(policy.model, enabled=False):
                 summary = self._train(policy, runner, cached)
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0

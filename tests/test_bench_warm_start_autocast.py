@@ -1,0 +1,37 @@
+"""benchmarks/bench_warm_start_autocast.py's report: finished run folders read back, the episodes paired by seed
+against the first (the float32 SFT), one record per CPU."""
+
+from __future__ import annotations
+
+import json
+
+from benchmark_scripts import load_benchmark
+
+bench = load_benchmark("bench_warm_start_autocast")
+
+
+def _run(folder, wins: list[bool], invalid: float, exact: float, seconds: float) -> None:
+    (folder / "warm_start").mkdir(parents=True)
+    (folder / "validation").mkdir()
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/success_rate": sum(wins) / len(wins),
+                                                      "val/invalid_action_rate": invalid}) + "\n")
+    (folder / "warm_start" / "summary.json").write_text(json.dumps({
+        "warm_start/heldout_action_exact_match": exact, "warm_start/seconds_sft": seconds}))
+    (folder / "validation" / "step_000000.jsonl").write_text("".join(
+        json.dumps({"env_spec": "ALFWorld-v0:easy_valid", "seed": 10_000 + i, "won": won}) + "\n"
+        for i, won in enumerate(wins)))
+
+
+def test_the_report_pairs_each_variant_with_the_float32_sft_by_episode(tmp_path) -> None:
+    _run(tmp_path / "a", [True, True, False, True], 0.10, 0.9, 553.0)
+    _run(tmp_path / "b", [True, False, False, False], 0.20, 0.9, 339.0)
+    out = tmp_path / "w.json"
+    bench.main(["--runs", f"float32={tmp_path / 'a'}", f"autocast={tmp_path / 'b'}", "--note", "test", "--out",
+                str(out)])
+    (record,) = json.loads(out.read_text())["machines"].values()
+    assert record["baseline"] == "float32" and record["note"] == "test"
+    float32, autocast = record["variants"]["float32"], record["variants"]["autocast"]
+    assert float32["vs_float32"] is None and (float32["success"], float32["episodes"]) == (0.75, 4)
+    paired = autocast["vs_float32"]
+    assert (paired["first_only"], paired["second_only"], paired["won_both"]) == (2, 0, 1)
+    assert autocast["sft_seconds"] == 339.0 and autocast["invalid_action_rate"] == 0.20
