@@ -69,12 +69,13 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, override
 
 
 def run_record(run_dir: Path) -> dict[str, Any]:
-    """What the run resolved (dtype, trainable dtype, sampler) and its warm start: trained or reused, its held-out
+    """What the run resolved (dtype, trainable dtype, autocast, sampler) and its warm start: trained or reused, its held-out
     action exact match and seconds."""
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     summary_path = run_dir / "warm_start" / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
     return {"dtype": resolved["model"]["dtype"], "trainable_dtype": resolved["model"].get("trainable_dtype"),
+            "autocast": resolved["model"].get("autocast"),  # the RL phases' blocks, as resolved (`auto` -> on / off)
             "rollout_backend": resolved["rollout"]["backend"],
             "warm_start": {"cache_hit": bool(summary.get("warm_start/cache_hit")),
                            "autocast": bool(resolved["warm_start"].get("autocast", False)),

@@ -129,6 +129,7 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
             "trajs": own,
             "dtype_resolved": str(next(trainer.session.trained.model.parameters()).dtype),
             "float32_trainable": trainer.session.cfg.model.float32_trainable,
+            "trainable_autocast": trainer.session.cfg.model.trainable_autocast,
         }
     finally:
         trainer.close()
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         row["speedup"] = row["fp32_s"] / row["bf16_s"]
     # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
     record["bf16_float32_trainable"] = bf16["float32_trainable"]
+    record["bf16_trainable_autocast"] = bf16["trainable_autocast"]
     # bf16 log-prob pass vs the float32 one, same weights, same tokens
     record["logprob_gap"] = gap_stats(bf16["old_logprobs"], fp32["old_logprobs"])
     step_fp32, step_bf16 = steps["fp32"], steps["bf16"]

@@ -134,11 +134,13 @@ class BenchSettings:
 
 def preset_config(seed: int, overrides: Sequence[str] = ()) -> Any:
     """The `cpu-small` config with GRPO, one sampling round per step and the warm start's seed fixed at 0 (every RL
-    seed starts from the same cached weights); both sides read their settings from it."""
+    seed starts from the same cached weights); both sides read their settings from it. float32 for both: TRL's
+    side loads the model as configured, while `model.dtype: auto` (and the autocast that follows it) would be
+    resolved on our side only."""
     from agentgym_opsd.trainer.config import load_config
 
     return load_config(PRESET, ["algorithm.estimator=grpo", "rollout.dynamic_sampling=false", f"trainer.seed={seed}",
-                                "warm_start.seed=0", *overrides])
+                                "warm_start.seed=0", "model.dtype=float32", *overrides])
 
 
 def warm_start_model() -> str:

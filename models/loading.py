@@ -417,7 +417,7 @@ def autocast_trainable_blocks(model: torch.nn.Module, dtype: torch.dtype) -> int
     for block in blocks:
         # A subclass rather than a wrapped bound method: a copy of the model (deepcopy) then autocasts its own
         # blocks, where a copied wrapper would still call the original's.
-        block.__class__ = _autocast_block_class(type(block), next(block.parameters()).device.type, dtype)
+        block.__class__ = _autocast_block_class(type(block), dtype)
     return len(blocks)
 
 
@@ -429,7 +429,7 @@ def autocast_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def autocast_dtype(model: torch.nn.Module) -> torch.dtype | None:
     """The dtype `model`'s trainable blocks autocast to (`autocast_trainable_blocks`), None where they do not."""
     blocks = autocast_blocks(model)
-    return type(blocks[0])._autocast[1] if blocks else None
+    return type(blocks[0])._autocast if blocks else None
 
 
 @contextlib.contextmanager
@@ -450,20 +450,21 @@ def blocks_autocast(model: torch.nn.Module, *, enabled: bool) -> Iterator[None]:
 
 
 @functools.cache
-def _autocast_block_class(block_class: type, device_type: str, dtype: torch.dtype) -> type:
+def _autocast_block_class(block_class: type, dtype: torch.dtype) -> type:
     import torch
 
     if getattr(block_class, "_autocast", None) is not None:
         raise ValueError(f"{block_class.__name__} computes under autocast already")
 
     class AutocastBlock(block_class):  # type: ignore[misc, valid-type]
-        _autocast = (device_type, dtype)
+        _autocast = dtype
         autocast_enabled = True  # per block: `blocks_autocast(model, enabled=False)` computes it in float32
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             if not self.autocast_enabled:
                 return super().forward(*args, **kwargs)
-            with torch.autocast(device_type, dtype=dtype):
+            # the device the block computes on now: it is made on the CPU and moved to the GPU afterwards
+            with torch.autocast(next(self.parameters()).device.type, dtype=dtype):
                 return super().forward(*args, **kwargs)
 
     AutocastBlock.__name__ = AutocastBlock.__qualname__ = f"Autocast{block_class.__name__}"

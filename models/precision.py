@@ -211,20 +211,21 @@ def resolve_dtype(dtype: str, device: torch.device | str = "cpu", dims: Sequence
     return chosen
 
 
-def resolve_autocast(autocast: str, *, float32_trainable: bool, device: torch.device | str = "cpu",
+def resolve_autocast(autocast: str, *, dtype: str, float32_trainable: bool, device: torch.device | str = "cpu",
                      dims: Sequence[int] = DEFAULT_DIMS) -> str:
-    """`model.autocast` as on / off: `auto` is on where the float32 trainable blocks sit over a low-precision model
-    (`float32_trainable`) and bf16 matmuls pay here, a GPU or the probe's >= `BF16_MIN_SPEEDUP` (the rule of
-    `model.dtype: auto`, so a bf16 forced on a CPU slow at it keeps its blocks in float32)."""
+    """`model.autocast` as on / off: `auto` is on where the float32 trainable blocks sit over a bf16 model
+    (`float32_trainable`, `dtype` the resolved model dtype) and bf16 matmuls pay here: a GPU with bf16, or the
+    probe's >= `BF16_MIN_SPEEDUP` (the rule of `model.dtype: auto`, so a bf16 forced on a CPU slow at it keeps its
+    blocks in float32). Not over float16: its autocast would want a loss scaler, which the trainer has not."""
     if autocast not in AUTOCAST_CHOICES:
         raise ValueError(f"model.autocast must be one of {AUTOCAST_CHOICES}, got {autocast!r}")
     if autocast != "auto":
         return autocast
-    if not float32_trainable:
+    if not float32_trainable or dtype != "bfloat16":
         return "off"
     device = torch.device(device)
     if device.type == "cuda":
-        return "on"  # AMP: the tensor cores' low-precision matmuls
+        return "on" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "off"
     result = probe_bf16(device, tuple(dims))
     chosen = "on" if result.bf16_pays else "off"
     _note(f"model.autocast=auto -> {chosen}: {result.describe()}")

@@ -20,7 +20,8 @@ def _fp32_figures() -> dict:
     return {"phases": dict.fromkeys(bp.PHASES, 2.0), "rollout_tokens_per_s": 40.0, "rollout_success": 0.5,
             "sampler_vs_pass": {"mean": 3e-6, "max": 1e-4, "tokens": 100},
             "update_start": {"logprob_gap/mean": 0.0, "logprob_gap/max": 0.0, "ppo/start_ratio_max_dev": 0.0},
-            "tis": {}, "trajs": [], "old_logprobs": [torch.tensor([-0.5, -1.0])], "float32_trainable": False}
+            "tis": {}, "trajs": [], "old_logprobs": [torch.tensor([-0.5, -1.0])], "float32_trainable": False,
+            "trainable_autocast": False}
 
 
 @pytest.mark.parametrize(("speedup", "force", "measured"), [(0.02, False, ["float32"]),

@@ -3,6 +3,7 @@ bf16 step gives the float32 step's log-probs (within bf16 rounding) and its adva
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -70,6 +71,8 @@ def test_autocast_auto_follows_the_same_measurement(monkeypatch, tmp_path, f32, 
     for value, kept in (("true", "on"), ("false", "off"), ("on", "on"), ("off", "off")):
         assert load_config("cpu-tiny", [f"model.autocast={value}", *top]).model.resolved("cpu").autocast == kept
     assert load_config("cpu-tiny", ["model.dtype=float32", *top]).model.resolved("cpu").autocast == "off"
+    # float16's autocast would want a loss scaler: auto leaves it off
+    assert load_config("cpu-tiny", ["model.dtype=float16", *top]).model.resolved("cpu").autocast == "off"
     with pytest.raises(ConfigError, match="model.autocast"):
         load_config("cpu-tiny", ["model.autocast=bf16"])
 
@@ -516,6 +519,31 @@ def test_model_autocast_runs_the_float32_blocks_matmuls_in_bf16_in_every_phase(t
     assert on.model.cache_key_settings()["autocast"] is True
     assert "autocast" not in off.model.cache_key_settings() and "autocast" not in float32.model.cache_key_settings()
     assert _warm_start_settings(on, tmp_path) == _warm_start_settings(off, tmp_path)  # the SFT computes in float32
+
+
+def test_a_resumed_run_keeps_the_autocast_it_started_with_where_auto(tmp_path, toy_env_ids, monkeypatch) -> None:
+    """A run checkpointed with the blocks in float32 (autocast off, or from before the field) and resumed with
+    `model.autocast: auto` on a machine where auto means on keeps computing them in float32: the numerics do not
+    change halfway through a run. `on` / `off` given by hand still win."""
+    monkeypatch.setattr(precision, "probe_matmuls", _stub_probe(100.0, 400.0, []))
+    monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "cache"))
+    top = ("model.trainable_layers=1", "model.trainable_dtype=float32", "trainer.save_every=1")
+    first = _trainer(tmp_path, "bfloat16", "torch", *top, "model.autocast=off", "trainer.total_steps=1")
+    try:
+        first.train()
+    finally:
+        first.close()
+    cfg = first.session.cfg
+    for asked, expected in (("auto", "off"), ("on", "on")):
+        resumed = Trainer(dataclasses.replace(
+            cfg, model=dataclasses.replace(cfg.model, autocast=asked),
+            trainer=dataclasses.replace(cfg.trainer, total_steps=2)), resume="auto")
+        try:
+            assert resumed.session.state is not None and resumed.session.cfg.model.autocast == expected
+            assert type(resumed.session.trained.model.model.layers[-1]).__name__.startswith("Autocast") == (
+                expected == "on")
+        finally:
+            resumed.close()
 
 
 def test_blocks_autocast_off_computes_the_autocast_blocks_in_float32_and_restores_them() -> None:

@@ -161,6 +161,18 @@ class CheckpointSaveError(RuntimeError):
         self.failed = failed
 
 
+def saved_autocast(checkpoint: Path) -> str | None:
+    """The `model.autocast` a checkpoint's run computed with (its config.yaml: `on` / `off`; a run from before the
+    field, or with it `false`, is `off`), None where the checkpoint has no config.yaml."""
+    import yaml
+
+    path = checkpoint / "config.yaml"
+    if not path.is_file():
+        return None
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return "on" if (data.get("model") or {}).get("autocast", False) in (True, "on") else "off"
+
+
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "warm_start")
 """What every run folder holds from its first seconds on (the trainer writes config.yaml before anything else)."""
 

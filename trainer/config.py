@@ -169,8 +169,8 @@ class ModelConfig:
                                "gradients and updates stay float32 and the residual stream, norms and LM head "
                                "float32. Every RL phase computes alike (sampler, evaluation, pi_old, teacher, "
                                "update), so the PPO ratio still starts at 1; the warm start's SFT keeps float32 "
-                               "(warm_start.autocast is its own switch). auto = on where bf16 pays (a GPU, or "
-                               "model.dtype=auto's probe >= 1.3x), off elsewhere. No effect where the trainable "
+                               "(warm_start.autocast is its own switch). auto = on over bf16 where it pays (a GPU, "
+                               "or model.dtype=auto's probe >= 1.3x), off elsewhere. No effect where the trainable "
                                "layers are not float32 over a low-precision model")
 
     def __post_init__(self) -> None:
@@ -212,7 +212,7 @@ class ModelConfig:
         model's matmul shapes, cached per machine): the model, the reference, the rollout engine, the cache keys
         and a run's config.yaml all see the result."""
         model = dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device))
-        return dataclasses.replace(model, autocast=resolve_autocast(model.autocast, device=device,
+        return dataclasses.replace(model, autocast=resolve_autocast(model.autocast, dtype=model.dtype, device=device,
                                                                     float32_trainable=model.float32_trainable))
 
     @property

@@ -160,6 +160,7 @@ class RunSession:
         # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where it measures faster), and
         # `model.autocast: auto` follows it, once, here: the model, the reference, the rollout engine, the cache
         # keys and config.yaml all see the result.
+        requested_autocast = cfg.model.autocast
         if (model := cfg.model.resolved(device)) != cfg.model:
             cfg = self.cfg = dataclasses.replace(cfg, model=model)
         # `rollout.backend: auto` likewise, once: TIS, the checkpoint and config.yaml see the backend that sampled.
@@ -178,6 +179,11 @@ class RunSession:
             self.state = ckpt.load_trainer_state(resume_from)
             self._check_resumable(resume_from, self.state)
             log.info("resuming from %s (step %d)", resume_from, self.state.step)
+            # a resumed run keeps the numerics it started with where `model.autocast` was left to `auto`
+            kept = ckpt.saved_autocast(resume_from)
+            if requested_autocast == "auto" and kept is not None and kept != cfg.model.autocast:
+                log.info("model.autocast=auto -> %s: as the checkpoint's run computed", kept)
+                cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, autocast=kept))
         seed_everything(cfg.trainer.seed)
 
         model, tokenizer = load_model(cfg, resume_from)
