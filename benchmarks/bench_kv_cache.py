@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> None:
         rows, context = (int(x) for x in shape.split("x"))
         times: dict[str, list[float]] = {mode: [] for mode in modes}
         layers: dict[str, str] = {}
-        with switches[modes[0]]():
+        with switches[modes[0]](model):
             decode_ms(model, rows, context, 2)  # warm-up: allocator, caches
         for mode in order(modes, args.rounds):
-            with switches[mode]():
+            with switches[mode](model):
                 ms, layers[mode] = decode_ms(model, rows, context, args.steps)
                 times[mode].append(ms)
         medians = {mode: statistics.median(ts) for mode, ts in times.items()}
