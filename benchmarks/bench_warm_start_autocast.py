@@ -32,6 +32,7 @@ from experiments import read_metrics, start_training_run  # noqa: E402
 from harness import cpu_model, write_machine_record  # noqa: E402
 
 from agentgym_opsd.evaluation.paired import paired_episodes  # noqa: E402
+from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {"float32": (), "autocast": ("warm_start.autocast=true",)}  # the first is the baseline
@@ -54,8 +55,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     if metrics is None:
         raise SystemExit(f"{run_dir}: no start evaluation in metrics.jsonl")
     summary = json.loads((run_dir / "warm_start" / "summary.json").read_text(encoding="utf-8"))
-    episodes = [json.loads(line) for line in
-                (run_dir / "validation" / "step_000000.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    episodes = read_episode_outcomes(validation_file(run_dir, 0))
     return {"success": metrics["val/success_rate"], "invalid_action_rate": metrics["val/invalid_action_rate"],
             "episodes": len(episodes), "exact_match": summary.get("warm_start/heldout_action_exact_match"),
             "sft_seconds": summary.get("warm_start/seconds_sft"), "episode_records": episodes}
