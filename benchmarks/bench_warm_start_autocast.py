@@ -8,18 +8,24 @@ each warm start's policy on many held-out episodes at the validation temperature
 
 Each variant is a `cpu-small` run with `trainer.total_steps=0` (the warm start, cached as usual, then the start
 evaluation only), one after the other with every core; a variant whose run folder has its metrics is not run
-again. `--runs NAME=DIR` reads finished run folders instead (the same layout; e.g. ones whose warm start came
-from a cache entry of an older commit).
+again. `--seeds` trains each variant's SFT from several `warm_start.seed`s (its own demonstration order, held-out
+demonstrations and batches; the evaluation episodes stay the same), so a gap between the variants can be told from
+the spread between two SFTs of one precision: each run is paired with the float32 SFT of its seed, and the
+variants' figures are averaged over the seeds, their episodes pooled for the McNemar test. `--runs
+NAME[@SEED]=DIR` reads finished run folders instead (the same layout; e.g. ones whose warm start came from a
+cache entry of an older commit).
 
     python benchmarks/bench_warm_start_autocast.py                     # -> results/warm_start_autocast.json
+    python benchmarks/bench_warm_start_autocast.py --seeds 0 1 2       # three SFTs of each precision
     python benchmarks/bench_warm_start_autocast.py --episodes 48 --out /tmp/w.json --runs-dir /tmp/w
-    python benchmarks/bench_warm_start_autocast.py --runs float32=RUN_A autocast=RUN_B   # report only
+    python benchmarks/bench_warm_start_autocast.py --runs float32=RUN_A autocast=RUN_B float32@1=RUN_C   # report only
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,7 @@ from agentgym_opsd.evaluation.paired import paired_episodes  # noqa: E402
 from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-VARIANTS = {"float32": (), "autocast": ("warm_start.autocast=true",)}  # the first is the baseline
+VARIANTS = {"float32": ("warm_start.autocast=false",), "autocast": ("warm_start.autocast=true",)}  # the first is the baseline
 """The SFT's precision, as overrides of the preset."""
 
 
@@ -61,42 +67,95 @@ def read_run(run_dir: Path) -> dict[str, Any]:
             "sft_seconds": summary.get("warm_start/seconds_sft"), "episode_records": episodes}
 
 
+def run_label(name: str, seed: int) -> str:
+    """A run's name in the record and its folder under `--runs-dir`: the variant, with `@seed` past seed 0."""
+    return name if seed == 0 else f"{name}@{seed}"
+
+
+def parse_run(arg: str) -> tuple[str, int, Path]:
+    """`NAME[@SEED]=DIR` -> (NAME, SEED, DIR)."""
+    label, _, folder = arg.partition("=")
+    name, _, seed = label.partition("@")
+    if not folder or not name or (seed and not seed.isdigit()):
+        raise SystemExit(f"--runs {arg!r}: expected NAME=DIR or NAME@SEED=DIR")
+    return name, int(seed or 0), Path(folder)
+
+
+def seeded(records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Episode records made distinct per SFT seed, so runs of several seeds pool into one paired test."""
+    return [{**r, "env_spec": f"{r['env_spec']}#sft{seed}"} for r in records]
+
+
+def summarize_variants(runs: dict[tuple[str, int], dict[str, Any]], baseline: str) -> dict[str, dict[str, Any]]:
+    """Per variant: its seeds, the mean and per-seed success, invalid-action rate, exact match and SFT seconds,
+    and its episodes paired with the baseline's of the same seed, pooled over the seeds both have."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(n for n, _ in runs):
+        seeds = sorted(s for n, s in runs if n == name)
+        mine = [runs[name, s] for s in seeds]
+        entry: dict[str, Any] = {"seeds": seeds}
+        for key in ("success", "invalid_action_rate", "exact_match", "sft_seconds"):
+            values = [r[key] for r in mine]
+            entry[key] = statistics.fmean(values) if None not in values else None
+            entry[key + "_per_seed"] = values
+        entry["episodes"] = sum(r["episodes"] for r in mine)
+        shared = [s for s in seeds if (baseline, s) in runs]
+        paired = None
+        if name != baseline and shared:
+            paired = paired_episodes([e for s in shared for e in seeded(runs[baseline, s]["episode_records"], s)],
+                                     [e for s in shared for e in seeded(runs[name, s]["episode_records"], s)])
+        entry["vs_" + baseline] = paired.to_json() if paired is not None else None
+        out[name] = entry
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="cpu-small")
     ap.add_argument("--episodes", type=int, default=144, help="held-out episodes per variant")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="warm_start.seed of each variant's SFTs")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/warm_start_autocast"))
-    ap.add_argument("--runs", nargs="+", metavar="NAME=DIR", help="report finished run folders instead")
+    ap.add_argument("--runs", nargs="+", metavar="NAME[@SEED]=DIR", help="report finished run folders instead")
     ap.add_argument("--note", default="", help="how the runs were made, kept in the record")
     ap.add_argument("--out", type=Path, default=RESULTS / "warm_start_autocast.json")
     args = ap.parse_args(argv)
     if args.runs:
-        folders = {name: Path(folder) for name, _, folder in (r.partition("=") for r in args.runs)}
+        folders = {(name, seed): folder for name, seed, folder in map(parse_run, args.runs)}
     else:
-        folders = {name: args.runs_dir / name for name in VARIANTS}
-        for name, overrides in VARIANTS.items():
-            if not read_metrics(folders[name]):
-                run_variant(folders[name], args.config, list(overrides), args.episodes)
-    runs = {name: read_run(folder) for name, folder in folders.items()}
-    baseline = next(iter(runs))
-    for name, run in runs.items():
-        paired = paired_episodes(runs[baseline]["episode_records"], run["episode_records"])
-        run["vs_" + baseline] = paired.to_json() if paired is not None and name != baseline else None
+        folders = {(name, seed): args.runs_dir / run_label(name, seed) for seed in args.seeds for name in VARIANTS}
+        for (name, seed), folder in folders.items():
+            if not read_metrics(folder):
+                run_variant(folder, args.config, [*VARIANTS[name], f"warm_start.seed={seed}"], args.episodes)
+    runs = {key: read_run(folder) for key, folder in folders.items()}
+    baseline = next(iter(runs))[0]
+    for (name, seed), run in runs.items():
+        paired = paired_episodes(runs[baseline, seed]["episode_records"], run["episode_records"]) \
+            if (baseline, seed) in runs and name != baseline else None
+        run["vs_" + baseline] = paired.to_json() if paired is not None else None
     cpu = cpu_model()
     record = {"config": args.config, "cpu": cpu, "note": args.note, "baseline": baseline,
-              "variants": {name: {k: v for k, v in run.items() if k != "episode_records"} for name, run in runs.items()}}
+              "runs": {run_label(name, seed): {"variant": name, "seed": seed,
+                                               **{k: v for k, v in run.items() if k != "episode_records"}}
+                       for (name, seed), run in runs.items()},
+              "variants": summarize_variants(runs, baseline)}
     write_machine_record(args.out, cpu, record)
 
-    table = Table(title=f"warm start SFT precision, {args.config}, {cpu}")
-    for col in ("SFT", "SFT s", "exact match", "held-out success", "invalid actions",
-                f"episodes gained / lost vs {baseline} (McNemar p)"):
-        table.add_column(col, justify="right")
-    for name, run in record["variants"].items():
-        paired = run["vs_" + baseline]
-        vs = f"{paired['second_only']} / {paired['first_only']} ({paired['mcnemar_p']:.2f})" if paired else "-"
-        table.add_row(name, f"{run['sft_seconds']:.0f}", f"{run['exact_match']:.1%}",
-                      f"{run['success']:.1%} of {run['episodes']}", f"{run['invalid_action_rate']:.1%}", vs)
-    Console().print(table)
+    console = Console()
+    for title, rows in ((f"warm start SFT precision, each SFT, {args.config}, {cpu}", record["runs"]),
+                        ("averaged over the SFT seeds (episodes pooled for the pairing)", record["variants"])):
+        table = Table(title=title)
+        for col in ("SFT", "seeds", "SFT s", "exact match", "held-out success", "invalid actions",
+                    f"episodes gained / lost vs {baseline} (McNemar p)"):
+            table.add_column(col, justify="right")
+        for label, run in rows.items():
+            paired = run["vs_" + baseline]
+            vs = f"{paired['second_only']} / {paired['first_only']} ({paired['mcnemar_p']:.2f})" if paired else "-"
+            seeds = run["seeds"] if "seeds" in run else [run["seed"]]
+            seconds = f"{run['sft_seconds']:.0f}" if run["sft_seconds"] is not None else "-"
+            exact = f"{run['exact_match']:.1%}" if run["exact_match"] is not None else "-"
+            table.add_row(label, " ".join(map(str, seeds)), seconds, exact,
+                          f"{run['success']:.1%} of {run['episodes']}", f"{run['invalid_action_rate']:.1%}", vs)
+        console.print(table)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -396,6 +396,36 @@ def render_main_job_time() -> str:
     return "\n".join(lines).rstrip()
 
 
+def _sft_precision_row(label: str, seeds: str, run: dict, baseline: str) -> str:
+    """A row of `render_warm_start_autocast`: one SFT, or one precision's mean over its seeds."""
+    paired = run[f"vs_{baseline}"]
+    vs = f"{paired['second_only']} / {paired['first_only']} ({paired['mcnemar_p']:.2f})" if paired else "–"
+    seconds = f"{run['sft_seconds']:.0f}" if run.get("sft_seconds") is not None else "–"
+    exact = f"{_pct(run['exact_match'])}%" if run.get("exact_match") is not None else "–"
+    return (f"| {label} | {seeds} | {seconds} | {exact} | {_pct(run['success'])}% of {run['episodes']} | "
+            f"{_pct(run['invalid_action_rate'])}% | {vs} |")
+
+
+def render_warm_start_autocast() -> str:
+    """One table per CPU model in `warm_start_autocast.json` (`bench_warm_start_autocast.py`: the warm start's SFT
+    in float32 or under autocast, each SFT's policy on the same held-out episodes): a row per SFT, then a row per
+    precision averaged over its seeds, the episodes of every seed paired with the float32 SFT of that seed."""
+    lines: list[str] = []
+    for cpu, data in _load("warm_start_autocast.json")["machines"].items():
+        baseline = data["baseline"]
+        lines += [f"**{cpu}**:", "", "| SFT | seed | SFT s | exact match | held-out success | inadmissible actions | "
+                  f"vs the {baseline} SFT: gained / lost (McNemar p) |", "|---|---|---:|---:|---:|---:|---|"]
+        runs = data.get("runs") or {name: {**v, "seed": 0} for name, v in data["variants"].items()}
+        for label, run in sorted(runs.items(), key=lambda kv: (kv[1]["seed"], kv[0] != baseline)):
+            lines.append(_sft_precision_row(label.split("@")[0], str(run["seed"]), run, baseline))
+        for name, variant in data["variants"].items():
+            if len(variant.get("seeds", [0])) > 1:  # a precision trained from several seeds: its mean
+                lines.append(_sft_precision_row(f"**{name}**, mean", " ".join(map(str, variant["seeds"])), variant,
+                                                baseline))
+        lines += ["", f"_{data['note']}_" if data.get("note") else "", ""]
+    return "\n".join(lines).rstrip()
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "headline": render_headline,
     "study": render_study,
@@ -408,6 +438,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "main_job_bf16_autocast": lambda: render_main_job("cpu_small_seeds_bf16_autocast.json"),
     "precision": render_precision,
     "main_job_time": render_main_job_time,
+    "warm_start_autocast": render_warm_start_autocast,
     "credit_quality": render_credit_quality,
     "evidence_variants": render_evidence_variants,
 }

@@ -35,3 +35,33 @@ def test_the_report_pairs_each_variant_with_the_float32_sft_by_episode(tmp_path)
     paired = autocast["vs_float32"]
     assert (paired["first_only"], paired["second_only"], paired["won_both"]) == (2, 0, 1)
     assert autocast["sft_seconds"] == 339.0 and autocast["invalid_action_rate"] == 0.20
+
+
+def test_several_sft_seeds_pair_each_run_with_its_seeds_float32_and_pool_the_episodes(tmp_path) -> None:
+    _run(tmp_path / "a0", [True, True, False, True], 0.10, 0.9, 550.0)
+    _run(tmp_path / "b0", [True, False, False, False], 0.20, 0.9, 340.0)
+    _run(tmp_path / "a1", [False, True, False, False], 0.30, 0.8, 560.0)
+    _run(tmp_path / "b1", [True, True, True, False], 0.10, 1.0, 330.0)
+    out = tmp_path / "w.json"
+    bench.main(["--runs", f"float32={tmp_path / 'a0'}", f"autocast={tmp_path / 'b0'}",
+                f"float32@1={tmp_path / 'a1'}", f"autocast@1={tmp_path / 'b1'}", "--out", str(out)])
+    (record,) = json.loads(out.read_text())["machines"].values()
+    # each run against the float32 SFT of its own seed
+    assert record["runs"]["autocast@1"]["seed"] == 1
+    assert (record["runs"]["autocast@1"]["vs_float32"]["first_only"],
+            record["runs"]["autocast@1"]["vs_float32"]["second_only"]) == (0, 2)
+    autocast = record["variants"]["autocast"]
+    assert autocast["seeds"] == [0, 1] and autocast["episodes"] == 8
+    assert autocast["success_per_seed"] == [0.25, 0.75] and autocast["success"] == 0.5
+    assert abs(autocast["invalid_action_rate"] - 0.15) < 1e-12 and autocast["sft_seconds"] == 335.0
+    # the pooled pairing counts both seeds' episodes once each: seed 0 loses 2, seed 1 gains 2
+    pooled = autocast["vs_float32"]
+    assert (pooled["episodes"], pooled["first_only"], pooled["second_only"]) == (8, 2, 2)
+    assert record["variants"]["float32"]["vs_float32"] is None
+
+
+def test_a_malformed_runs_argument_names_itself(tmp_path) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit, match="NAME@SEED=DIR"):
+        bench.main(["--runs", "float32@x=/nowhere", "--out", str(tmp_path / "w.json")])
