@@ -2,7 +2,7 @@
 
 On a bf16 model whose top blocks train in float32 (`model.trainable_dtype=auto` where `model.dtype=auto` picks
 bf16), `warm_start.autocast=true` computes the SFT's matmuls in bf16 (1.6x faster on an AMD EPYC with
-AVX512-BF16) and reaches the same held-out action exact match. Exact match scores 52 greedy turns; this plays
+AVX512-BF16) and reaches about the same held-out action exact match. Exact match scores 52 greedy turns; this plays
 each warm start's policy on many held-out episodes at the validation temperature, with the RL phases' numerics
 (`model.autocast=on` for both), and pairs the episodes (same seeds) against the float32 SFT.
 
@@ -17,6 +17,7 @@ cache entry of an older commit).
 
     python benchmarks/bench_warm_start_autocast.py                     # -> results/warm_start_autocast.json
     python benchmarks/bench_warm_start_autocast.py --seeds 0 1 2       # three SFTs of each precision
+    python benchmarks/bench_warm_start_autocast.py --seeds 3 4 --variants autocast   # more autocast SFTs
     python benchmarks/bench_warm_start_autocast.py --episodes 48 --out /tmp/w.json --runs-dir /tmp/w
     python benchmarks/bench_warm_start_autocast.py --runs float32=RUN_A autocast=RUN_B float32@1=RUN_C   # report only
 """
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default="cpu-small")
     ap.add_argument("--episodes", type=int, default=144, help="held-out episodes per variant")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="warm_start.seed of each variant's SFTs")
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                    help="the SFT precisions to run (the first, float32, is the baseline of the pairing)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/warm_start_autocast"))
     ap.add_argument("--runs", nargs="+", metavar="NAME[@SEED]=DIR", help="report finished run folders instead")
     ap.add_argument("--note", default="", help="how the runs were made, kept in the record")
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.runs:
         folders = {(name, seed): folder for name, seed, folder in map(parse_run, args.runs)}
     else:
-        folders = {(name, seed): args.runs_dir / run_label(name, seed) for seed in args.seeds for name in VARIANTS}
+        names = [name for name in VARIANTS if name in args.variants]
+        folders = {(name, seed): args.runs_dir / run_label(name, seed) for seed in args.seeds for name in names}
         for (name, seed), folder in folders.items():
             if not read_metrics(folder):
                 run_variant(folder, args.config, [*VARIANTS[name], f"warm_start.seed={seed}"], args.episodes)

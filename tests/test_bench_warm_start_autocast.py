@@ -65,3 +65,22 @@ def test_a_malformed_runs_argument_names_itself(tmp_path) -> None:
 
     with pytest.raises(SystemExit, match="NAME@SEED=DIR"):
         bench.main(["--runs", "float32@x=/nowhere", "--out", str(tmp_path / "w.json")])
+
+
+def test_the_runs_are_each_variants_sft_from_each_seed(tmp_path, monkeypatch) -> None:
+    """Without --runs: a run per chosen variant and seed, in its own folder, with its precision and seed set."""
+    started: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(bench, "read_metrics", lambda folder: [])
+    monkeypatch.setattr(bench, "run_variant", lambda folder, config, overrides, episodes:
+                        started.append((folder.name, overrides)))
+    monkeypatch.setattr(bench, "read_run", lambda folder: {
+        "success": 0.5, "invalid_action_rate": 0.1, "episodes": 1, "exact_match": 0.9, "sft_seconds": 1.0,
+        "episode_records": [{"env_spec": "e", "seed": 0, "won": True}]})
+    bench.main(["--seeds", "0", "1", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "w.json")])
+    assert started == [("float32", ["warm_start.autocast=false", "warm_start.seed=0"]),
+                       ("autocast", ["warm_start.autocast=true", "warm_start.seed=0"]),
+                       ("float32@1", ["warm_start.autocast=false", "warm_start.seed=1"]),
+                       ("autocast@1", ["warm_start.autocast=true", "warm_start.seed=1"])]
+    started.clear()
+    bench.main(["--seeds", "3", "--variants", "autocast", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "x.json")])
+    assert started == [("autocast@3", ["warm_start.autocast=true", "warm_start.seed=3"])]
