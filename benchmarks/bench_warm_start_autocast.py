@@ -17,7 +17,6 @@ cache entry of an older commit).
 
     python benchmarks/bench_warm_start_autocast.py                     # -> results/warm_start_autocast.json
     python benchmarks/bench_warm_start_autocast.py --seeds 0 1 2       # three SFTs of each precision
-    python benchmarks/bench_warm_start_autocast.py --seeds 3 4 --variants autocast   # more autocast SFTs
     python benchmarks/bench_warm_start_autocast.py --episodes 48 --out /tmp/w.json --runs-dir /tmp/w
     python benchmarks/bench_warm_start_autocast.py --runs float32=RUN_A autocast=RUN_B float32@1=RUN_C   # report only
 """
@@ -116,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--episodes", type=int, default=144, help="held-out episodes per variant")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="warm_start.seed of each variant's SFTs")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
-                    help="the SFT precisions to run (the first, float32, is the baseline of the pairing)")
+                    help="the SFT precisions to run; the first run's (float32 unless left out) is the baseline "
+                         "each run is paired with, and the record replaces this CPU's: report older runs with --runs")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/warm_start_autocast"))
     ap.add_argument("--runs", nargs="+", metavar="NAME[@SEED]=DIR", help="report finished run folders instead")
     ap.add_argument("--note", default="", help="how the runs were made, kept in the record")
