@@ -415,9 +415,8 @@ def render_warm_start_autocast() -> str:
         baseline = data["baseline"]
         lines += [f"**{cpu}**:", "", "| SFT | seed | SFT s | exact match | held-out success | inadmissible actions | "
                   f"vs the {baseline} SFT: gained / lost (McNemar p) |", "|---|---|---:|---:|---:|---:|---|"]
-        runs = data.get("runs") or {name: {**v, "seed": 0} for name, v in data["variants"].items()}
-        for label, run in sorted(runs.items(), key=lambda kv: (kv[1]["seed"], kv[0] != baseline)):
-            lines.append(_sft_precision_row(label.split("@")[0], str(run["seed"]), run, baseline))
+        for run in sorted(data["runs"].values(), key=lambda run: (run["seed"], run["variant"] != baseline)):
+            lines.append(_sft_precision_row(run["variant"], str(run["seed"]), run, baseline))
         for name, variant in data["variants"].items():
             if len(variant.get("seeds", [0])) > 1:  # a precision trained from several seeds: its mean
                 lines.append(_sft_precision_row(f"**{name}**, mean", " ".join(map(str, variant["seeds"])), variant,

@@ -435,9 +435,8 @@ def autocast_dtype(model: torch.nn.Module) -> torch.dtype | None:
 @contextlib.contextmanager
 def blocks_autocast(model: torch.nn.Module, *, enabled: bool) -> Iterator[None]:
     """Within the block, the blocks `autocast_trainable_blocks` changed compute under autocast or not (`enabled`);
-    as before afterwards. The warm start's SFT runs with it off: measured over three SFT seeds, the SFT under
-    autocast won as many held-out episodes but left policies that chose inadmissible actions twice as often (20% of
-    their turns against 10%, more in every seed; `bench_warm_start_autocast.py`)."""
+    as before afterwards. The warm start's SFT runs with it off (`warm_start.autocast` is its own switch, off for
+    what its help gives)."""
     blocks = autocast_blocks(model)
     before = [block.autocast_enabled for block in blocks]
     for block in blocks:

@@ -204,11 +204,9 @@ class WarmStart:
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """`warm_start.autocast` over float32 trainable layers on a bf16 / fp16 model: the SFT computes in the
-        model's dtype under autocast while the weights, and so every update, stay float32. Off by default: on
-        an AMD EPYC (family 25 model 17) it made the SFT 1.5-1.6x faster, and over three SFT seeds its policies
-        won as many held-out episodes (49.5% of 432 against 50.7%) but chose inadmissible actions in 20% of their
-        turns against 10%, more in every seed (`bench_warm_start_autocast.py`). The RL phases have their own
-        switch, `model.autocast`."""
+        model's dtype under autocast while the weights, and so every update, stay float32. Off by default, for
+        what the field's help gives (`bench_warm_start_autocast.py`). The RL phases have their own switch,
+        `model.autocast`."""
         m = self.cfg.model
         return getattr(torch, m.dtype) if self.cfg.warm_start.autocast and m.float32_trainable else None
 
