@@ -286,6 +286,9 @@ class VLLMPolicy:
             os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         self._vllm = vllm
         self.sleep_mode = bool(options["enable_sleep_mode"])
+        # what the engine rounds its weights to on loading ("auto": whatever the checkpoint holds)
+        named = getattr(torch, options["dtype"], None) if isinstance(options["dtype"], str) else options["dtype"]
+        self.weight_dtype: torch.dtype | None = named if isinstance(named, torch.dtype) else None
         self.llm = vllm.LLM(**options)
         self._calls = 0
         self._engine_state = {"asleep": False}  # shared with every `with_sampling` view of this engine
@@ -362,7 +365,7 @@ class VLLMPolicy:
         Older in-process engines get `load_weights` one tensor at a time; an engine in worker processes gets
         the tensors through `collective_rpc`."""
         self.wake_up()
-        items = _Counted(hf_weight_items(model))
+        items = _Counted(_in_dtype(hf_weight_items(model), self.weight_dtype))
         runner = self._local_model_runner()
         if runner is not None and callable(getattr(runner, "reload_weights", None)):
             runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
@@ -418,6 +421,13 @@ def _refresh_tied_output_head(model: torch.nn.Module) -> None:
     if head.weight is not embed.weight:
         head.weight = embed.weight
     method.process_weights_after_loading(head)
+
+
+def _in_dtype(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights in the engine's dtype, rounded as its loader's copy would round them (to nearest even): float32
+    trained blocks over a bf16 engine would otherwise log a warning per tensor at every sync."""
+    for name, tensor in items:
+        yield name, (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
 
 
 class _Counted:

@@ -221,3 +221,30 @@ def test_kv_cache_size_is_explicit_on_the_cpu_build_and_from_the_utilisation_on_
     assert kv_cache_bytes(0.25, cuda=False) == 2**28
     with pytest.raises(ValueError, match="kv_cache_gib"):
         kv_cache_bytes(-1.0, cuda=False)
+
+
+def test_weights_reach_the_engine_in_its_dtype_rounded_as_its_loader_would():
+    """float32 trained blocks over a bf16 engine: cast on the way in, to the same bits the engine's `copy_` gives
+    (and no warning per tensor); integer tensors and an engine without a named dtype are left alone."""
+    weight, ids = torch.randn(64, 64), torch.arange(4)
+    (_, cast), (_, kept) = vllm_backend._in_dtype(iter([("w", weight), ("ids", ids)]), torch.bfloat16)
+    loaded = torch.empty(64, 64, dtype=torch.bfloat16).copy_(weight)
+    assert cast.dtype == torch.bfloat16 and torch.equal(cast, loaded) and kept is ids
+    assert next(vllm_backend._in_dtype(iter([("w", weight)]), None))[1] is weight
+
+
+def test_the_engines_start_model_is_saved_in_its_dtype_with_its_tied_head(tmp_path):
+    from safetensors.torch import load_file
+
+    from agentgym_opsd.models.loading import load_tokenizer
+    from agentgym_opsd.trainer.trained_model import TrainedModel
+
+    model, tok = load_policy_model("tiny-random")
+    trained = TrainedModel(model, tok, SimpleNamespace(full_state_dict=lambda: None), torch.device("cpu"),
+                           is_main=True, lora=False, temperature=1.0, micro_batch_tokens=256, micro_batch_rows=4)
+    trained.save(tmp_path / "bf16", dtype=torch.bfloat16)
+    trained.save(tmp_path / "as_is")
+    saved, plain = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("bf16", "as_is"))
+    assert saved.keys() == plain.keys() and {t.dtype for t in saved.values()} == {torch.bfloat16}
+    assert all(torch.equal(saved[k], plain[k].to(torch.bfloat16)) for k in saved)
+    assert load_tokenizer(str(tmp_path / "bf16")).vocab_size == tok.vocab_size

@@ -274,8 +274,9 @@ def test_two_cpu_ranks_under_torchrun_each_run_a_colocated_engine(tmp_path, tiny
 
 def test_a_bf16_engine_takes_the_float32_trainable_layers_at_each_sync(tmp_path, tiny_folder, toy_env_ids):
     """bf16 with the top layer trained in float32 (`model.trainable_dtype=auto` with `trainable_layers`): the
-    sync pushes float32 weights into the bf16 engine (rounded there), so every step samples from the weights its
-    update left, within bf16's own gap; TIS is on, as for any bf16 sampler."""
+    engine starts from, and each sync pushes, those weights rounded to bf16 on the way (as its loader would round
+    them, without a warning per tensor), so every step samples from the weights its update left, within bf16's own
+    gap; TIS is on, as for any bf16 sampler."""
     from agentgym_opsd.trainer.cli import main
 
     out = tmp_path / "bf16"
@@ -289,3 +290,7 @@ def test_a_bf16_engine_takes_the_float32_trainable_layers_at_each_sync(tmp_path,
     assert "precision/weights_changed" not in lines[0]  # float32 trainable layers: no masters
     assert all(0 <= line["sample_logprob_gap"] < LOGPROB_TOL["bfloat16"] for line in lines), lines
     assert all(math.isfinite(line["tis/mismatch_k3"]) for line in lines)
+    from safetensors.torch import load_file
+
+    started_from = load_file(str(out / "vllm_init_model" / "model.safetensors"))
+    assert {t.dtype for t in started_from.values()} == {torch.bfloat16}

@@ -335,7 +335,7 @@ class RunSession:
                                        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                        batch_size=r.batch_size, seed=seed)
         folder = self.out / "vllm_init_model"
-        self.trained.save(folder)
+        self.trained.save(folder, dtype=getattr(torch, self.cfg.model.dtype))  # the engine's: `dtype` below
         dist.barrier()  # every rank's engine reads rank 0's files
         return make_policy_backend(
             "vllm", model_path=str(folder), tokenizer=self.trained.tokenizer, max_new_tokens=r.max_new_tokens,
