@@ -54,9 +54,21 @@ def run_variant(run_dir: Path, config: str, overrides: list[str], episodes: int)
         raise SystemExit(f"{run_dir}: the run failed (see {run_dir}.log)")
 
 
+def invalid_by_outcome(episodes: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Invalid actions per turn within the won and within the lost episodes (None where there are none, or where
+    the records lack the counts): an SFT that loses as often but flails more once lost differs only in the second."""
+    out: dict[str, float | None] = {}
+    for key, won in (("invalid_in_won", True), ("invalid_in_lost", False)):
+        mine = [e for e in episodes if bool(e["won"]) == won]
+        turns = sum(e.get("turns") or 0 for e in mine)
+        counted = all("invalid_actions" in e for e in mine)
+        out[key] = sum(e["invalid_actions"] for e in mine) / turns if mine and turns and counted else None
+    return out
+
+
 def read_run(run_dir: Path) -> dict[str, Any]:
-    """A finished variant's figures: held-out success and invalid-action rate, the warm start's exact match and
-    SFT seconds, and its episodes (for the pairing)."""
+    """A finished variant's figures: held-out success and invalid-action rate (also within the won and the lost
+    episodes), the warm start's exact match and SFT seconds, and its episodes (for the pairing)."""
     (metrics,) = [m for m in read_metrics(run_dir) if "val/success_rate" in m] or [None]
     if metrics is None:
         raise SystemExit(f"{run_dir}: no start evaluation in metrics.jsonl")
@@ -64,7 +76,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     episodes = read_episode_outcomes(validation_file(run_dir, 0))
     return {"success": metrics["val/success_rate"], "invalid_action_rate": metrics["val/invalid_action_rate"],
             "episodes": len(episodes), "exact_match": summary.get("warm_start/heldout_action_exact_match"),
-            "sft_seconds": summary.get("warm_start/seconds_sft"), "episode_records": episodes}
+            "sft_seconds": summary.get("warm_start/seconds_sft"), **invalid_by_outcome(episodes),
+            "episode_records": episodes}
 
 
 def run_label(name: str, seed: int) -> str:
@@ -87,14 +100,15 @@ def seeded(records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
 
 
 def summarize_variants(runs: dict[tuple[str, int], dict[str, Any]], baseline: str) -> dict[str, dict[str, Any]]:
-    """Per variant: its seeds, the mean and per-seed success, invalid-action rate, exact match and SFT seconds,
+    """Per variant: its seeds, the mean and per-seed success, invalid-action rates, exact match and SFT seconds,
     and its episodes paired with the baseline's of the same seed, pooled over the seeds both have."""
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(n for n, _ in runs):
         seeds = sorted(s for n, s in runs if n == name)
         mine = [runs[name, s] for s in seeds]
         entry: dict[str, Any] = {"seeds": seeds}
-        for key in ("success", "invalid_action_rate", "exact_match", "sft_seconds"):
+        for key in ("success", "invalid_action_rate", "invalid_in_won", "invalid_in_lost", "exact_match",
+                    "sft_seconds"):
             values = [r[key] for r in mine]
             entry[key] = statistics.fmean(values) if None not in values else None
             entry[key + "_per_seed"] = values
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
                         ("averaged over the SFT seeds (episodes pooled for the pairing)", record["variants"])):
         table = Table(title=title)
         for col in ("SFT", "seeds", "SFT s", "exact match", "held-out success", "invalid actions",
-                    f"episodes gained / lost vs {baseline} (McNemar p)"):
+                    "in won / lost episodes", f"episodes gained / lost vs {baseline} (McNemar p)"):
             table.add_column(col, justify="right")
         for label, run in rows.items():
             paired = run["vs_" + baseline]
@@ -157,8 +171,11 @@ def main(argv: list[str] | None = None) -> None:
             seeds = run["seeds"] if "seeds" in run else [run["seed"]]
             seconds = f"{run['sft_seconds']:.0f}" if run["sft_seconds"] is not None else "-"
             exact = f"{run['exact_match']:.1%}" if run["exact_match"] is not None else "-"
+            by_outcome = " / ".join(f"{run[k]:.1%}" if run[k] is not None else "-"
+                                    for k in ("invalid_in_won", "invalid_in_lost"))
             table.add_row(label, " ".join(map(str, seeds)), seconds, exact,
-                          f"{run['success']:.1%} of {run['episodes']}", f"{run['invalid_action_rate']:.1%}", vs)
+                          f"{run['success']:.1%} of {run['episodes']}", f"{run['invalid_action_rate']:.1%}",
+                          by_outcome, vs)
         console.print(table)
     print(f"wrote {args.out}", file=sys.stderr)
 

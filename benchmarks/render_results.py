@@ -402,19 +402,23 @@ def _sft_precision_row(label: str, seeds: str, run: dict, baseline: str) -> str:
     vs = f"{paired['second_only']} / {paired['first_only']} ({paired['mcnemar_p']:.2f})" if paired else "–"
     seconds = f"{run['sft_seconds']:.0f}" if run.get("sft_seconds") is not None else "–"
     exact = f"{_pct(run['exact_match'])}%" if run.get("exact_match") is not None else "–"
+    won, lost = (f"{_pct(run[k])}%" if run.get(k) is not None else "–"
+                 for k in ("invalid_in_won", "invalid_in_lost"))
     return (f"| {label} | {seeds} | {seconds} | {exact} | {_pct(run['success'])}% of {run['episodes']} | "
-            f"{_pct(run['invalid_action_rate'])}% | {vs} |")
+            f"{_pct(run['invalid_action_rate'])}% | {won} / {lost} | {vs} |")
 
 
 def render_warm_start_autocast() -> str:
     """One table per CPU model in `warm_start_autocast.json` (`bench_warm_start_autocast.py`: the warm start's SFT
     in float32 or under autocast, each SFT's policy on the same held-out episodes): a row per SFT, then a row per
-    precision averaged over its seeds, the episodes of every seed paired with the float32 SFT of that seed."""
+    precision averaged over its seeds, the episodes of every seed paired with the float32 SFT of that seed; the
+    inadmissible actions also within the won and within the lost episodes."""
     lines: list[str] = []
     for cpu, data in _load("warm_start_autocast.json")["machines"].items():
         baseline = data["baseline"]
         lines += [f"**{cpu}**:", "", "| SFT | seed | SFT s | exact match | held-out success | inadmissible actions | "
-                  f"vs the {baseline} SFT: gained / lost (McNemar p) |", "|---|---|---:|---:|---:|---:|---|"]
+                  "of the turns of won / lost episodes | "
+                  f"vs the {baseline} SFT: gained / lost (McNemar p) |", "|---|---|---:|---:|---:|---:|---:|---|"]
         for run in sorted(data["runs"].values(), key=lambda run: (run["seed"], run["variant"] != baseline)):
             lines.append(_sft_precision_row(run["variant"], str(run["seed"]), run, baseline))
         for name, variant in data["variants"].items():
@@ -422,6 +426,25 @@ def render_warm_start_autocast() -> str:
                 lines.append(_sft_precision_row(f"**{name}**, mean", " ".join(map(str, variant["seeds"])), variant,
                                                 baseline))
         lines += ["", f"_{data['note']}_" if data.get("note") else "", ""]
+    return "\n".join(lines).rstrip()
+
+
+def render_sft_fit() -> str:
+    """One table per CPU model in `sft_fit.json` (`bench_sft_fit.py`): each warm start's teacher-forced fit of its
+    seed's held-out and training demonstrations, measured with its trained blocks in float32 / under autocast."""
+    lines: list[str] = []
+    for cpu, data in _load("sft_fit.json")["machines"].items():
+        lines += [f"**{cpu}**:", "", "| SFT | seed | held-out token NLL | held-out actions at p < 0.9 | "
+                  "training token NLL | training actions at p < 0.9 |", "|---|---|---:|---:|---:|---:|"]
+        for run in sorted(data["runs"].values(), key=lambda run: (run["seed"], run["variant"] != "float32")):
+            cells = []
+            for split in ("heldout", "train"):
+                f32, auto = run["float32"].get(split), run["autocast"].get(split)
+                cells += [f"{f32['token_nll']:.4f} / {auto['token_nll']:.4f}" if f32 and auto else "–",
+                          f"{_pct(f32['responses_p_under_0.9'])}% / {_pct(auto['responses_p_under_0.9'])}%"
+                          if f32 and auto else "–"]
+            lines.append(f"| {run['variant']} | {run['seed']} | " + " | ".join(cells) + " |")
+        lines += ["", f"_Each cell: measured in float32 / under autocast. {data['note']}_" if data.get("note") else "", ""]
     return "\n".join(lines).rstrip()
 
 
@@ -438,6 +461,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "precision": render_precision,
     "main_job_time": render_main_job_time,
     "warm_start_autocast": render_warm_start_autocast,
+    "sft_fit": render_sft_fit,
     "credit_quality": render_credit_quality,
     "evidence_variants": render_evidence_variants,
 }

@@ -18,8 +18,8 @@ def _run(folder, wins: list[bool], invalid: float, exact: float, seconds: float)
     (folder / "warm_start" / "summary.json").write_text(json.dumps({
         "warm_start/heldout_action_exact_match": exact, "warm_start/seconds_sft": seconds}))
     (folder / "validation" / "step_000000.jsonl").write_text("".join(
-        json.dumps({"env_spec": "ALFWorld-v0:easy_valid", "seed": 10_000 + i, "won": won}) + "\n"
-        for i, won in enumerate(wins)))
+        json.dumps({"env_spec": "ALFWorld-v0:easy_valid", "seed": 10_000 + i, "won": won, "turns": 10,
+                    "invalid_actions": 0 if won else 2}) + "\n" for i, won in enumerate(wins)))
 
 
 def test_the_report_pairs_each_variant_with_the_float32_sft_by_episode(tmp_path) -> None:
@@ -35,6 +35,7 @@ def test_the_report_pairs_each_variant_with_the_float32_sft_by_episode(tmp_path)
     paired = autocast["vs_float32"]
     assert (paired["first_only"], paired["second_only"], paired["won_both"]) == (2, 0, 1)
     assert autocast["sft_seconds"] == 339.0 and autocast["invalid_action_rate"] == 0.20
+    assert (autocast["invalid_in_won"], autocast["invalid_in_lost"]) == (0.0, 0.2)
 
 
 def test_several_sft_seeds_pair_each_run_with_its_seeds_float32_and_pool_the_episodes(tmp_path) -> None:
@@ -74,8 +75,8 @@ def test_the_runs_are_each_variants_sft_from_each_seed(tmp_path, monkeypatch) ->
     monkeypatch.setattr(bench, "run_variant", lambda folder, config, overrides, episodes:
                         started.append((folder.name, overrides)))
     monkeypatch.setattr(bench, "read_run", lambda folder: {
-        "success": 0.5, "invalid_action_rate": 0.1, "episodes": 1, "exact_match": 0.9, "sft_seconds": 1.0,
-        "episode_records": [{"env_spec": "e", "seed": 0, "won": True}]})
+        "success": 0.5, "invalid_action_rate": 0.1, "invalid_in_won": 0.0, "invalid_in_lost": None, "episodes": 1,
+        "exact_match": 0.9, "sft_seconds": 1.0, "episode_records": [{"env_spec": "e", "seed": 0, "won": True}]})
     bench.main(["--seeds", "0", "1", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "w.json")])
     assert started == [("float32", ["warm_start.autocast=false", "warm_start.seed=0"]),
                        ("autocast", ["warm_start.autocast=true", "warm_start.seed=0"]),
@@ -84,3 +85,12 @@ def test_the_runs_are_each_variants_sft_from_each_seed(tmp_path, monkeypatch) ->
     started.clear()
     bench.main(["--seeds", "3", "--variants", "autocast", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "x.json")])
     assert started == [("autocast@3", ["warm_start.autocast=true", "warm_start.seed=3"])]
+
+
+def test_the_invalid_actions_are_split_by_the_episodes_outcome() -> None:
+    episodes = [{"won": True, "turns": 5, "invalid_actions": 0}, {"won": True, "turns": 5, "invalid_actions": 1},
+                {"won": False, "turns": 10, "invalid_actions": 4}, {"won": False, "turns": 10, "invalid_actions": 2}]
+    assert bench.invalid_by_outcome(episodes) == {"invalid_in_won": 0.1, "invalid_in_lost": 0.3}
+    # no lost episode, or records without the counts (older files): unknown rather than zero
+    assert bench.invalid_by_outcome(episodes[:2])["invalid_in_lost"] is None
+    assert bench.invalid_by_outcome([{"won": False, "turns": 10}]) == {"invalid_in_won": None, "invalid_in_lost": None}

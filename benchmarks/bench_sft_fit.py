@@ -1,0 +1,141 @@
+"""How closely saved warm starts fit their demonstrations: teacher-forced NLL in float32 and under bf16 autocast.
+
+`bench_warm_start_autocast.py` plays each warm start's policy; this reads the same warm starts another way. For
+each `NAME@SEED=DIR` (a warm start's `model` folder, or a run folder with `warm_start/summary.json`), it rebuilds
+the demonstrations of that `warm_start.seed` (its held-out episodes and a sample of its training rows), loads the
+weights into the preset's model and scores the expert's response tokens twice: with the trained blocks in float32
+and under autocast (`model.autocast=on`, what the RL phases compute). Per token: the mean NLL and the share of
+tokens the model gives less than 0.5; per response (one action): the mean NLL and the share the model would
+sample with probability under 0.9.
+
+Two questions it answers: does one SFT precision leave a looser fit of the demonstrations, and does the
+precision of the measurement change the figures? Neither `trainer.total_steps` nor the warm-start cache is touched.
+
+    python benchmarks/bench_sft_fit.py float32@0=RUN_A autocast@0=RUN_B      # -> results/sft_fit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import cpu_model, make_trainer, write_machine_record  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def parse_model(arg: str) -> tuple[str, int, Path]:
+    """`NAME@SEED=DIR` -> (NAME, SEED, the weights folder): DIR itself, DIR/model, or the model folder a run's
+    warm-start summary names."""
+    label, _, folder = arg.partition("=")
+    name, _, seed = label.partition("@")
+    if not folder or not name or not seed.isdigit():
+        raise SystemExit(f"{arg!r}: expected NAME@SEED=DIR")
+    path = Path(folder)
+    summary = path / "warm_start" / "summary.json"
+    if summary.is_file():
+        path = Path(json.loads(summary.read_text(encoding="utf-8"))["warm_start/model_dir"])
+    elif (path / "model").is_dir():
+        path = path / "model"
+    if not any(path.glob("*.safetensors")):
+        raise SystemExit(f"{arg!r}: no safetensors weights in {path}")
+    return name, int(seed), path
+
+
+def fit_figures(token_nll: list[np.ndarray]) -> dict[str, float]:
+    """The figures of one set of responses, from each response's per-token NLL."""
+    tokens = np.concatenate(token_nll)
+    responses = np.array([row.sum() for row in token_nll])
+    return {"token_nll": float(tokens.mean()), "tokens_p_under_half": float((tokens > np.log(2)).mean()),
+            "response_nll": float(responses.mean()),
+            "responses_p_under_0.9": float((responses > -np.log(0.9)).mean()), "responses": len(token_nll)}
+
+
+def response_nll(model: torch.nn.Module, rows: list[Any]) -> list[np.ndarray]:
+    """Per row, its response tokens' NLL (the SFT's own packed pass, without gradients)."""
+    from agentgym_opsd.trainer.logprobs import bucket_micro_batches, micro_batch_logprobs
+
+    prompts, responses = [r.prompt_ids for r in rows], [r.response_ids for r in rows]
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
+    out: list[np.ndarray] = []
+    model.eval()
+    with torch.no_grad():
+        for idx in bucket_micro_batches(lengths, max_tokens=4096, max_rows=16, padded=False):
+            logp, _, mask = micro_batch_logprobs(model, idx, prompts, responses, packed=True, device="cpu")
+            out += [-logp[j][mask[j]].double().numpy() for j in range(len(idx))]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+", metavar="NAME@SEED=DIR")
+    ap.add_argument("--config", default="cpu-small")
+    ap.add_argument("--train-rows", type=int, default=96, help="training rows sampled per seed (0: all)")
+    ap.add_argument("--note", default="", help="where the warm starts came from, kept in the record")
+    ap.add_argument("--out", type=Path, default=RESULTS / "sft_fit.json")
+    args = ap.parse_args(argv)
+    models = [parse_model(arg) for arg in args.models]
+
+    from agentgym_opsd.models.loading import blocks_autocast
+    from agentgym_opsd.trainer.warm_start import WarmStart, collect_demonstrations, demonstration_rows
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # the warm starts' own model: bf16 frozen layers under float32 trained blocks, which autocast on demand
+        trainer = make_trainer(args.config, ["rollout.backend=hf", "model.dtype=bfloat16", "model.autocast=on",
+                                             "warm_start.cache=off"], tmp)
+        session, policy = trainer.session, trainer.session.trained
+        runner = session.envs[0].runner
+        rows_of: dict[int, dict[str, list[Any]]] = {}
+        for seed in sorted({seed for _, seed, _ in models}):
+            cfg = dataclasses.replace(session.cfg, warm_start=dataclasses.replace(session.cfg.warm_start, seed=seed))
+            stage = WarmStart(cfg, run_dir=Path(tmp), system_prompt=runner.profile.system_prompt,
+                              env_num_tasks=session.envs[0].env_num_tasks, demonstrator=runner.profile.demonstrator)
+            demos = collect_demonstrations(runner, stage._tasks(), thought=cfg.warm_start.thought,
+                                           batch=runner.pool.num_envs)
+            held = cfg.warm_start.heldout_episodes if 0 < cfg.warm_start.heldout_episodes < len(demos) else 0
+            train = demonstration_rows(demos[:len(demos) - held], policy.encode, policy.tokenizer)
+            if 0 < args.train_rows < len(train):
+                pick = np.random.default_rng(seed).choice(len(train), args.train_rows, replace=False)
+                train = [train[i] for i in sorted(pick)]
+            rows_of[seed] = {"heldout": demonstration_rows(demos[len(demos) - held:], policy.encode,
+                                                           policy.tokenizer) if held else [], "train": train}
+        runs: dict[str, dict[str, Any]] = {}
+        for name, seed, folder in models:
+            policy.load_weights(folder)
+            entry: dict[str, Any] = {"variant": name, "seed": seed}
+            for numerics, autocast in (("float32", False), ("autocast", True)):
+                with blocks_autocast(policy.model, enabled=autocast):
+                    entry[numerics] = {split: fit_figures(response_nll(policy.model, rows))
+                                       for split, rows in rows_of[seed].items() if rows}
+            runs[name if seed == 0 else f"{name}@{seed}"] = entry
+            print(f"{name}@{seed}: {json.dumps(entry)}", file=sys.stderr, flush=True)
+    cpu = cpu_model()
+    write_machine_record(args.out, cpu, {"config": args.config, "cpu": cpu, "note": args.note, "runs": runs})
+
+    table = Table(title=f"the warm starts' fit of their demonstrations, {args.config}, {cpu}")
+    for col in ("SFT", "seed", "measured in", "held-out token NLL", "held-out actions p < 0.9", "train token NLL",
+                "train actions p < 0.9"):
+        table.add_column(col, justify="right")
+    for run in runs.values():
+        for numerics in ("float32", "autocast"):
+            fig = run[numerics]
+            cells = [f"{fig[split]['token_nll']:.4f} | {fig[split]['responses_p_under_0.9']:.1%}".split(" | ")
+                     if split in fig else ["-", "-"] for split in ("heldout", "train")]
+            table.add_row(run["variant"], str(run["seed"]), numerics, *cells[0], *cells[1])
+    Console().print(table)
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
