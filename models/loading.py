@@ -56,6 +56,7 @@ __all__ = [
     "resolve_model_dir",
     "restore_float32_weights",
     "tiny_random_model",
+    "torch_dtype_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,8 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _torch_dtype(dtype: str) -> Any:
+def torch_dtype_of(dtype: str) -> Any:
+    """The torch dtype of a `model.dtype` name ("auto" stays "auto", as transformers' loaders take it)."""
     import torch
 
     if dtype not in _DTYPES:
@@ -332,7 +334,7 @@ def tiny_random_model(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     model.config.name_or_path = TINY_RANDOM_NAME
-    return model.to(_torch_dtype(dtype)) if dtype != "auto" else model
+    return model.to(torch_dtype_of(dtype)) if dtype != "auto" else model
 
 
 def apply_lora(model: PreTrainedModel, lora: LoraSettings) -> PreTrainedModel:
@@ -510,7 +512,7 @@ def _load_base(name: str, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokeni
         source = str(resolve_model_dir(source))
     elif source.startswith((".", "/", "~")):
         raise FileNotFoundError(f"model folder {source} does not exist")
-    torch_dtype = _torch_dtype(dtype)
+    torch_dtype = torch_dtype_of(dtype)
     try:
         tokenizer = load_tokenizer(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, local_files_only=_offline())

@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ __all__ = [
     "kv_cache_bytes",
     "require_vllm",
     "sampling_params_kwargs",
+    "save_for_engine",
     "vllm_available",
     "vllm_weight_name",
 ]
@@ -196,6 +198,32 @@ def hf_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
             yield hf_name, p.data
 
 
+def save_for_engine(model: torch.nn.Module, tokenizer: Any, folder: Path, *, dtype: torch.dtype | None = None,
+                    write: bool = True) -> None:
+    """The checkpoint a vLLM engine starts from: the weights `VLLMPolicy.sync_weights` pushes (`hf_weight_items`:
+    a LoRA model's adapters merged into its base, which vLLM loads as a plain model), their floating tensors in
+    `dtype` where given (the engine's: what its loader would round float32 trained blocks to, without a warning
+    per tensor; a weight a model's vLLM port keeps in float32 gets its exact value at the first sync), with the
+    base model's config and the tokenizer. Collective under ZeRO-3: every rank iterates, the one with `write`
+    writes."""
+    from safetensors.torch import save_file
+
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in hf_weight_items(model):
+        if write:  # a copy: the items are views of live (for LoRA, merged only while iterating) weights
+            cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+            state[name] = tensor.detach().to("cpu", cast, copy=True)
+    if not write:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(folder)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(folder)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The policy
 
@@ -286,10 +314,8 @@ class VLLMPolicy:
             os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         self._vllm = vllm
         self.sleep_mode = bool(options["enable_sleep_mode"])
-        # what the engine rounds its weights to on loading ("auto": whatever the checkpoint holds)
-        named = getattr(torch, options["dtype"], None) if isinstance(options["dtype"], str) else options["dtype"]
-        self.weight_dtype: torch.dtype | None = named if isinstance(named, torch.dtype) else None
         self.llm = vllm.LLM(**options)
+        self.weight_dtype = self._uniform_weight_dtype()
         self._calls = 0
         self._engine_state = {"asleep": False}  # shared with every `with_sampling` view of this engine
 
@@ -379,6 +405,17 @@ class VLLMPolicy:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         return items.count
 
+    def _uniform_weight_dtype(self) -> torch.dtype | None:
+        """The dtype of every floating weight of the engine's model, where it has one and runs in this process:
+        a weight sent in it is what the engine's loader would have rounded it to. None otherwise (a model whose
+        vLLM port keeps some weights in float32, or an engine in worker processes): weights go as they are."""
+        runner = self._local_model_runner()
+        model = getattr(runner, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return None
+        dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        return dtypes.pop() if len(dtypes) == 1 else None
+
     def _local_model_runner(self) -> Any:
         """The engine's model runner when the engine runs in this process (external_launcher, or
         VLLM_ENABLE_V1_MULTIPROCESSING=0), else None."""
@@ -424,8 +461,9 @@ def _refresh_tied_output_head(model: torch.nn.Module) -> None:
 
 
 def _in_dtype(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weights in the engine's dtype, rounded as its loader's copy would round them (to nearest even): float32
-    trained blocks over a bf16 engine would otherwise log a warning per tensor at every sync."""
+    """The weights in `dtype` (`VLLMPolicy._uniform_weight_dtype`), rounded as the engine's loader would round them
+    (its `copy_`, to nearest even): float32 trained blocks over a bf16 engine would otherwise log a warning per
+    tensor at every sync."""
     for name, tensor in items:
         yield name, (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
 

@@ -233,18 +233,44 @@ def test_weights_reach_the_engine_in_its_dtype_rounded_as_its_loader_would():
     assert next(vllm_backend._in_dtype(iter([("w", weight)]), None))[1] is weight
 
 
-def test_the_engines_start_model_is_saved_in_its_dtype_with_its_tied_head(tmp_path):
+def test_the_engines_start_model_is_its_weights_in_its_dtype(tmp_path):
+    """What `save_for_engine` writes loads back as a plain model: the weights in the engine's dtype (the tied head
+    left to the config, as save_pretrained leaves it), the config and the tokenizer."""
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
     from agentgym_opsd.models.loading import load_tokenizer
-    from agentgym_opsd.trainer.trained_model import TrainedModel
 
     model, tok = load_policy_model("tiny-random")
-    trained = TrainedModel(model, tok, SimpleNamespace(full_state_dict=lambda: None), torch.device("cpu"),
-                           is_main=True, lora=False, temperature=1.0, micro_batch_tokens=256, micro_batch_rows=4)
-    trained.save(tmp_path / "bf16", dtype=torch.bfloat16)
-    trained.save(tmp_path / "as_is")
-    saved, plain = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("bf16", "as_is"))
+    vllm_backend.save_for_engine(model, tok, tmp_path / "bf16", dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "plain")
+    saved, plain = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("bf16", "plain"))
     assert saved.keys() == plain.keys() and {t.dtype for t in saved.values()} == {torch.bfloat16}
     assert all(torch.equal(saved[k], plain[k].to(torch.bfloat16)) for k in saved)
     assert load_tokenizer(str(tmp_path / "bf16")).vocab_size == tok.vocab_size
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").config.tie_word_embeddings == \
+        model.config.tie_word_embeddings
+    vllm_backend.save_for_engine(model, tok, tmp_path / "other_rank", dtype=torch.bfloat16, write=False)
+    assert not (tmp_path / "other_rank").exists()
+
+
+def test_a_lora_models_engine_start_is_its_merged_weights_and_the_adapter_survives(tmp_path):
+    """vLLM cannot start from an adapter folder: with LoRA the start model is the base with the adapter merged,
+    and the live model keeps its adapter unmerged."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = load_policy_model("tiny-random", lora=LoraSettings(r=2, alpha=4, target_modules=("q_proj", "v_proj")))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # a trained adapter (lora_B starts at zero)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    model.eval()  # no LoRA dropout
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    vllm_backend.save_for_engine(model, tok, tmp_path / "merged")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-4)
+        assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-5)  # unmerged again, adapter intact
+    assert any("lora_B" in name for name, _ in model.named_parameters())

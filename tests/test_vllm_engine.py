@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from agentgym_opsd.models import vllm_policy as vllm_backend
 
@@ -290,7 +291,21 @@ def test_a_bf16_engine_takes_the_float32_trainable_layers_at_each_sync(tmp_path,
     assert "precision/weights_changed" not in lines[0]  # float32 trainable layers: no masters
     assert all(0 <= line["sample_logprob_gap"] < LOGPROB_TOL["bfloat16"] for line in lines), lines
     assert all(math.isfinite(line["tis/mismatch_k3"]) for line in lines)
-    from safetensors.torch import load_file
-
     started_from = load_file(str(out / "vllm_init_model" / "model.safetensors"))
     assert {t.dtype for t in started_from.values()} == {torch.bfloat16}
+
+
+def test_a_lora_run_starts_its_engine_from_the_merged_model(tmp_path, tiny_folder, toy_env_ids):
+    """With `model.lora=true` the engine starts from the base with the adapter merged (it cannot load an adapter
+    folder) and samples what the trainer scores."""
+    from agentgym_opsd.trainer.cli import main
+
+    out = tmp_path / "lora"
+    args = ["--config", "cpu-tiny", f"env.id={toy_env_ids[0]}", f"model.name_or_path={tiny_folder}",
+            "rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.total_steps=1", "trainer.backend=torch",
+            "trainer.report_to=none", "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_max_model_len=2048",
+            "rollout.vllm_enforce_eager=true", "model.lora=true"]
+    assert main(args) == 0
+    (line,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert 0 <= line["sample_logprob_gap"] < LOGPROB_TOL["float32"], line
+    assert not any("lora" in name for name in load_file(str(out / "vllm_init_model" / "model.safetensors")))

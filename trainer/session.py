@@ -37,6 +37,7 @@ import torch
 
 from agentgym_opsd.cpu_runtime import LOG_PREFIX, describe_preloads
 from agentgym_opsd.models.backends import RolloutBackend, choose_rollout_backend
+from agentgym_opsd.models.loading import torch_dtype_of
 from agentgym_opsd.models.precision import resolve_device
 from agentgym_opsd.records import Trajectory, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
@@ -334,8 +335,12 @@ class RunSession:
             return make_policy_backend("hf", model=self.trained.model, tokenizer=self.trained.tokenizer,
                                        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                        batch_size=r.batch_size, seed=seed)
+        from agentgym_opsd.models.vllm_policy import save_for_engine
+
         folder = self.out / "vllm_init_model"
-        self.trained.save(folder, dtype=getattr(torch, self.cfg.model.dtype))  # the engine's: `dtype` below
+        dtype = self.cfg.model.dtype  # the engine's (`dtype` below)
+        save_for_engine(self.trained.model, self.trained.tokenizer, folder, write=self.is_main,
+                        dtype=torch_dtype_of(dtype) if dtype != "auto" else None)
         dist.barrier()  # every rank's engine reads rank 0's files
         return make_policy_backend(
             "vllm", model_path=str(folder), tokenizer=self.trained.tokenizer, max_new_tokens=r.max_new_tokens,

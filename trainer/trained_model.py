@@ -72,17 +72,11 @@ class TrainedModel:
         score = prefix_shared_response_logprobs if shared_prefix else batched_response_logprobs
         return score(model, prompts, responses, **settings)
 
-    def save(self, folder: Path, *, dtype: torch.dtype | None = None) -> None:
-        """save_pretrained of the full weights (the trained adapter only, with LoRA); collective. `dtype`: the
-        full weights' floating tensors saved in it (a vLLM engine's start, which would round float32 trained
-        blocks to its dtype on loading anyway, with a warning per tensor)."""
+    def save(self, folder: Path) -> None:
+        """save_pretrained of the full weights (the trained adapter only, with LoRA); collective."""
         state = self.engine.full_state_dict()
         if not self.is_main:
             return
-        if dtype is not None and not hasattr(self.model, "peft_config"):
-            cast: dict[tuple[int, torch.Size], Tensor] = {}  # tied weights (one storage) stay one tensor
-            state = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(dtype)) if v.is_floating_point() else v
-                     for k, v in (state if state is not None else self.model.state_dict()).items()}
         folder.parent.mkdir(parents=True, exist_ok=True)
         kwargs: dict[str, Any] = {"safe_serialization": True}
         if state is not None:
