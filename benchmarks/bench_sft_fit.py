@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_warm_start_autocast import run_label  # noqa: E402
 from harness import cpu_model, make_trainer, write_machine_record  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -63,18 +64,11 @@ def fit_figures(token_nll: list[np.ndarray]) -> dict[str, float]:
 
 
 def response_nll(model: torch.nn.Module, rows: list[Any]) -> list[np.ndarray]:
-    """Per row, its response tokens' NLL (the SFT's own packed pass, without gradients)."""
-    from agentgym_opsd.trainer.logprobs import bucket_micro_batches, micro_batch_logprobs
+    """Each row's response tokens' NLL, in the rows' order (the SFT's packed layout, the shared prefix laid once)."""
+    from agentgym_opsd.trainer.logprobs import packed_batched_response_logprobs
 
-    prompts, responses = [r.prompt_ids for r in rows], [r.response_ids for r in rows]
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-    out: list[np.ndarray] = []
-    model.eval()
-    with torch.no_grad():
-        for idx in bucket_micro_batches(lengths, max_tokens=4096, max_rows=16, padded=False):
-            logp, _, mask = micro_batch_logprobs(model, idx, prompts, responses, packed=True, device="cpu")
-            out += [-logp[j][mask[j]].double().numpy() for j in range(len(idx))]
-    return out
+    logps = packed_batched_response_logprobs(model, [r.prompt_ids for r in rows], [r.response_ids for r in rows])
+    return [-logp.double().numpy() for logp in logps]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,7 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     models = [parse_model(arg) for arg in args.models]
 
     from agentgym_opsd.models.loading import blocks_autocast
-    from agentgym_opsd.trainer.warm_start import WarmStart, collect_demonstrations, demonstration_rows
+    from agentgym_opsd.trainer.warm_start import (
+        WarmStart,
+        collect_demonstrations,
+        demonstration_rows,
+        split_heldout,
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         # the warm starts' own model: bf16 frozen layers under float32 trained blocks, which autocast on demand
@@ -101,15 +100,14 @@ def main(argv: list[str] | None = None) -> None:
             cfg = dataclasses.replace(session.cfg, warm_start=dataclasses.replace(session.cfg.warm_start, seed=seed))
             stage = WarmStart(cfg, run_dir=Path(tmp), system_prompt=runner.profile.system_prompt,
                               env_num_tasks=session.envs[0].env_num_tasks, demonstrator=runner.profile.demonstrator)
-            demos = collect_demonstrations(runner, stage._tasks(), thought=cfg.warm_start.thought,
+            demos = collect_demonstrations(runner, stage.demonstration_tasks(), thought=cfg.warm_start.thought,
                                            batch=runner.pool.num_envs)
-            held = cfg.warm_start.heldout_episodes if 0 < cfg.warm_start.heldout_episodes < len(demos) else 0
-            train = demonstration_rows(demos[:len(demos) - held], policy.encode, policy.tokenizer)
+            train_demos, heldout = split_heldout(demos, cfg.warm_start.heldout_episodes)  # as the SFT split them
+            train = demonstration_rows(train_demos, policy.encode, policy.tokenizer)
             if 0 < args.train_rows < len(train):
                 pick = np.random.default_rng(seed).choice(len(train), args.train_rows, replace=False)
                 train = [train[i] for i in sorted(pick)]
-            rows_of[seed] = {"heldout": demonstration_rows(demos[len(demos) - held:], policy.encode,
-                                                           policy.tokenizer) if held else [], "train": train}
+            rows_of[seed] = {"heldout": demonstration_rows(heldout, policy.encode, policy.tokenizer), "train": train}
         runs: dict[str, dict[str, Any]] = {}
         for name, seed, folder in models:
             policy.load_weights(folder)
@@ -118,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
                 with blocks_autocast(policy.model, enabled=autocast):
                     entry[numerics] = {split: fit_figures(response_nll(policy.model, rows))
                                        for split, rows in rows_of[seed].items() if rows}
-            runs[name if seed == 0 else f"{name}@{seed}"] = entry
+            runs[run_label(name, seed)] = entry
             print(f"{name}@{seed}: {json.dumps(entry)}", file=sys.stderr, flush=True)
     cpu = cpu_model()
     write_machine_record(args.out, cpu, {"config": args.config, "cpu": cpu, "note": args.note, "runs": runs})

@@ -58,11 +58,11 @@ def invalid_by_outcome(episodes: list[dict[str, Any]]) -> dict[str, float | None
     """Invalid actions per turn within the won and within the lost episodes (None where there are none, or where
     the records lack the counts): an SFT that loses as often but flails more once lost differs only in the second."""
     out: dict[str, float | None] = {}
-    for key, won in (("invalid_in_won", True), ("invalid_in_lost", False)):
+    for key, won in (("invalid_rate_won", True), ("invalid_rate_lost", False)):
         mine = [e for e in episodes if bool(e["won"]) == won]
-        turns = sum(e.get("turns") or 0 for e in mine)
-        counted = all("invalid_actions" in e for e in mine)
-        out[key] = sum(e["invalid_actions"] for e in mine) / turns if mine and turns and counted else None
+        counted = all("invalid_actions" in e and "turns" in e for e in mine)
+        turns = sum(e["turns"] for e in mine) if counted else 0
+        out[key] = sum(e["invalid_actions"] for e in mine) / turns if turns else None
     return out
 
 
@@ -107,7 +107,7 @@ def summarize_variants(runs: dict[tuple[str, int], dict[str, Any]], baseline: st
         seeds = sorted(s for n, s in runs if n == name)
         mine = [runs[name, s] for s in seeds]
         entry: dict[str, Any] = {"seeds": seeds}
-        for key in ("success", "invalid_action_rate", "invalid_in_won", "invalid_in_lost", "exact_match",
+        for key in ("success", "invalid_action_rate", "invalid_rate_won", "invalid_rate_lost", "exact_match",
                     "sft_seconds"):
             values = [r[key] for r in mine]
             entry[key] = statistics.fmean(values) if None not in values else None
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds = f"{run['sft_seconds']:.0f}" if run["sft_seconds"] is not None else "-"
             exact = f"{run['exact_match']:.1%}" if run["exact_match"] is not None else "-"
             by_outcome = " / ".join(f"{run[k]:.1%}" if run[k] is not None else "-"
-                                    for k in ("invalid_in_won", "invalid_in_lost"))
+                                    for k in ("invalid_rate_won", "invalid_rate_lost"))
             table.add_row(label, " ".join(map(str, seeds)), seconds, exact,
                           f"{run['success']:.1%} of {run['episodes']}", f"{run['invalid_action_rate']:.1%}",
                           by_outcome, vs)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import cpu_model, make_trainer  # noqa: E402
 
 from agentgym_opsd.models.backends import make_policy_backend  # noqa: E402
-from agentgym_opsd.trainer.warm_start import action_exact_match, collect_demonstrations  # noqa: E402
+from agentgym_opsd.trainer.warm_start import action_exact_match, collect_demonstrations, split_heldout  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DTYPES = ("float32", "bfloat16")
@@ -44,12 +44,12 @@ def score(config: str, model: str, dtype: str, overrides: list[str]) -> dict[str
         try:
             session, ws = trainer.session, trainer.session.cfg.warm_start
             runner = session.envs[0].runner
-            demos = collect_demonstrations(runner, session.warm_starter._tasks(), thought=ws.thought,
+            demos = collect_demonstrations(runner, session.warm_starter.demonstration_tasks(), thought=ws.thought,
                                            batch=runner.pool.num_envs)
-            if not 0 < ws.heldout_episodes < len(demos):  # the warm start's own rule: then it scores nothing
+            _, heldout = split_heldout(demos, ws.heldout_episodes)  # the warm start's own split
+            if not heldout:
                 raise ValueError(f"warm_start.heldout_episodes={ws.heldout_episodes} of {len(demos)} won "
                                  "demonstrations: no held-out slice to score")
-            heldout = demos[len(demos) - ws.heldout_episodes:]
             greedy = make_policy_backend("hf", model=session.trained.model, tokenizer=session.trained.tokenizer,
                                          max_new_tokens=session.cfg.rollout.max_new_tokens, temperature=0.0,
                                          batch_size=session.cfg.rollout.batch_size, seed=0)

@@ -403,7 +403,7 @@ def _sft_precision_row(label: str, seeds: str, run: dict, baseline: str) -> str:
     seconds = f"{run['sft_seconds']:.0f}" if run.get("sft_seconds") is not None else "–"
     exact = f"{_pct(run['exact_match'])}%" if run.get("exact_match") is not None else "–"
     won, lost = (f"{_pct(run[k])}%" if run.get(k) is not None else "–"
-                 for k in ("invalid_in_won", "invalid_in_lost"))
+                 for k in ("invalid_rate_won", "invalid_rate_lost"))
     return (f"| {label} | {seeds} | {seconds} | {exact} | {_pct(run['success'])}% of {run['episodes']} | "
             f"{_pct(run['invalid_action_rate'])}% | {won} / {lost} | {vs} |")
 
@@ -444,7 +444,7 @@ def render_sft_fit() -> str:
                           f"{_pct(f32['responses_p_under_0.9'])}% / {_pct(auto['responses_p_under_0.9'])}%"
                           if f32 and auto else "–"]
             lines.append(f"| {run['variant']} | {run['seed']} | " + " | ".join(cells) + " |")
-        lines += ["", f"_Each cell: measured in float32 / under autocast. {data['note']}_" if data.get("note") else "", ""]
+        lines += ["", f"_Each cell: measured in float32 / under autocast. {data.get('note', '')}_".replace(" _", "_"), ""]
     return "\n".join(lines).rstrip()
 
 

@@ -35,7 +35,7 @@ def test_the_report_pairs_each_variant_with_the_float32_sft_by_episode(tmp_path)
     paired = autocast["vs_float32"]
     assert (paired["first_only"], paired["second_only"], paired["won_both"]) == (2, 0, 1)
     assert autocast["sft_seconds"] == 339.0 and autocast["invalid_action_rate"] == 0.20
-    assert (autocast["invalid_in_won"], autocast["invalid_in_lost"]) == (0.0, 0.2)
+    assert (autocast["invalid_rate_won"], autocast["invalid_rate_lost"]) == (0.0, 0.2)
 
 
 def test_several_sft_seeds_pair_each_run_with_its_seeds_float32_and_pool_the_episodes(tmp_path) -> None:
@@ -75,7 +75,7 @@ def test_the_runs_are_each_variants_sft_from_each_seed(tmp_path, monkeypatch) ->
     monkeypatch.setattr(bench, "run_variant", lambda folder, config, overrides, episodes:
                         started.append((folder.name, overrides)))
     monkeypatch.setattr(bench, "read_run", lambda folder: {
-        "success": 0.5, "invalid_action_rate": 0.1, "invalid_in_won": 0.0, "invalid_in_lost": None, "episodes": 1,
+        "success": 0.5, "invalid_action_rate": 0.1, "invalid_rate_won": 0.0, "invalid_rate_lost": None, "episodes": 1,
         "exact_match": 0.9, "sft_seconds": 1.0, "episode_records": [{"env_spec": "e", "seed": 0, "won": True}]})
     bench.main(["--seeds", "0", "1", "--runs-dir", str(tmp_path), "--out", str(tmp_path / "w.json")])
     assert started == [("float32", ["warm_start.autocast=false", "warm_start.seed=0"]),
@@ -90,7 +90,9 @@ def test_the_runs_are_each_variants_sft_from_each_seed(tmp_path, monkeypatch) ->
 def test_the_invalid_actions_are_split_by_the_episodes_outcome() -> None:
     episodes = [{"won": True, "turns": 5, "invalid_actions": 0}, {"won": True, "turns": 5, "invalid_actions": 1},
                 {"won": False, "turns": 10, "invalid_actions": 4}, {"won": False, "turns": 10, "invalid_actions": 2}]
-    assert bench.invalid_by_outcome(episodes) == {"invalid_in_won": 0.1, "invalid_in_lost": 0.3}
+    assert bench.invalid_by_outcome(episodes) == {"invalid_rate_won": 0.1, "invalid_rate_lost": 0.3}
     # no lost episode, or records without the counts (older files): unknown rather than zero
-    assert bench.invalid_by_outcome(episodes[:2])["invalid_in_lost"] is None
-    assert bench.invalid_by_outcome([{"won": False, "turns": 10}]) == {"invalid_in_won": None, "invalid_in_lost": None}
+    assert bench.invalid_by_outcome(episodes[:2])["invalid_rate_lost"] is None
+    assert bench.invalid_by_outcome([{"won": False, "turns": 10}]) == {"invalid_rate_won": None, "invalid_rate_lost": None}
+    no_turns = [{"won": False, "invalid_actions": 3}, {"won": False, "turns": 5, "invalid_actions": 0}]
+    assert bench.invalid_by_outcome(no_turns)["invalid_rate_lost"] is None  # not 3 / 5: no rate at all

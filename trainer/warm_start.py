@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from agentgym_opsd.trainer.trained_model import TrainedModel
 
 __all__ = ["Demonstration", "ThoughtOracle", "WarmStart", "action_exact_match", "collect_demonstrations",
-           "demonstration_rows", "sft_schedule", "sft_step", "warm_start_key", "WARM_START_VERSION"]
+           "demonstration_rows", "sft_schedule", "sft_step", "split_heldout", "warm_start_key", "WARM_START_VERSION"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,13 @@ def demonstration_rows(trajectories: Sequence[Trajectory], encode_prompt, tokeni
             if ids:
                 rows.append(Demonstration(list(encode_prompt(turn.prompt)), list(ids)))
     return rows
+
+
+def split_heldout(demos: Sequence[Trajectory], heldout_episodes: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(training, held-out) demonstrations: the last `heldout_episodes` are held out, none when that would leave
+    nothing to train on."""
+    held = heldout_episodes if 0 < heldout_episodes < len(demos) else 0
+    return list(demos[: len(demos) - held]), list(demos[len(demos) - held:])
 
 
 def sft_schedule(num_rows: int, *, batch_rows: int, epochs: float, rng: np.random.Generator) -> list[np.ndarray]:
@@ -281,7 +288,8 @@ class WarmStart:
         log.info("warm start: %s", summary)
         return summary
 
-    def _tasks(self) -> list[TaskSpec]:
+    def demonstration_tasks(self) -> list[TaskSpec]:
+        """The tasks the oracle demonstrates, in the seeded order whose tail is held out (`split_heldout`)."""
         ws, seed = self.cfg.warm_start, self.seed
         if ws.episodes == 0 and self.env_num_tasks:
             # one demonstration per training game, in a seeded order (the held-out slice is its tail)
@@ -295,10 +303,9 @@ class WarmStart:
     def _train(self, policy: TrainedModel, runner: RolloutRunner, cached: Path | None) -> dict[str, Any]:
         ws, cfg = self.cfg.warm_start, self.cfg
         t0 = time.perf_counter()
-        tasks = self._tasks()
+        tasks = self.demonstration_tasks()
         demos = collect_demonstrations(runner, tasks, thought=ws.thought, batch=runner.pool.num_envs)
-        heldout = demos[len(demos) - ws.heldout_episodes:] if 0 < ws.heldout_episodes < len(demos) else []
-        train_demos = demos[: len(demos) - len(heldout)]
+        train_demos, heldout = split_heldout(demos, ws.heldout_episodes)
         rows = demonstration_rows(train_demos, policy.encode, policy.tokenizer)
         if not rows:
             raise RuntimeError(f"the warm start found no won oracle episodes in {len(tasks)} tasks of {cfg.env.id}")
