@@ -31,6 +31,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_warm_start_autocast import run_label  # noqa: E402
+from experiments import warm_start_dir  # noqa: E402
 from harness import cpu_model, make_trainer, write_machine_record  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -44,9 +45,8 @@ def parse_model(arg: str) -> tuple[str, int, Path]:
     if not folder or not name or not seed.isdigit():
         raise SystemExit(f"{arg!r}: expected NAME@SEED=DIR")
     path = Path(folder)
-    summary = path / "warm_start" / "summary.json"
-    if summary.is_file():
-        path = Path(json.loads(summary.read_text(encoding="utf-8"))["warm_start/model_dir"])
+    if (run_weights := warm_start_dir(path)) is not None:
+        path = Path(run_weights)
     elif (path / "model").is_dir():
         path = path / "model"
     if not any(path.glob("*.safetensors")):
@@ -128,9 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     for run in runs.values():
         for numerics in ("float32", "autocast"):
             fig = run[numerics]
-            cells = [f"{fig[split]['token_nll']:.4f} | {fig[split]['responses_p_under_0.9']:.1%}".split(" | ")
-                     if split in fig else ["-", "-"] for split in ("heldout", "train")]
-            table.add_row(run["variant"], str(run["seed"]), numerics, *cells[0], *cells[1])
+            cells = []
+            for split in ("heldout", "train"):
+                cells += [f"{fig[split]['token_nll']:.4f}", f"{fig[split]['responses_p_under_0.9']:.1%}"] \
+                    if split in fig else ["-", "-"]
+            table.add_row(run["variant"], str(run["seed"]), numerics, *cells)
     Console().print(table)
     print(f"wrote {args.out}", file=sys.stderr)
 

@@ -444,7 +444,8 @@ def render_sft_fit() -> str:
                           f"{_pct(f32['responses_p_under_0.9'])}% / {_pct(auto['responses_p_under_0.9'])}%"
                           if f32 and auto else "–"]
             lines.append(f"| {run['variant']} | {run['seed']} | " + " | ".join(cells) + " |")
-        lines += ["", f"_Each cell: measured in float32 / under autocast. {data.get('note', '')}_".replace(" _", "_"), ""]
+        legend = " ".join(filter(None, ["Each cell: measured in float32 / under autocast.", data.get("note")]))
+        lines += ["", f"_{legend}_", ""]
     return "\n".join(lines).rstrip()
 
 

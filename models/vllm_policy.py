@@ -210,9 +210,11 @@ def save_for_engine(model: torch.nn.Module, tokenizer: Any, folder: Path, *, dty
 
     state: dict[str, torch.Tensor] = {}
     for name, tensor in hf_weight_items(model):
-        if write:  # a copy: the items are views of live (for LoRA, merged only while iterating) weights
-            cast = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-            state[name] = tensor.detach().to("cpu", cast, copy=True)
+        if write:
+            sent = _in_dtype(tensor, dtype)
+            # a copy where the cast made none: the items are views of live (for LoRA, merged only while
+            # iterating) weights
+            state[name] = sent.detach().to("cpu", copy=sent is tensor)
     if not write:
         return
     folder.mkdir(parents=True, exist_ok=True)
@@ -391,7 +393,7 @@ class VLLMPolicy:
         Older in-process engines get `load_weights` one tensor at a time; an engine in worker processes gets
         the tensors through `collective_rpc`."""
         self.wake_up()
-        items = _Counted(_in_dtype(hf_weight_items(model), self.weight_dtype))
+        items = _Counted((name, _in_dtype(t, self.weight_dtype)) for name, t in hf_weight_items(model))
         runner = self._local_model_runner()
         if runner is not None and callable(getattr(runner, "reload_weights", None)):
             runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
@@ -460,12 +462,12 @@ def _refresh_tied_output_head(model: torch.nn.Module) -> None:
     method.process_weights_after_loading(head)
 
 
-def _in_dtype(items: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The weights in `dtype` (`VLLMPolicy._uniform_weight_dtype`), rounded as the engine's loader would round them
-    (its `copy_`, to nearest even): float32 trained blocks over a bf16 engine would otherwise log a warning per
-    tensor at every sync."""
-    for name, tensor in items:
-        yield name, (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor)
+def _in_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """A weight for the engine in its `dtype` (`VLLMPolicy._uniform_weight_dtype`, `save_for_engine`), rounded as
+    the engine's loader would round it (its `copy_`, to nearest even): float32 trained blocks over a bf16 engine
+    would otherwise log a warning per tensor at every load. Integer tensors, and any tensor without a `dtype`, as
+    they are (the same tensor where nothing changes)."""
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 class _Counted:

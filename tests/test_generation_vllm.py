@@ -227,10 +227,10 @@ def test_weights_reach_the_engine_in_its_dtype_rounded_as_its_loader_would():
     """float32 trained blocks over a bf16 engine: cast on the way in, to the same bits the engine's `copy_` gives
     (and no warning per tensor); integer tensors and an engine without a named dtype are left alone."""
     weight, ids = torch.randn(64, 64), torch.arange(4)
-    (_, cast), (_, kept) = vllm_backend._in_dtype(iter([("w", weight), ("ids", ids)]), torch.bfloat16)
+    cast, kept = vllm_backend._in_dtype(weight, torch.bfloat16), vllm_backend._in_dtype(ids, torch.bfloat16)
     loaded = torch.empty(64, 64, dtype=torch.bfloat16).copy_(weight)
     assert cast.dtype == torch.bfloat16 and torch.equal(cast, loaded) and kept is ids
-    assert next(vllm_backend._in_dtype(iter([("w", weight)]), None))[1] is weight
+    assert vllm_backend._in_dtype(weight, None) is weight
 
 
 def test_the_engines_start_model_is_its_weights_in_its_dtype(tmp_path):

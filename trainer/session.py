@@ -132,7 +132,7 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
                  "the frozen layers in %s%s", m.trainable_dtype, cast / 1e6, m.dtype,
                  "" if m.trainable_layers else " (every layer is trainable: this is a float32 model)")
     if m.trainable_autocast:
-        blocks = autocast_trainable_blocks(model, getattr(torch, m.dtype))
+        blocks = autocast_trainable_blocks(model, torch_dtype_of(m.dtype))
         log.info("model.autocast: the %d trainable blocks compute their matmuls in %s under autocast, their "
                  "weights and updates float32", blocks, m.dtype)
     if m.gradient_checkpointing:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.files import cache_dir, make_tmp_dir, publish_dir, to_json
 from agentgym_opsd.models.hf_policy import text_ids
+from agentgym_opsd.models.loading import torch_dtype_of
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
@@ -215,7 +216,7 @@ class WarmStart:
         what the field's help gives (`bench_warm_start_autocast.py`). The RL phases have their own switch,
         `model.autocast`."""
         m = self.cfg.model
-        return getattr(torch, m.dtype) if self.cfg.warm_start.autocast and m.float32_trainable else None
+        return torch_dtype_of(m.dtype) if self.cfg.warm_start.autocast and m.float32_trainable else None
 
     def settings(self) -> dict[str, Any]:
         """Everything that determines the warm-started weights (hashed by `warm_start_key`)."""
