@@ -19,7 +19,12 @@ import torch
 from run_metrics import assert_same_metrics, metrics_lines
 from safetensors.torch import load_file
 
-from agentgym_opsd.trainer.checkpoint import CheckpointError, latest_checkpoint, load_trainer_state
+from agentgym_opsd.trainer.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_trainer_state,
+    write_manifest,
+)
 from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.metrics import METRIC_KEYS
 
@@ -108,7 +113,8 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, toy_env_ids, capsys) -> N
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=2",
                  "trainer.backend=torch", "--resume", str(damaged)]) == 2
-    assert "saved model cannot be loaded" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "corrupt" in err and "model/model.safetensors" in err  # its manifest names the damaged file
     (ckpt / "trainer_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="corrupt"):
         load_trainer_state(ckpt)
@@ -152,6 +158,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, 
     state = torch.load(ckpt / "trainer_state.pt", weights_only=True)
     state["extra"] = {"payload": _Exploit(str(marker))}
     torch.save(state, ckpt / "trainer_state.pt")
+    write_manifest(ckpt, step=1, world_size=1)  # as whoever can write the folder could: past the hashes
     assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.total_steps=2",
                  "trainer.backend=torch", "trainer.tensorboard=false", "--resume", "auto"]) == 2
     assert "refusing" in capsys.readouterr().err

@@ -7,7 +7,7 @@ Layout of one checkpoint (`<output_dir>/checkpoints/step_000010/`)::
                          and plain data only, read with torch.load(weights_only=True)
     deepspeed/           the DeepSpeed engine checkpoint (only with ZeRO stage > 0; every rank writes its shards)
     config.yaml          the resolved run config
-    MANIFEST.json        every other file with its size, and the SHA-256 of each file that is unpickled on load
+    MANIFEST.json        every other file with its size and SHA-256
     COMPLETE             written last; a folder without it is not a checkpoint
 
 A checkpoint is written into a hidden temporary folder, every file is fsync'ed, and the folder is renamed
@@ -31,13 +31,16 @@ then reads its report. (Destroying or aborting the process group does not releas
 references to the groups, and gloo closes its connections only when the last one goes.) The output
 folder must be one filesystem that all ranks see.
 
-What is trusted on resume: our own `trainer_state.pt` is read with `torch.load(weights_only=True)` (tensors
-and plain data; anything else is refused) and the weights are safetensors. DeepSpeed's ZeRO > 0 files
-(`deepspeed/`) are full pickles that DeepSpeed loads with `weights_only=False`, i.e. loading one can run
-code. So before DeepSpeed reads anything, `verify_manifest` requires our manifest, refuses a file it does
-not list, and checks sizes and the SHA-256 of those pickles: a folder that is not one of our checkpoints,
-or one changed after it was written, is refused. The manifest is no signature: a checkpoint folder is
-trusted exactly as much as whoever can write to it.
+What is trusted on resume: the manifest lists every file of the checkpoint with its size and SHA-256, and every
+resume (one process or many) checks them before anything is read (`verify_manifest`): a file that changed, went
+missing, or is not listed, or a missing manifest, makes the checkpoint corrupt. `--resume auto` then names it and
+takes the newest intact one (`resume_point`); an explicit `--resume PATH` is refused. Our own `trainer_state.pt` is
+read with `torch.load(weights_only=True)` (tensors and plain data; anything else is refused) and the weights are
+safetensors, checked finite once loaded. DeepSpeed's ZeRO > 0 files (`deepspeed/`) are full pickles that
+DeepSpeed loads with `weights_only=False`, i.e. loading one can run code: the check comes before DeepSpeed reads
+them. The manifest is no signature: a checkpoint folder is trusted exactly as much as whoever can write to it.
+Pruning deletes a checkpoint only below the `keep` newest that verify (`prune_checkpoints`), so an intact
+checkpoint never goes while a newer one is unverified.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "prune_checkpoints",
+    "resume_point",
     "verify_manifest",
     "Ranks",
     "REPORT_GRACE_S",
@@ -96,8 +100,11 @@ COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "agentgym-opsd-checkpoint"
+MANIFEST_VERSION = 2
+"""Version 2 hashes every file; version 1 hashed only the files that are unpickled on load (trainer_state.pt and
+DeepSpeed's), so its weights are checked by size and, once loaded, for non-finite values."""
 _PREFIX = "step_"
-_PICKLED_UNDER = ("deepspeed/",)  # loaded by DeepSpeed with weights_only=False: hashed and checked
+_V1_HASHED_UNDER = ("deepspeed/",)
 
 
 SAVE_TIMEOUT_S = 1800.0
@@ -301,44 +308,43 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _hashed(rel: str) -> bool:
-    return rel == STATE_FILE or rel.startswith(_PICKLED_UNDER)
-
-
-def write_manifest(folder: Path, step: int, world_size: int) -> None:
+def write_manifest(folder: Path, step: int, world_size: int, *, marker: str = COMPLETE) -> None:
+    """`MANIFEST.json`: every file under `folder` (but itself and `marker`, written after it) with its size and
+    SHA-256."""
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = path.relative_to(folder).as_posix()
-        if rel in (MANIFEST, COMPLETE):
-            continue
-        entry: dict[str, Any] = {"bytes": path.stat().st_size}
-        if _hashed(rel):
-            entry["sha256"] = _sha256(path)
-        files[rel] = entry
-    (folder / MANIFEST).write_text(to_json({"format": MANIFEST_FORMAT, "version": 1, "step": step,
+        if rel not in (MANIFEST, marker):
+            files[rel] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    (folder / MANIFEST).write_text(to_json({"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "step": step,
                                             "world_size": world_size, "files": files}, indent=1),
                                    encoding="utf-8")
 
 
-def verify_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check a checkpoint against its manifest before anything in it is unpickled; returns the manifest.
+def verify_manifest(folder: str | os.PathLike[str], *, marker: str = COMPLETE) -> dict[str, Any]:
+    """Check a checkpoint (or another folder sealed by `write_manifest` and `marker`) against its manifest before
+    anything in it is read; returns the manifest.
 
-    A CheckpointError when the manifest is missing or not ours, when a file is not listed (or a listed one
-    is missing), or when a size or a SHA-256 differs."""
+    A CheckpointError naming the folder and the file when the folder is not complete, the manifest is missing or
+    not ours, a file is not listed (or a listed one is missing), or a size or a SHA-256 differs."""
     folder = Path(folder)
+    if not (folder / marker).is_file():
+        raise CheckpointError(f"{folder} is not a complete checkpoint (no {marker} marker)")
     path = folder / MANIFEST
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {folder} has no {MANIFEST}: not written by this trainer (or by a version "
-                              "before manifests); refusing to let DeepSpeed unpickle its files")
+        raise CheckpointError(f"checkpoint {folder} is corrupt: it has no {MANIFEST}, so its files cannot be "
+                              "checked (deleted, or not written by this trainer)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         listed = manifest["files"]
-        ok = manifest.get("format") == MANIFEST_FORMAT and isinstance(listed, dict)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {folder}: unreadable {MANIFEST} ({exc})") from exc
+        version = manifest.get("version")
+        ok = manifest.get("format") == MANIFEST_FORMAT and isinstance(listed, dict) and version in (1, 2)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"checkpoint {folder} is corrupt: unreadable {MANIFEST} ({exc})") from exc
     if not ok:
-        raise CheckpointError(f"checkpoint {folder}: {MANIFEST} is not an agentgym-opsd checkpoint manifest")
-    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {MANIFEST, COMPLETE}
+        raise CheckpointError(f"checkpoint {folder} is corrupt: {MANIFEST} is not an agentgym-opsd checkpoint "
+                              "manifest")
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {MANIFEST, marker}
     extra = sorted(present - set(listed))
     if extra:
         raise CheckpointError(f"checkpoint {folder} holds files its manifest does not list: {extra[:5]}; refusing "
@@ -348,12 +354,16 @@ def verify_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {folder} is corrupt: files in its manifest are missing: {missing[:5]}")
     for rel, entry in listed.items():
         target = folder / rel
-        if target.stat().st_size != entry.get("bytes"):
-            raise CheckpointError(f"checkpoint {folder}: {rel} changed after it was written (size differs from "
-                                  f"the manifest); refusing to load it")
-        if _hashed(rel) and entry.get("sha256") != _sha256(target):
-            raise CheckpointError(f"checkpoint {folder}: {rel} changed after it was written (SHA-256 differs from "
-                                  f"the manifest); refusing to load it")
+        if not isinstance(entry, dict) or target.stat().st_size != entry.get("bytes"):
+            raise CheckpointError(f"checkpoint {folder} is corrupt: {rel} changed after it was written (its size "
+                                  "differs from the manifest)")
+        hashed = version == 2 or rel == STATE_FILE or rel.startswith(_V1_HASHED_UNDER)
+        if hashed and entry.get("sha256") != _sha256(target):
+            raise CheckpointError(f"checkpoint {folder} is corrupt: {rel} changed after it was written (its SHA-256 "
+                                  "differs from the manifest)")
+    if version == 1:
+        log.warning("checkpoint %s was written before every file was hashed: its weights are checked by size and "
+                    "for non-finite values only", folder)
     return manifest
 
 
@@ -557,13 +567,50 @@ def list_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint, unverified (`resume_point` is the newest intact one)."""
     found = list_checkpoints(checkpoints_dir)
     return found[-1] if found else None
 
 
-def prune_checkpoints(checkpoints_dir: str | os.PathLike[str], keep: int) -> None:
-    for old in list_checkpoints(checkpoints_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+def resume_point(checkpoints_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest checkpoint that passes `verify_manifest`; each newer one that fails is named in the log and
+    skipped. None where there is no complete checkpoint; a CheckpointError naming every one and why where none
+    is intact."""
+    failed: list[str] = []
+    for folder in reversed(list_checkpoints(checkpoints_dir)):
+        try:
+            verify_manifest(folder)
+        except CheckpointError as exc:
+            log.warning("--resume auto: skipping %s: %s", folder.name, exc)
+            failed.append(f"{folder.name}: {exc}")
+            continue
+        if failed:
+            log.warning("--resume auto: resuming from %s, the newest intact checkpoint (%d newer one(s) skipped)",
+                        folder.name, len(failed))
+        return folder
+    if failed:
+        raise CheckpointError(f"no intact checkpoint in {checkpoints_dir} to resume from: " + "; ".join(failed))
+    return None
+
+
+def prune_checkpoints(checkpoints_dir: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Delete the complete checkpoints older than the `keep` newest that pass `verify_manifest` (newest first,
+    so the one just written is checked before anything goes); returns what was deleted. Fewer than `keep`
+    intact: nothing is deleted. A checkpoint that fails is named in the log and kept."""
+    found = list_checkpoints(checkpoints_dir)
+    intact = 0
+    for i in range(len(found) - 1, -1, -1):
+        try:
+            verify_manifest(found[i])
+        except CheckpointError as exc:
+            log.warning("checkpoint %s did not verify and is not counted as one to keep: %s", found[i].name, exc)
+            continue
+        intact += 1
+        if intact == keep:
+            for old in found[:i]:
+                shutil.rmtree(old, ignore_errors=True)
+            return found[:i]
+    return []
 
 
 def load_trainer_state(folder: str | os.PathLike[str]) -> TrainerState:

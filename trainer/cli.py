@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     from agentgym_opsd.trainer.checkpoint import CheckpointError, CheckpointSaveError
     from agentgym_opsd.trainer.config import ConfigError, available_presets, config_help, load_config
+    from agentgym_opsd.trainer.finite import NonFiniteError
 
     if args.list_presets:
         print("\n".join(available_presets()))
@@ -103,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger(__name__).debug("checkpoint save failed", exc_info=True)
             print(f"checkpoint error: {exc}", file=sys.stderr)
             return 2
+        if isinstance(exc, NonFiniteError):
+            logging.getLogger(__name__).debug("non-finite value", exc_info=True)
+            print(non_finite_message(cfg.trainer.output_dir, exc), file=sys.stderr)
+            return 4
         raise
     finally:
         trainer.close()
@@ -142,6 +147,18 @@ def disk_full_message(output_dir: os.PathLike[str] | str, exc: BaseException) ->
               "free some space and continue with --resume auto") if kept is not None else \
         "no complete checkpoint was written; free some space and start the run again"
     return f"error: no space left on device in {out}{where}; {resume}"
+
+
+def non_finite_message(output_dir: os.PathLike[str] | str, exc: BaseException) -> str:
+    """One line for a run that met a NaN or an infinity: where, and what `--resume auto` would continue from."""
+    from pathlib import Path
+
+    from agentgym_opsd.trainer.checkpoint import latest_checkpoint
+
+    kept = latest_checkpoint(Path(output_dir) / "checkpoints")
+    resume = (f"the last checkpoint is {kept}: lower optim.lr or optim.grad_clip, then continue with "
+              "--resume auto") if kept is not None else "no checkpoint was written; lower optim.lr and start again"
+    return f"training error: {exc}; {resume}"
 
 
 def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:

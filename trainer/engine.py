@@ -42,6 +42,7 @@ import torch
 from agentgym_opsd.models.precision import is_low_precision, rounding_cell
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer.config import DeepSpeedConfig, OptimConfig
+from agentgym_opsd.trainer.finite import require_finite
 
 __all__ = ["Engine", "TorchEngine", "DeepSpeedEngineAdapter", "make_engine", "ensure_dist_env", "deepspeed_config",
            "init_distributed", "rank", "world_size", "is_main", "barrier", "all_reduce", "all_gather_objects",
@@ -201,6 +202,7 @@ class TorchEngine:
         params = self._optimised()
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        require_finite(float(norm), "the gradient norm")  # before AdamW writes it into the weights
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._round_to_model()
@@ -499,6 +501,8 @@ class DeepSpeedEngineAdapter:
         self.engine.zero_grad()
         if norm is None:
             norm = local
+        if norm is not None and not self.engine.fp16_enabled():  # fp16's loss scaler skips overflowing steps itself
+            require_finite(float(norm), "the gradient norm")  # global: every rank stops alike
         return float(norm) if norm is not None else float("nan")
 
     def state_dict(self) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.config import Config, ConfigError
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
+from agentgym_opsd.trainer.finite import NonFiniteError, nonfinite_weights, require_finite_weights
 from agentgym_opsd.trainer.frozen_trunk import trunk_depth
 from agentgym_opsd.trainer.logprobs import supports_packing
 from agentgym_opsd.trainer.metrics import MetricsLog
@@ -135,6 +136,12 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
         blocks = autocast_trainable_blocks(model, torch_dtype_of(m.dtype))
         log.info("model.autocast: the %d trainable blocks compute their matmuls in %s under autocast, their "
                  "weights and updates float32", blocks, m.dtype)
+    if resume_from is not None:  # a checkpoint of an earlier version (weights hashed by size only) meets this
+        bad = nonfinite_weights(model.named_parameters())
+        if bad:
+            raise ckpt.CheckpointError(f"checkpoint {resume_from} is corrupt: {sum(bad.values())} non-finite weights "
+                                       f"in {len(bad)} tensors ({', '.join(list(bad)[:3])}); resume from an earlier "
+                                       "checkpoint or start over")
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tok
@@ -174,8 +181,10 @@ class RunSession:
             log.info("%s%s", LOG_PREFIX, describe_preloads())
         self._join_ranks(device)
         self.state: ckpt.TrainerState | None = None
-        # rank 0 decides, so every rank resumes from the same folder
-        resume_from = dist.broadcast_object(self._resume_path(resume) if self.is_main else None)
+        # rank 0 verifies and decides, so every rank resumes from the same intact folder (or raises the same error)
+        resume_from, refused = dist.broadcast_object(self._resume_path(resume) if self.is_main else None)
+        if refused is not None:
+            raise ckpt.CheckpointError(refused)
         if resume_from is not None:
             self.state = ckpt.load_trainer_state(resume_from)
             self._check_resumable(resume_from, self.state)
@@ -245,22 +254,25 @@ class RunSession:
         """Rank 0 keeps the run's seed (a one-process run is unchanged); others get distinct streams."""
         return seed + 7_919 * self.rank
 
-    def _resume_path(self, resume: str | None) -> Path | None:
-        if not resume:
-            return None
-        if resume == "auto":
-            return ckpt.latest_checkpoint(self.ckpt_dir)
-        path = Path(resume)
-        if not path.is_dir():
-            raise ckpt.CheckpointError(f"--resume {resume}: no such checkpoint folder")
-        return path
+    def _resume_path(self, resume: str | None) -> tuple[Path | None, str | None]:
+        """(the checkpoint to resume from, verified against its manifest; why none can be): `auto` is the newest
+        intact checkpoint (newer corrupt ones are named and skipped), a path must itself be intact."""
+        try:
+            if not resume:
+                return None, None
+            if resume == "auto":
+                return ckpt.resume_point(self.ckpt_dir), None
+            path = Path(resume)
+            if not path.is_dir():
+                raise ckpt.CheckpointError(f"--resume {resume}: no such checkpoint folder")
+            ckpt.verify_manifest(path)
+            return path, None
+        except ckpt.CheckpointError as exc:
+            return None, str(exc)
 
     def _check_resumable(self, folder: Path, state: ckpt.TrainerState) -> None:
-        """Our manifest first (before DeepSpeed unpickles anything), then the same number of ranks and the
-        same ZeRO layout."""
+        """The same number of ranks and the same ZeRO layout (its manifest was verified by `_resume_path`)."""
         zero = self.cfg.trainer.backend == "deepspeed" and self.cfg.deepspeed.zero_stage > 0
-        if zero or (folder / "deepspeed").is_dir():
-            ckpt.verify_manifest(folder)
         if state.world_size != self.world:
             raise ckpt.CheckpointError(f"checkpoint {folder} was written by {state.world_size} process(es); this run "
                                        f"has {self.world}: resume with the same number of processes")
@@ -375,7 +387,13 @@ class RunSession:
 
     # ---- persistence ----------------------------------------------------------------------------------------
     def save(self, *, step: int, task_cursor: int, warm_start_done: bool) -> Path:
-        """An atomic, collective checkpoint of the run at `step` (`trainer/checkpoint.py`); the oldest pruned."""
+        """An atomic, collective checkpoint of the run at `step` (`trainer/checkpoint.py`); the oldest pruned once
+        the newest verify. Weights that are not all finite are never saved: `NonFiniteError` on every rank."""
+        trainable = [(n, p) for n, p in self.trained.model.named_parameters() if p.requires_grad]
+        bad = nonfinite_weights(trainable)
+        if self.world > 1 and dist.all_reduce([float(len(bad))], op="max")[0] and not bad:  # ZeRO-3: rank shards
+            raise NonFiniteError(f"step {step}: another rank holds non-finite trained weights; no checkpoint written")
+        require_finite_weights(trainable, f"step {step}: the trained weights (no checkpoint written)")
         sampler = self.policy.get_rng_state()
         ds_zero = isinstance(self.trained.engine, DeepSpeedEngineAdapter) and self.trained.engine.zero_stage > 0
         rng = ckpt.capture_rng(sampler)

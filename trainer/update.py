@@ -24,6 +24,7 @@ from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import Config
+from agentgym_opsd.trainer.finite import NonFiniteError, require_finite
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
@@ -136,23 +137,31 @@ class PPOUpdate:
                     entropy_coef=a.entropy_coef, num_tokens=int(num_tokens),
                     tis_weights=pad_left([correction.weights[i] for i in idx], width).to(self.device)
                     if correction.enabled else None)
+                micro_loss = float(terms.loss.detach())
+                if self.world == 1:  # several ranks: a rank's NaN reaches every rank's gradient norm, checked alike
+                    require_finite(micro_loss, f"RL step {step + 1}: the update's loss")
                 self.engine.backward(terms.loss * self.world if self.world > 1 else terms.loss,
                                      is_last=k == n_micro - 1)
                 if not grad_norms:  # before the first optimiser step π_θ is the policy that sampled the rows
                     drift.add(logp.detach(), old_tokens, mask)
-                loss += float(terms.loss.detach())
+                loss += micro_loss
                 for key, value in (("policy", terms.policy), ("kl", terms.kl), ("entropy", terms.entropy),
                                    ("clipped", terms.clipped_tokens), ("approx_kl", terms.approx_kl)):
                     sums[key] += float(value)
             sums["tokens"] += num_tokens / self.world  # summed over the ranks below
             losses.append(loss)
-            grad_norms.append(self.engine.step())
+            try:
+                grad_norms.append(self.engine.step())
+            except NonFiniteError as exc:
+                raise NonFiniteError(f"RL step {step + 1}: {exc}") from None
         if logprobs.trunk is not None:
             logprobs.trunk.release()  # every mini-batch has run: the step's trunk outputs are not needed again
         if self.world > 1:  # the loss terms are sums: add up the ranks' parts
             names = list(sums)
             sums = dict(zip(names, dist.all_reduce([sums[k] for k in names]), strict=True))
             losses = dist.all_reduce(losses)
+        for value in losses:  # the same sums on every rank
+            require_finite(value, f"RL step {step + 1}: the update's loss")
         tokens = max(sums["tokens"], 1.0)
         return {"loss": float(np.mean(losses)), "policy_loss": sums["policy"] / tokens, "kl": sums["kl"] / tokens,
                 "entropy": sums["entropy"] / tokens, "clip_fraction": sums["clipped"] / tokens,

@@ -35,6 +35,8 @@ from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import engine as dist
+from agentgym_opsd.trainer.checkpoint import MANIFEST, CheckpointError, verify_manifest, write_manifest
+from agentgym_opsd.trainer.finite import NonFiniteError, require_finite
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache, trunk_depth
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 WARM_START_VERSION = 2
 """Bump when the warm-start procedure changes, so cached warm starts of the old procedure are not reused."""
+SUMMARY = "summary.json"
 
 
 class ThoughtOracle(OraclePolicy):
@@ -161,9 +164,13 @@ def sft_step(
                                                  pad_id=pad_id, trunk=trunk, rows=[pick[i] for i in idx], keep=True,
                                                  prefix_len=prefix_len)
         loss = -(logp * mask).sum() / num_tokens
+        value = float(loss.detach())
+        if dist.world_size() == 1:  # several ranks: a rank's NaN reaches every rank's gradient norm, checked alike
+            require_finite(value, "the SFT loss")
         engine.backward(loss, is_last=k == len(batches) - 1)
-        total += float(loss.detach())
+        total += value
     engine.step()
+    require_finite(total, "the SFT loss")
     return total
 
 
@@ -267,7 +274,7 @@ class WarmStart:
         self.folder.mkdir(parents=True, exist_ok=True)
         cached = self.cache_dir()
         # rank 0 decides: another run may fill the shared cache between two ranks' looks
-        if dist.broadcast_object(cached is not None and (cached / "summary.json").is_file()):
+        if dist.broadcast_object(cached is not None and policy.is_main and intact_entry(cached, say_why=True)):
             assert cached is not None
             policy.load_weights(cached / "model")
             summary = json.loads((cached / "summary.json").read_text(encoding="utf-8"))
@@ -327,10 +334,13 @@ class WarmStart:
         every = max(len(schedule) // 10, 1)  # a log line per tenth: background runs have no progress bar
         for k, pick in enumerate(tqdm(schedule, desc="warm start (SFT)", unit="step",
                                       disable=not cfg.trainer.progress), start=1):
-            losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
-                                   max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
-                                   device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk,
-                                   packed=packed, prefix_len=prefix_len))
+            try:
+                losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
+                                       max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
+                                       device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk,
+                                       packed=packed, prefix_len=prefix_len))
+            except NonFiniteError as exc:
+                raise NonFiniteError(f"warm start, SFT step {k} of {len(schedule)}: {exc}") from None
             if not cfg.trainer.progress and (k % every == 0 or k == len(schedule)):
                 log.info("warm start: SFT step %d / %d, loss %.3f, %.0f s", k, len(schedule),
                          float(np.mean(losses[-every:])), time.perf_counter() - t0 - seconds_demos)
@@ -375,8 +385,25 @@ class WarmStart:
         dist.barrier()
 
     def _publish(self, tmp: Path, target: Path, summary: dict[str, Any]) -> None:
-        (tmp / "summary.json").write_text(to_json(summary, indent=2), encoding="utf-8")
+        # the weights' manifest (the entry also gathers start evaluations later): a reuse checks them against it
+        write_manifest(tmp / "model", step=0, world_size=1, marker=MANIFEST)
+        (tmp / SUMMARY).write_text(to_json(summary, indent=2), encoding="utf-8")
         # complete or absent: a reader never sees model/ without summary.json. In the shared cache, an entry
-        # another run completed first is as good as ours; one without summary.json (a killed older version) is not
+        # another run completed first is as good as ours; one that does not verify (corrupt, or a killed older
+        # version's) is not
         shared = target != self.folder
-        publish_dir(tmp, target, keep=(lambda entry: (entry / "summary.json").is_file()) if shared else None)
+        publish_dir(tmp, target, keep=intact_entry if shared else None)
+
+
+def intact_entry(entry: Path, *, say_why: bool = False) -> bool:
+    """Whether a warm-start folder is complete and its files are as written (`verify_manifest`); `say_why` logs
+    why one that exists is not (it is then trained again and replaced)."""
+    if not (entry / SUMMARY).is_file():
+        return False
+    try:
+        verify_manifest(entry / "model", marker=MANIFEST)
+    except CheckpointError as exc:
+        if say_why:
+            log.warning("warm start: not reusing %s, it does not verify (%s); training it again", entry, exc)
+        return False
+    return True
