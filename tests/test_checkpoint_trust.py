@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -105,6 +106,13 @@ def test_an_intact_checkpoint_is_never_pruned_below_an_unverified_one(tmp_path) 
     deleted = ckpt.prune_checkpoints(tmp_path, keep=2)  # the two newest intact: 4 and 2; 1 goes, 3 is kept
     assert [p.name for p in deleted] == ["step_000001"]
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000002", "step_000003", "step_000004"]
+    # step 4 was verified by the last prune; damaged since, it is checked again, not taken on trust
+    weights = tmp_path / "step_000004" / "model" / "model.safetensors"
+    _smash_middle(weights)
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    _save(tmp_path, 5)
+    assert ckpt.prune_checkpoints(tmp_path, keep=2) == []  # 5 and 2 are the two intact ones
+    assert len(ckpt.list_checkpoints(tmp_path)) == 4
 
 
 def test_a_checkpoint_of_the_first_manifest_version_still_resumes(tmp_path, caplog) -> None:

@@ -601,7 +601,7 @@ def prune_checkpoints(checkpoints_dir: str | os.PathLike[str], keep: int) -> lis
     intact = 0
     for i in range(len(found) - 1, -1, -1):
         try:
-            verify_manifest(found[i])
+            _verified_since(found[i])
         except CheckpointError as exc:
             log.warning("checkpoint %s did not verify and is not counted as one to keep: %s", found[i].name, exc)
             continue
@@ -609,8 +609,27 @@ def prune_checkpoints(checkpoints_dir: str | os.PathLike[str], keep: int) -> lis
         if intact == keep:
             for old in found[:i]:
                 shutil.rmtree(old, ignore_errors=True)
+                _VERIFIED.pop(old, None)
             return found[:i]
     return []
+
+
+_VERIFIED: dict[Path, tuple[tuple[str, int, int, int], ...]] = {}
+"""Checkpoints this process verified, with every file's (name, size, mtime, inode) then: a save prunes against
+the checkpoints it verified at the last save without hashing their gigabytes again, unless a file changed."""
+
+
+def _verified_since(folder: Path) -> None:
+    """`verify_manifest(folder)`, skipped where this process verified it and no file of it changed since."""
+    def signature() -> tuple[tuple[str, int, int, int], ...]:
+        stats = ((p.relative_to(folder).as_posix(), p.stat()) for p in folder.rglob("*") if p.is_file())
+        return tuple(sorted((rel, st.st_size, st.st_mtime_ns, st.st_ino) for rel, st in stats))
+
+    before = signature()
+    if _VERIFIED.get(folder) == before:
+        return
+    verify_manifest(folder)
+    _VERIFIED[folder] = before
 
 
 def load_trainer_state(folder: str | os.PathLike[str]) -> TrainerState:
