@@ -214,3 +214,18 @@ def test_a_warm_start_cache_entry_that_does_not_verify_is_trained_again(tmp_path
     assert again["warm_start/cache_hit"] == 0.0
     ckpt.verify_manifest(entry / "model", marker=ckpt.MANIFEST)  # replaced by the entry trained again
     shutil.rmtree(tmp_path / "cache")
+
+
+def test_non_finite_weights_in_a_sealed_checkpoint_are_refused_on_load(tmp_path, toy_env_ids, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_args(out, "trainer.total_steps=1")) == 0
+    folder = out / "checkpoints" / "step_000001"
+    weights = folder / "model" / "model.safetensors"
+    tensors = load_file(str(weights))
+    name = next(iter(tensors))
+    tensors[name] = torch.full_like(tensors[name], math.nan)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    ckpt.write_manifest(folder, step=1, world_size=1)  # sealed as it is: only the load sees the NaNs
+    assert main(_args(out, "trainer.total_steps=2", "--resume", str(folder))) == 2
+    err = capsys.readouterr().err
+    assert "is corrupt" in err and "non-finite values" in err and name in err

@@ -137,11 +137,10 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
         log.info("model.autocast: the %d trainable blocks compute their matmuls in %s under autocast, their "
                  "weights and updates float32", blocks, m.dtype)
     if resume_from is not None:  # a checkpoint of an earlier version (weights hashed by size only) meets this
-        bad = nonfinite_weights(model.named_parameters())
-        if bad:
-            raise ckpt.CheckpointError(f"checkpoint {resume_from} is corrupt: {sum(bad.values())} non-finite weights "
-                                       f"in {len(bad)} tensors ({', '.join(list(bad)[:3])}); resume from an earlier "
-                                       "checkpoint or start over")
+        try:
+            require_finite_weights(model.named_parameters(), f"checkpoint {resume_from} is corrupt")
+        except NonFiniteError as exc:
+            raise ckpt.CheckpointError(f"{exc}; resume from an earlier checkpoint or start over") from None
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tok

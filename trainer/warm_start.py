@@ -259,7 +259,7 @@ class WarmStart:
 
     def model_dir(self) -> Path | None:
         """Where the warm-started weights of this run are (the run folder, or the shared cache)."""
-        summary = self.folder / "summary.json"
+        summary = self.folder / SUMMARY
         if summary.is_file():
             where = json.loads(summary.read_text(encoding="utf-8")).get("warm_start/model_dir")
             if where and Path(where).is_dir():
@@ -277,7 +277,7 @@ class WarmStart:
         if dist.broadcast_object(cached is not None and policy.is_main and intact_entry(cached, say_why=True)):
             assert cached is not None
             policy.load_weights(cached / "model")
-            summary = json.loads((cached / "summary.json").read_text(encoding="utf-8"))
+            summary = json.loads((cached / SUMMARY).read_text(encoding="utf-8"))
             summary.update({"warm_start/cache_hit": 1.0, "warm_start/sft_steps_this_run": 0.0,
                             "warm_start/seconds_this_run": time.perf_counter() - t0})
             log.info("warm start: reused %s", cached)
@@ -291,7 +291,7 @@ class WarmStart:
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
         policy.engine.reset_optimizer_state()  # RL starts with fresh AdamW moments (the SFT ones have another scale)
         if policy.is_main:
-            (self.folder / "summary.json").write_text(to_json(summary, indent=2), encoding="utf-8")
+            (self.folder / SUMMARY).write_text(to_json(summary, indent=2), encoding="utf-8")
         dist.barrier()
         log.info("warm start: %s", summary)
         return summary
