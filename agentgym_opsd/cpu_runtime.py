@@ -9,10 +9,7 @@ once with both preloaded, where vLLM's CPU build is installed and the libraries 
     ./.ci/setup.sh --vllm                 # .venv-vllm; setup also installs libtcmalloc-minimal4 (apt)
     .venv-vllm/bin/python -m agentgym_opsd.train --config cpu-small   # starts again, preloaded, at once
 
-On an AMD EPYC of family 25 model 1 (2 cores, float32) it made 32 ALFWorld episodes on vLLM 1.06x faster, twice
-(`benchmarks/bench_cpu_runtime.py`, rounds alternated), and the trainer's passes ran as fast as without, in the
-engine's process and in one of their own (`bench_sft_layout.py`). Nothing
-changes where vLLM's CPU build is absent (`.venv`, a GPU machine) or a library is missing, or with
+What it gains is measured in the documentation's benchmarks page. Nothing changes where vLLM's CPU build is absent (`.venv`, a GPU machine) or a library is missing, or with
 `AGENTGYM_OPSD_PRELOAD=0`. A run on vLLM's CPU build logs what it was preloaded with (`LOG_PREFIX`).
 """
 
@@ -30,7 +27,7 @@ __all__ = ["LOG_PREFIX", "PRELOADED_ENV", "PRELOAD_ENV", "active_preloads", "des
 PRELOAD_ENV = "AGENTGYM_OPSD_PRELOAD"
 """Set to 0 to run without the preloads (to measure against, or where a library misbehaves)."""
 LOG_PREFIX = "vLLM on the CPU, preloaded: "
-"""A run's log line, `LOG_PREFIX + describe_preloads()` (`benchmarks/bench_main_job_time.py` reads it back)."""
+"""A run's log line, `LOG_PREFIX + describe_preloads()` (a run's log says what it ran with)."""
 PRELOADED_ENV = "AGENTGYM_OPSD_PRELOADED"
 """Set in the re-executed process: it never re-executes again, whatever it found."""
 
@@ -60,7 +57,7 @@ def _find_tcmalloc(dirs: Sequence[str]) -> str | None:
 
 def _iomp_candidates() -> list[str]:
     """Where `intel-openmp` put libiomp5.so: its own file list (the environment's lib folder, also when a light
-    venv takes its dependencies from another one, as `benchmarks/worktree.sh` makes), then `sys.prefix/lib`."""
+    venv takes its dependencies from another one), then `sys.prefix/lib`."""
     try:
         dist = importlib.metadata.distribution(IOMP_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:

@@ -5,7 +5,7 @@ when a valid action lowered it, WASTED otherwise) and scored by an estimator's m
 (the penalty term left out). The AUC in won trajectories is P(m_progress > m_wasted), in lost ones
 P(m_wasted > m_progress) (more blame on the wasted turns); ties count ½, GRPO is 0.5 by construction.
 
-`benchmarks/bench_credit_quality.py` scores fresh rollouts with every estimator and teacher context;
+The credit-quality benchmark scores fresh rollouts with every estimator and teacher context;
 `scores_from_run` reads a finished training run's own records (`trajectories/` joined with `credit/` by
 trajectory and turn), so every study arm reports the AUC of the rollouts it trained on at no extra cost.
 """

@@ -1,12 +1,12 @@
 """Evidence variants compared on identical rollouts: the credit AUC each form of e_k gives AgentOPSD.
 
-`benchmarks/bench_credit_quality.py --evidence paper,choice,mean,args` scores one set of rollouts per
+The credit-quality benchmark (`--evidence paper,choice,mean,args`) scores one set of rollouts per
 environment with every evidence form (`agentgym_opsd.credit.evidence`) and the paper's AgentOPSD estimator,
 turns them into `TurnScore`s (the multiplier m_k = Ã_k / A_seq, keyed by variant), and this module makes the
 record: per variant the credit AUC on *valid* turns in won trajectories (progress should get more of the
 credit) and in lost ones (wasted turns more of the blame), the progress : wasted counts behind each, the same
 over all turns, and how many rows each variant judged in its own form (the rest fell back to the paper's
-sum). Every environment's record goes into one file, `benchmarks/results/evidence_variants.json`, shaped
+sum). Every environment's record goes into one file (`evidence_variants.json`), shaped
 `{env: {variant: {...}, "run": {...}}}`, merged under a lock so the three environments can run at once.
 """
 

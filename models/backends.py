@@ -23,12 +23,9 @@ __all__ = ["BACKENDS", "BACKEND_CHOICES", "VLLM_CPU_MIN_EPISODES", "BackendChoic
 BACKENDS = ("hf", "vllm")
 BACKEND_CHOICES = ("auto", *BACKENDS)
 VLLM_CPU_MIN_EPISODES = 64
-"""`auto` takes vLLM's CPU build for a run that plays at least this many episodes. Its engine start is paid back
-after ~21-29 episodes in the measurements of `bench_rollout_backends.py` (32 ALFWorld episodes): an AMD EPYC in
-bf16, vLLM 23.4 s against HF 112.4 s with a 79 s start; an AMD EPYC without bf16 instructions in float32, one
-seed per request (`benchmarks/results/rollout_backends.json`), 121 s against 231 s with an 81 s longer start (25
-episodes). Twice that leaves room for slower machines and shorter episodes. On a GPU the start pays for any
-real run."""
+"""`auto` takes vLLM's CPU build for a run that plays at least this many episodes: about twice the episodes after
+which its slower engine start is paid back on the CPUs measured (docs: Benchmarks, the rollout backends), which
+leaves room for slower machines and shorter episodes. On a GPU the start pays for any real run."""
 
 
 @dataclass(frozen=True)

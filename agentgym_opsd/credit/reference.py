@@ -1,6 +1,6 @@
 """SLOW reference implementations: docs/method.md and GiGPO written out as plain Python loops per trajectory,
 in float64 Python math. They are the readable ground truth that tests/test_credit.py,
-tests/test_credit_gigpo.py and benchmarks/bench_credit.py check the vectorised estimators against; never
+tests/test_credit_gigpo.py and the credit benchmark check the vectorised estimators against; never
 use them for training."""
 
 from __future__ import annotations
