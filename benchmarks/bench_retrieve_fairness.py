@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import multiprocessing
 import statistics
 import tempfile
@@ -64,14 +63,14 @@ class SlowEncoder:
 
 def _serve(folder: str, chunk_queries: int, encode_ms: float, port: Any) -> None:
     """The server process: the index of `folder` with a SlowEncoder, answering until terminated."""
-    from werkzeug.serving import make_server
+    from agentgym_opsd.serving import HTTPLimits, wsgi_host
+    from agentgym_opsd.serving.host import bind, build_server
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     retriever = DenseRetriever(folder, encoder=SlowEncoder(encode_ms))
-    httpd = make_server("127.0.0.1", 0, create_app(retriever, RetrieveLimits(chunk_queries=chunk_queries)),
-                        threaded=True)
-    port.put(httpd.server_port)
-    httpd.serve_forever()
+    sock = bind("127.0.0.1", 0)
+    port.put(sock.getsockname()[1])
+    build_server(wsgi_host(create_app(retriever, RetrieveLimits(chunk_queries=chunk_queries)), HTTPLimits())).run(
+        sockets=[sock])
 
 
 @contextlib.contextmanager

@@ -51,8 +51,6 @@ import bisect
 import copy
 import logging
 import math
-import select
-import socket
 import threading
 import time
 from collections import deque
@@ -64,7 +62,7 @@ from agentgym_opsd.policies import PolicyOutput
 from agentgym_opsd.records import ChatMessage
 
 __all__ = ["MESSAGE_FRAMING_TOKENS", "PROMPT_CHARS_PER_TOKEN", "SHORT_LANE_TOKENS", "BatchPolicy", "Completion", "Job",
-           "JobError", "PolicyBatcher", "QueueFull", "prompt_chars", "socket_alive"]
+           "JobError", "PolicyBatcher", "QueueFull", "prompt_chars"]
 
 log = logging.getLogger(__name__)
 
@@ -201,26 +199,6 @@ class _Lane:
     queue: deque[Job] = field(default_factory=deque)
     expected: int = 1  # jobs the next round waits for: those in flight when the last generation ended
     thread: threading.Thread | None = None
-
-
-def socket_alive(sock: socket.socket) -> bool:
-    """Whether the peer of `sock` is still connected: a non-blocking peek that reads end-of-stream (b'') or
-    fails means it closed or reset the connection; no data yet (BlockingIOError) or data means it is there.
-    The peek consumes nothing and does not change the socket's blocking mode, so it is safe while another
-    thread owns the socket. Without MSG_DONTWAIT (Windows) every client counts as connected. A socket with a
-    timeout (the pooled server's) waits for data even with MSG_DONTWAIT and reads its timeout as a hang-up, so
-    the peek is made only once a zero-wait select says there is something to read (data or the end)."""
-    flags = getattr(socket, "MSG_DONTWAIT", None)
-    if flags is None:
-        return True
-    try:
-        if not select.select([sock], [], [], 0)[0]:
-            return True
-        return sock.recv(1, socket.MSG_PEEK | flags) != b""
-    except (BlockingIOError, InterruptedError):
-        return True
-    except (OSError, ValueError):
-        return False
 
 
 class PolicyBatcher:

@@ -29,10 +29,10 @@ Limits, each answered with a JSON error:
 - A prompt with more characters than its token limit can hold (`--max-prompt-tokens`, or the context when
   smaller, times `--prompt-chars-per-token`, 16 by default; each message counts 4 tokens' worth more for
   its template) -> 400 before it is tokenised, so a huge prompt costs no tokenising time.
-- Connections are read by the serving kit's connection layer (`agentgym_opsd.serving.pool`, flags
-  `--workers`, `--header-timeout`, `--body-timeout`, ...): a client that sends nothing or trickles its request
-  holds no worker and gets a JSON 408 after its deadline; a declared body over `--max-body-bytes` gets 413 at
-  once; SIGINT/SIGTERM lets requests in progress end for `--shutdown-grace` while new connections get 503.
+- It runs on the serving kit's HTTP host (`agentgym_opsd.serving.host`, uvicorn; flags `--workers`,
+  `--header-timeout`, `--body-timeout`, ...): a client that sends nothing or trickles its request holds no worker
+  and gets a JSON 408 after its deadline; a declared body over `--max-body-bytes` gets 413 at once;
+  SIGINT/SIGTERM lets requests in progress end for `--shutdown-grace` while new requests get 503.
 - `--max-queue` requests already waiting -> 503 with Retry-After; a request that waited more than
   `--queue-timeout` seconds without being scheduled -> 503. The `openai:` client retries both.
 - A client that disconnects while its request is queued: the request leaves the queue and is never
@@ -48,7 +48,6 @@ The server binds 127.0.0.1 unless told otherwise (`--host 0.0.0.0` exposes the m
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import math
 import os
@@ -70,21 +69,19 @@ from agentgym_opsd.models.policy_batcher import (
     JobError,
     PolicyBatcher,
     QueueFull,
-    socket_alive,
 )
 from agentgym_opsd.serving.bodies import BodyError, read_json_body
 from agentgym_opsd.serving.cli import (
-    add_pool_arguments,
+    add_limit_arguments,
+    limits_from_args,
     non_negative_float,
     non_negative_int,
     number_type,
-    pool_from_args,
     port_number,
     positive_float,
     positive_int,
-    serve_until_interrupted,
 )
-from agentgym_opsd.serving.pool import WorkerPool
+from agentgym_opsd.serving.host import HTTPLimits, client_alive_check, serve, wsgi_host
 
 __all__ = ["MAX_TEMPERATURE", "MIN_TEMPERATURE", "ServerLimits", "UnknownModel", "check_model", "create_app", "main",
            "validate_chat_request"]
@@ -113,11 +110,11 @@ class ServerLimits:
     short_lane_tokens: int = SHORT_LANE_TOKENS  # prompt + max_tokens up to this: the short lane (0 = one lane)
 
 
-def default_pool(limits: ServerLimits) -> WorkerPool:
-    """The connection layer of a server with `limits`: a worker holds a request while it waits in the batcher's
-    queue and while it is generated, so there are workers for a full queue and a full batch in each of the two
-    lanes (and a few for /health); the batcher, not the pool, is what refuses a request with 503."""
-    return WorkerPool(workers=limits.max_queue + 2 * limits.max_batch + 4, max_body_bytes=limits.max_body_bytes)
+def default_http_limits(limits: ServerLimits) -> HTTPLimits:
+    """The HTTP limits of a server with `limits`: a worker holds a request while it waits in the batcher's queue
+    and while it is generated, so there are workers for a full queue and a full batch in each of the two lanes
+    (and a few for /health); the batcher, not the host, is what refuses a request with 503."""
+    return HTTPLimits(workers=limits.max_queue + 2 * limits.max_batch + 4, max_body_bytes=limits.max_body_bytes)
 
 
 class BadRequest(ValueError):
@@ -277,10 +274,10 @@ def create_app(policy: Any, model_name: str, limits: ServerLimits | None = None,
             return _error(404, str(exc), code="model_not_found")
         except BadRequest as exc:
             return _error(400, str(exc))
-        sock = request.environ.get("werkzeug.socket")  # absent under a test client: always connected
+        client_alive = client_alive_check()  # None under a test client: always connected
         job = Job(req["messages"], temperature=req.get("temperature", default_temperature),
                   top_p=req.get("top_p", default_top_p), max_tokens=req.get("max_tokens"), stop=req["stop"],
-                  **({"client_alive": functools.partial(socket_alive, sock)} if sock is not None else {}))
+                  **({"client_alive": client_alive} if client_alive is not None else {}))
         try:
             batcher.submit(job)  # checks and tokenises the prompt in this thread, then queues it
             done = batcher.wait(job)
@@ -340,7 +337,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "of their own, beside longer ones (0 = one lane for all)")
     p.add_argument("--batch-window-ms", type=non_negative_float, default=defaults.batch_window_s * 1000,
                    help="how long a batch may wait for as many requests as the previous batch had (0 = never)")
-    add_pool_arguments(p, default_pool(defaults))
+    add_limit_arguments(p, default_http_limits(defaults))
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = p.parse_args(argv)
@@ -360,8 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           short_lane_tokens=args.short_lane_tokens)
     app = create_app(policy, args.model_name or model, limits)
     try:
-        pool = pool_from_args(args, default_pool(limits))
-        serve_until_interrupted(app, args.host, args.port, lambda url: f"serving {model} on {url}", pool=pool)
+        http = limits_from_args(args, default_http_limits(limits))
+        serve(wsgi_host(app, http), args.host, args.port, lambda url: f"serving {model} on {url}")
     finally:
         app.extensions["policy_batcher"].close()
     return 0

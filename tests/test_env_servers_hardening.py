@@ -30,12 +30,12 @@ from search_qa_helpers import (
 )
 from search_qa_helpers import tiny_index as build_tiny_index
 from test_webshop_helpers import small_shop
-from werkzeug.serving import make_server
 
 from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
 from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
 from agentgym_opsd.environments.search_qa.retriever import DenseRetriever, EncodeBatcher, HttpRetriever
 from agentgym_opsd.environments.search_qa.serve import create_app as create_search_app
+from agentgym_opsd.serving import BackgroundServer, HTTPLimits, wsgi_host
 
 # ---------------------------------------------------------------------------------------------- helpers
 
@@ -48,14 +48,8 @@ def tiny_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 @contextlib.contextmanager
 def serving(app: Any) -> Iterator[str]:
     """`app` on a free loopback port in a background thread; yields its base URL."""
-    httpd = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_port}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with BackgroundServer(wsgi_host(app, HTTPLimits())) as httpd:
+        yield httpd.url
 
 
 def send(url: str, path: str, parts: Iterable[bytes], *, content_length: int | None = None,

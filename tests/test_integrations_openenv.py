@@ -287,7 +287,7 @@ def test_posts_beyond_the_cap_get_503_while_others_are_in_progress() -> None:
 
     async def scenario() -> tuple[list[dict], list[dict]]:
         held = asyncio.create_task(call())
-        while guard.posts_in_progress == 0:
+        while guard.guarded_in_progress == 0:
             await asyncio.sleep(0)  # let the first request enter
         refused = await call()
         release.set()
@@ -296,7 +296,7 @@ def test_posts_beyond_the_cap_get_503_while_others_are_in_progress() -> None:
     held, refused = asyncio.run(scenario())
     assert held[0]["status"] == 200 and refused[0]["status"] == 503
     assert (b"retry-after", b"1") in refused[0]["headers"] and b"max_sessions" in refused[1]["body"]
-    assert guard.posts_in_progress == 0
+    assert guard.guarded_in_progress == 0
 
 
 def test_a_stopping_guard_refuses_newcomers_and_says_when_it_has_drained() -> None:

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from werkzeug.serving import make_server
 
 from agentgym_opsd.environments.search_qa.embedding import HashingEncoder
 from agentgym_opsd.environments.search_qa.generator import generate_dataset
 from agentgym_opsd.environments.search_qa.index import IndexConfig, write_index_folder
 from agentgym_opsd.environments.search_qa.retriever import DenseRetriever, HttpRetriever, RetrievalError
 from agentgym_opsd.environments.search_qa.serve import DEFAULT_TOPK, create_app
+from agentgym_opsd.serving import BackgroundServer, HTTPLimits, wsgi_host
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +23,8 @@ def server(tmp_path_factory):
     folder = write_index_folder(tmp_path_factory.mktemp("srv") / "idx", data.passages, HashingEncoder().encode,
                                 IndexConfig(kind="flat"), progress=False)
     retriever = DenseRetriever(folder, encoder=HashingEncoder().encode)
-    httpd = make_server("127.0.0.1", 0, create_app(retriever, num_passages=len(data.passages)), threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{httpd.server_port}"
+    httpd = BackgroundServer(wsgi_host(create_app(retriever, num_passages=len(data.passages)), HTTPLimits())).start()
+    url = httpd.url
     deadline = time.monotonic() + 10
     while True:  # readiness by polling /health, not by sleeping a fixed time
         try:
@@ -39,7 +36,7 @@ def server(tmp_path_factory):
                 raise
             time.sleep(0.05)
     yield url, data, folder
-    httpd.shutdown()
+    httpd.stop()
 
 
 def _post(url: str, body: bytes) -> tuple[int, dict]:

@@ -4,7 +4,7 @@ that disconnect while queued, oversize prompts (refused before tokenising; token
 scheduler's work), hostile bodies and CLI usage errors.
 
 Most tests use a recording stand-in policy (answers "echo:<last message>" one character per token) behind
-a real threaded werkzeug server; its `gate` holds a generation open so a test can queue requests behind it
+the real HTTP host (`serving.host`, uvicorn); its `gate` holds a generation open so a test can queue requests behind it
 deterministically instead of racing the scheduler."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 import requests
-from werkzeug.serving import make_server
 
 from agentgym_opsd.models import policy_server
-from agentgym_opsd.models.policy_server import ServerLimits, create_app
+from agentgym_opsd.models.policy_server import ServerLimits, create_app, default_http_limits
 from agentgym_opsd.policies import PolicyOutput
+from agentgym_opsd.serving import BackgroundServer, wsgi_host
 
 TIMEOUT = 30  # generous: the machine may be busy; passing tests take well under a second each
 
@@ -93,18 +93,16 @@ class RecordingPolicy:
 
 @contextmanager
 def served(policy: Any, limits: ServerLimits | None = None, **kwargs: Any) -> Iterator[tuple[str, Any]]:
-    """A real threaded server on a free port; yields (chat-completions URL, batcher)."""
-    app = create_app(policy, "stand-in", limits or ServerLimits(batch_window_s=0.0), **kwargs)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    """The server on a free port, as `main` serves it; yields (chat-completions URL, batcher)."""
+    limits = limits or ServerLimits(batch_window_s=0.0)
+    app = create_app(policy, "stand-in", limits, **kwargs)
+    server = BackgroundServer(wsgi_host(app, default_http_limits(limits))).start()
     batcher = app.extensions["policy_batcher"]
     try:
-        yield f"http://127.0.0.1:{server.server_port}/v1/chat/completions", batcher
+        yield f"{server.url}/v1/chat/completions", batcher
     finally:
         policy.gate.set() if hasattr(policy, "gate") else None
-        server.shutdown()
-        server.server_close()
+        server.stop()
         batcher.close()
 
 

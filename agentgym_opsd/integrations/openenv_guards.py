@@ -1,9 +1,6 @@
-"""The OpenEnv server's guards around OpenEnv's app and uvicorn: what our WSGI servers get from the serving kit's
-connection layer (`agentgym_opsd.serving.connections`), for an ASGI server with WebSocket sessions.
+"""The OpenEnv server's guards on its WebSocket sessions (its HTTP requests and connections have the serving kit's
+host guards, `agentgym_opsd.serving.host`, like every server we ship).
 
-- `connection_protocol`: uvicorn's h11 protocol with a deadline on each request head (an idle or trickling
-  client gets a JSON 408 and is closed: uvicorn has none, and 64 idle sockets held every connection slot), a cap
-  on open connections answered with a JSON 503 (uvicorn's own is plain text), and JSON for h11's refusals;
 - `guard_session`: one WebSocket session. At most `max_sessions` at once (one more always gets OpenEnv's
   `CAPACITY_REACHED` error, then a close); a session idle for `session_timeout_s` is told so and ended, which
   frees its slot (OpenEnv 0.3 takes the timeout in its config and never applies it); each message passes the
@@ -20,92 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentgym_opsd.serving.bodies import BodyError, parse_json_text
-from agentgym_opsd.serving.connections import json_response
 
-__all__ = ["SessionGate", "connection_protocol", "guard_session", "refuse_session"]
+__all__ = ["SessionGate", "guard_session", "refuse_session"]
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-def connection_protocol(header_timeout_s: float, max_connections: int, retry_after_s: int, max_body_bytes: int) -> type:
-    """A uvicorn h11 protocol class (uvicorn.Config(http=...)) with the head deadline, the connection cap and a
-    413 at once for a chunk whose declared size is over `max_body_bytes` (the app sees only the bytes that
-    arrived, so such a chunk trickled would otherwise wait for the body deadline)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    too_slow = json_response(408, "Request Timeout", {
-        "error": f"the request head did not arrive within {header_timeout_s:g} s", "limit": "header_timeout_s",
-        "max": header_timeout_s})
-    too_many = json_response(503, "Service Unavailable", {
-        "error": f"the server holds {max_connections} connections already; retry after {retry_after_s} s",
-        "limit": "max_connections", "max": max_connections}, retry_after_s)
-    too_large = json_response(413, "Content Too Large", {
-        "error": f"a chunk of the body is over {max_body_bytes} bytes; at most {max_body_bytes} are accepted",
-        "limit": "max_body_bytes", "max": max_body_bytes})
-
-    class GuardedH11Protocol(H11Protocol):  # type: ignore[misc]
-        _head_timer: asyncio.TimerHandle | None = None
-        _waiting_cycle: Any = None  # the request cycle before the head the timer waits for
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                transport.write(too_many)
-                transport.close()
-                return
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            upgraded = self.transport.get_protocol() is not self  # a WebSocket now owns the connection
-            if self._head_timer is not None and (upgraded or self.cycle is not self._waiting_cycle):
-                self._disarm()  # the head arrived: the app reads the body within its own deadline
-            # h11 keeps the size still to come of the chunk being read (a private field: absent, nothing is checked)
-            chunk_left = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)
-            if not upgraded and isinstance(chunk_left, int) and chunk_left > max_body_bytes:
-                self.transport.write(too_large)
-                self.transport.close()  # the app's read of the body sees a disconnect and answers nothing
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()  # a keep-alive connection waits for its next head under the same deadline
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def send_400_response(self, msg: str) -> None:
-            body = json.dumps({"error": msg}).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
-                          h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
-            self.transport.close()
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._waiting_cycle = self.cycle
-            self._head_timer = self.loop.call_later(header_timeout_s, self._head_too_slow)
-
-        def _disarm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_too_slow(self) -> None:
-            self._head_timer = None
-            if self.transport.is_closing() or self.transport.get_protocol() is not self:
-                return
-            if self.cycle is self._waiting_cycle:
-                self.transport.write(too_slow)
-                self.transport.close()
-
-    return GuardedH11Protocol
 
 
 class SessionGate:

@@ -37,33 +37,22 @@ Around it, the hardening of our other servers:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import signal
-import socket
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentgym_opsd.integrations.openenv_guards import (
-    SessionGate,
-    connection_protocol,
-    guard_session,
-    refuse_session,
-)
+from agentgym_opsd.integrations.openenv_guards import SessionGate, guard_session, refuse_session
 from agentgym_opsd.registry import RegistryError, import_user_module, make, parse_env_spec
-from agentgym_opsd.serving import (
-    BodyError,
-    non_negative_int,
-    parse_json_text,
-    port_number,
-    positive_float,
-    positive_int,
-    stop_on_sigint_and_sigterm,
+from agentgym_opsd.serving import non_negative_int, port_number, positive_float, positive_int
+from agentgym_opsd.serving.host import (
+    DRAIN_QUIET_S,
+    GuardedHTTP,
+    bind,
+    build_server,
+    require_positive_fields,
+    serve,
 )
-from agentgym_opsd.serving.pool import DRAIN_QUIET_S
 
 if TYPE_CHECKING:
     from agentgym_opsd.integrations.openenv_env import SessionSettings
@@ -105,94 +94,27 @@ class ServerLimits:
     """Seconds the requests in progress at a stop may take to end."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            kinds = (int, float) if f.name.endswith("_s") else (int,)
-            if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < float("inf"):
-                what = "a finite number of seconds > 0" if f.name.endswith("_s") else "an integer >= 1"
-                raise ValueError(f"ServerLimits.{f.name} must be {what}, got {value!r}")
+        require_positive_fields(self)
         if self.max_connections <= self.max_sessions:
             raise ValueError(f"ServerLimits.max_connections ({self.max_connections}) must exceed max_sessions "
                              f"({self.max_sessions}): every session holds a connection")
 
 
-class GuardedApp:
-    """OpenEnv's FastAPI app (`app`) behind the checks of its plain-HTTP requests: the body limit, hostile JSON,
-    the cap on POSTs in progress, the body deadline. A WebSocket session goes through `openenv_guards.guard_session`
-    (the session cap, the idle timeout, the message checks; uvicorn bounds a message's size, `ws_max_size`);
-    lifespan traffic passes straight through. `begin_stop` starts the drain: new requests and sessions are
-    refused, and `drained` says when the listening socket may close."""
+class GuardedApp(GuardedHTTP):
+    """OpenEnv's FastAPI app (`app`) behind the host's guards on its POSTs (`serving.host.GuardedHTTP`: the body
+    limit and deadline, hostile JSON, at most `max_sessions` POSTs in progress). A WebSocket session goes through
+    `openenv_guards.guard_session` (the session cap, the idle timeout, the message checks; uvicorn bounds a
+    message's size, `ws_max_size`); lifespan traffic passes straight through. `begin_stop` starts the drain:
+    new requests and sessions are refused, and `drained` says when the listening socket may close."""
 
     def __init__(self, app: Any, limits: ServerLimits) -> None:
-        self.app = app
-        self.limits = limits
-        # touched only on the event loop's thread (begin_stop: its signal handler, which runs there too)
-        self.posts_in_progress = 0
-        self.requests_in_progress = 0
-        self.last_request_s = 0.0  # time.monotonic() of the last request's start or end
-        self.stopping_since: float | None = None
+        super().__init__(app, limits, max_in_progress=limits.max_sessions, guarded_methods=frozenset({"POST"}),
+                         check_json=True, busy={"error": f"the server is busy: {limits.max_sessions} requests are in "
+                                                         f"progress; retry after {limits.retry_after_s} s",
+                                                "limit": "max_sessions", "max": limits.max_sessions})
         self.sessions = SessionGate(limits.max_sessions)
 
-    def begin_stop(self) -> None:
-        """Refuse new requests (503, Retry-After) and sessions from now on; `drained` tells when to close."""
-        if self.stopping_since is None:
-            self.stopping_since = time.monotonic()
-
-    def drained(self, now: float | None = None) -> bool:
-        """Whether a stopping server may close its listening socket: no request in progress and none for
-        `DRAIN_QUIET_S` since the stop began, or the shutdown grace spent."""
-        if self.stopping_since is None:
-            return False
-        now = time.monotonic() if now is None else now
-        if now - self.stopping_since >= self.limits.shutdown_grace_s:
-            return True
-        quiet_since = max(self.last_request_s, self.stopping_since)
-        return self.requests_in_progress == 0 and now - quiet_since >= DRAIN_QUIET_S
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            await self._session(scope, receive, send)
-            return
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        self.requests_in_progress += 1
-        self.last_request_s = time.monotonic()
-        try:
-            if self.stopping_since is not None:
-                await _send_json(send, 503, {"error": f"the server is stopping; retry after "
-                                                      f"{self.limits.retry_after_s} s", "limit": "shutdown"},
-                                 retry_after_s=self.limits.retry_after_s)
-            elif scope["method"] != "POST":
-                await self.app(scope, receive, send)
-            else:
-                await self._post(scope, receive, send)
-        finally:
-            self.requests_in_progress -= 1
-            self.last_request_s = time.monotonic()
-
-    async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A POST within the cap on POSTs in progress, its body read whole and checked before the app sees it."""
-        if self.posts_in_progress >= self.limits.max_sessions:
-            await _send_json(send, 503, {"error": f"the server is busy: {self.limits.max_sessions} requests are in "
-                                                  f"progress; retry after {self.limits.retry_after_s} s",
-                                         "limit": "max_sessions", "max": self.limits.max_sessions},
-                             retry_after_s=self.limits.retry_after_s)
-            return
-        self.posts_in_progress += 1
-        try:
-            try:
-                body = await self._read_body(scope, receive)
-            except BodyError as exc:
-                await _send_json(send, exc.status, {"error": str(exc)})
-                return
-            if body is None:  # the client went away
-                return
-            await self.app(scope, _replay(body, receive), send)
-        finally:
-            self.posts_in_progress -= 1
-
-    async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         from starlette.websockets import WebSocketDisconnect
 
         if self.stopping_since is not None:
@@ -206,56 +128,6 @@ class GuardedApp:
             # close; a client that closed first makes it raise this instead, which uvicorn would log as a crash
             # of the application. The session is over either way (OpenEnv destroyed it before closing).
             pass
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole body, or BodyError (413 over the limit, 400 for JSON our servers refuse); None on a
-        disconnect. A declared length over the limit is refused before a byte is read."""
-        limit = self.limits.max_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            raise BodyError(f"the body is {int(declared)} bytes; at most {limit} are accepted", 413)
-        chunks, size = [], 0
-        deadline = asyncio.get_running_loop().time() + self.limits.body_timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
-            except TimeoutError:
-                raise BodyError(f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
-                                408) from None
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise BodyError(f"the body is over {limit} bytes; at most {limit} are accepted", 413)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        if body.strip():  # an empty /reset body is OpenEnv's default reset
-            parse_json_text(body)
-        return body
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that hands the app the body already read, then the connection's own messages."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def replay() -> Message:
-        return pending.pop() if pending else await receive()
-
-    return replay
-
-
-async def _send_json(send: Send, status: int, body: dict[str, Any], *, retry_after_s: int | None = None) -> None:
-    data = json.dumps(body).encode()
-    # a refusal closes the connection: the rest of a body it did not read would be taken for the next request
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-               (b"connection", b"close")]
-    if retry_after_s is not None:
-        headers.append((b"retry-after", str(retry_after_s).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
 
 
 def create_app(settings: SessionSettings, limits: ServerLimits | None = None) -> GuardedApp:
@@ -297,63 +169,6 @@ def session_class(settings: SessionSettings) -> type:
             super().__init__(settings)
 
     return BoundEnvironment
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on `host:port` (0 = a free port): connections queue from now on, before the server
-    runs, so a client that learns the address may connect at once."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return sock
-
-
-def build_server(app: GuardedApp) -> Any:
-    """The uvicorn server of `app`, with its limits: the WebSocket message bound, the connection cap and the head
-    deadline (`openenv_guards.connection_protocol`), the graceful-shutdown wait, and the drain before it (a first
-    SIGINT or SIGTERM starts `app.begin_stop`; uvicorn's own shutdown begins once `app.drained()`, a second signal
-    begins it at once). Run it with `.run(sockets=[bind(...)])`; `.should_exit = True` stops it at once."""
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)  # uvicorn records the signal, to raise it again once it has stopped
-            if app.stopping_since is None:
-                app.begin_stop()
-                self.should_exit = False  # not yet: on_tick starts the shutdown once the server has drained
-
-        async def on_tick(self, counter: int) -> bool:
-            if app.stopping_since is not None and not self.should_exit and app.drained():
-                self.should_exit = True
-            return bool(await super().on_tick(counter))
-
-    limits = app.limits
-    protocol = connection_protocol(limits.header_timeout_s, limits.max_connections, limits.retry_after_s,
-                                   limits.max_body_bytes)
-    config = uvicorn.Config(app, http=protocol, ws_max_size=limits.max_body_bytes,
-                            timeout_graceful_shutdown=max(1, round(limits.shutdown_grace_s)), log_level="warning",
-                            lifespan="on")
-    return DrainingServer(config)
-
-
-def serve(app: GuardedApp, host: str, port: int, banner: Callable[[str], str]) -> None:
-    """Bind `host:port` (0 = a free port), print `banner(url)` with the bound address, serve until SIGINT or
-    SIGTERM, then return after uvicorn's graceful shutdown."""
-    sock = bind(host, port)
-    server = build_server(app)
-    previous = stop_on_sigint_and_sigterm()  # as our other servers do
-    try:
-        print(banner(f"http://{host}:{sock.getsockname()[1]}"), flush=True)
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        # uvicorn catches the signal, shuts down, restores our handler and raises the signal again (so that a
-        # process stopped by SIGTERM looks stopped by it); ours turns that into this exception, and a clean exit.
-        pass
-    finally:
-        sock.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

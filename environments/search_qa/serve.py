@@ -15,19 +15,18 @@ a missing or non-list `queries` or non-string queries get 400. The work one requ
 total, or more than `max_results` (10,240) passages in all (queries x topk) get 413. An unexpected failure
 is a JSON 500. It binds 127.0.0.1 by default and never runs Werkzeug's debugger, whatever FLASK_DEBUG says.
 
-Concurrency is bounded too (`agentgym_opsd.serving.pool`): `--workers` (32) threads answer requests, up to
-`--max-pending` (128) accepted connections wait for one, and a connection beyond that gets a JSON 503 with
-`Retry-After: 1` (`{"error", "limit": "max_pending", "max"}`) at once; `HttpRetriever` waits and retries.
-A flood of connections therefore never starts more threads than that, and requests waiting in the queue
-are answered once it drains (the fairness below holds among the requests being answered). Each connection carries one request (no keep-alive: an idle client would hold a
-worker). A request is read whole by one connection thread before a worker takes it, so clients that send
-nothing or trickle their bytes hold no worker: up to `--max-reading` (512) connections are read at once (one
-more: 503 `max_reading`), and a request head that takes over `--header-timeout` (10 s), or a body over
-`--body-timeout` (30 s), gets a JSON 408.
+Concurrency is bounded too (`agentgym_opsd.serving.host`, on uvicorn): `--workers` (32) threads answer
+requests, up to `--max-pending` (128) requests read whole wait for one, and one beyond that gets a JSON 503 with
+`Retry-After: 1` (`{"error", "limit": "max_pending", "max"}`) at once; `HttpRetriever` waits and retries. A flood
+of connections therefore never starts more threads than that, and requests waiting are answered once the workers
+are free (the fairness below holds among the requests being answered). A request is read whole on the event loop
+before a worker takes it, so clients that send nothing or trickle their bytes hold no worker: up to
+`--max-connections` (512) connections are open at once (one more: 503 `max_connections`), and a request head that
+takes over `--header-timeout` (10 s), or a body over `--body-timeout` (30 s), gets a JSON 408.
 
-SIGINT or SIGTERM stops the server: it stops accepting, gives the requests in progress `--shutdown-grace`
-(5 s) to end, then cancels the rest at their next chunk (each answered 503 with Retry-After, which
-`HttpRetriever` retries), waits for its workers and exits 0.
+SIGINT or SIGTERM stops the server: new requests get 503 with Retry-After (which `HttpRetriever` retries), the
+requests in progress get `--shutdown-grace` (5 s) to end, then the rest are cancelled at their next chunk (each
+answered 503 with Retry-After); it waits for its workers and exits 0.
 
 Fairness: a request is encoded `chunk_queries` (64) queries at a time through `retriever.EncodeBatcher`,
 which merges concurrent callers' texts (up to 64 a call) and takes the first chunk of any request before
@@ -44,7 +43,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +61,16 @@ from agentgym_opsd.environments.search_qa.retriever import (
 from agentgym_opsd.environments.search_qa.scheduler import FairScheduler, Ticket
 from agentgym_opsd.serving import (
     BodyError,
-    add_pool_arguments,
+    HTTPLimits,
+    add_limit_arguments,
+    limits_from_args,
     number_type,
-    pool_from_args,
     port_number,
     positive_int,
     read_json_body,
-    serve_until_interrupted,
+    serve,
+    wsgi_host,
 )
-from agentgym_opsd.serving.pool import WorkerPool
 
 __all__ = ["create_app", "main", "CHUNK_QUERIES", "DEFAULT_TOPK", "LimitError", "MAX_BODY_BYTES",
            "MAX_QUERIES_PER_REQUEST", "MAX_REQUEST_QUERY_CHARS", "MAX_RESULTS_PER_REQUEST", "RetrieveLimits"]
@@ -266,8 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits.add_argument("--chunk-queries", type=positive_int, default=defaults.chunk_queries,
                         help=f"queries a request works on per turn, so small requests slip in between "
                              f"(default {defaults.chunk_queries})")
-    pool_defaults = WorkerPool(max_body_bytes=defaults.max_body_bytes)
-    add_pool_arguments(p, pool_defaults)
+    add_limit_arguments(p, HTTPLimits())
     args = p.parse_args(argv)
     if not Path(args.index).is_dir():
         p.error(f"--index {args.index}: no such folder (build one with "
@@ -284,13 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--index {args.index}: {exc}")
     retriever.encode(["warm up"])  # load the encoder before the first request
     app = create_app(retriever, limits, num_passages=len(retriever.index))
-    pool = pool_from_args(args, replace(pool_defaults, max_body_bytes=limits.max_body_bytes))
-    serve_until_interrupted(app, args.host, args.port,
-                            lambda url: f"serving {len(retriever.index)} passages of {args.index} on {url} "
-                                        f"(per request: <= {limits.max_queries} queries, topk <= {limits.max_topk}, "
-                                        f"<= {limits.max_results} passages; {pool.workers} workers, "
-                                        f"<= {pool.max_pending} waiting)", pool=pool,
-                            cancel_in_flight=app.extensions["cancel_in_flight"])
+    http = limits_from_args(args, HTTPLimits(max_body_bytes=limits.max_body_bytes))
+    serve(wsgi_host(app, http, cancel_in_flight=app.extensions["cancel_in_flight"]), args.host, args.port,
+          lambda url: f"serving {len(retriever.index)} passages of {args.index} on {url} "
+                      f"(per request: <= {limits.max_queries} queries, topk <= {limits.max_topk}, "
+                      f"<= {limits.max_results} passages; {http.workers} workers, <= {http.max_pending} waiting)")
     return 0
 
 

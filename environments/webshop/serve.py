@@ -2,7 +2,7 @@
 
 Open http://127.0.0.1:3000/new in a browser to shop for a random training goal. Bad arguments (a port
 outside 0..65535, a non-positive TTL or count, a --data-dir without the WebShop files) are usage errors. It
-runs on the serving kit's connection layer (`agentgym_opsd.serving.pool`, `server.POOL`).
+runs on the serving kit's HTTP host (`agentgym_opsd.serving.host`, uvicorn; limits `server.LIMITS`).
 """
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ import argparse
 from pathlib import Path
 
 from agentgym_opsd.environments.webshop.loaders import OPTIONAL_FILES, RealDataError, missing_real_files
-from agentgym_opsd.environments.webshop.server import POOL, create_app
+from agentgym_opsd.environments.webshop.server import LIMITS, create_app
 from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, load_shop
 from agentgym_opsd.serving import (
-    add_pool_arguments,
-    pool_from_args,
+    add_limit_arguments,
+    limits_from_args,
     port_number,
     positive_float,
     positive_int,
-    serve_until_interrupted,
+    serve,
+    wsgi_host,
 )
 
 __all__ = ["main"]
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-ttl", type=positive_float, default=900.0,
                         help="seconds before an idle session is freed")
     parser.add_argument("--max-sessions", type=positive_int, default=512, help="live sessions at most")
-    add_pool_arguments(parser, POOL)
+    add_limit_arguments(parser, LIMITS)
     args = parser.parse_args(argv)
     _check_data_dir(parser, args.data_dir)
     try:  # also covers $AGENTGYM_OPSD_WEBSHOP_DATA, read when --data-dir is absent
@@ -55,8 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     except RealDataError as exc:
         parser.error(str(exc))
     app = create_app(shop, session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
-    serve_until_interrupted(app, args.host, args.port, lambda url: f"WebShop serving {len(shop.products)} products on {url}/",
-                            pool=pool_from_args(args, POOL))
+    serve(wsgi_host(app, limits_from_args(args, LIMITS)), args.host, args.port,
+          lambda url: f"WebShop serving {len(shop.products)} products on {url}/")
 
 
 if __name__ == "__main__":

@@ -36,20 +36,19 @@ from typing import Any
 
 from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
-from werkzeug.serving import WSGIRequestHandler
 
 from agentgym_opsd.environments.webshop.html import render_message, render_page
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
-from agentgym_opsd.serving import PooledWSGIServer, WorkerPool, read_json_body
+from agentgym_opsd.serving import BackgroundServer, HTTPLimits, read_json_body, wsgi_host
 
-__all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer", "MAX_BODY_BYTES", "POOL"]
+__all__ = ["SessionStore", "SessionLimitError", "create_app", "ShopServer", "MAX_BODY_BYTES", "LIMITS"]
 
 _MAX_FORM_CHARS = 10_000
 MAX_BODY_BYTES = 64 * 1024
 """Form posts and JSON bodies are tiny."""
-POOL = WorkerPool(max_body_bytes=MAX_BODY_BYTES)
-"""The site's connection layer (`serving.pool`): idle or trickling clients hold no worker and get a JSON 408, a
+LIMITS = HTTPLimits(max_body_bytes=MAX_BODY_BYTES)
+"""The site's HTTP limits (`serving.host`): idle or trickling clients hold no worker and get a JSON 408, a
 declared body over MAX_BODY_BYTES gets 413 at once, a stop answers newcomers 503 through its grace."""
 _TOO_LARGE = "agentgym_opsd.body_too_large"
 
@@ -301,38 +300,29 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """No per-request access log (tests and benchmarks send thousands of requests)."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return None
-
-
 class ShopServer:
-    """The app served by werkzeug in a background thread (tests, browser mode, benchmarks).
+    """The app served in a background thread (tests, browser mode, benchmarks), on the same HTTP host as
+    `serve` runs it.
 
-    `port=0` picks a free port; `url` is known once `start()` returns (the socket is bound before the
-    thread starts, so the server accepts connections immediately — no sleep needed)."""
+    `port=0` picks a free port; `url` is known at once (the socket is bound in the constructor, so the server
+    accepts connections as soon as `start()` returns — no sleep needed)."""
 
-    def __init__(self, shop: Shop, *, host: str = "127.0.0.1", port: int = 0, pool: WorkerPool = POOL,
+    def __init__(self, shop: Shop, *, host: str = "127.0.0.1", port: int = 0, limits: HTTPLimits = LIMITS,
                  **app_kwargs: float) -> None:
         self.app = create_app(shop, **app_kwargs)  # type: ignore[arg-type]
-        self._server = PooledWSGIServer(host, port, self.app, pool, request_handler=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="webshop-server", daemon=True)
-        self.url = f"http://{host}:{self._server.server_port}"
+        self._server = BackgroundServer(wsgi_host(self.app, limits), host, port, name="webshop-server")
+        self.url = self._server.url
 
     @property
     def sessions(self) -> SessionStore:
         return self.app.config["SESSIONS"]
 
     def start(self) -> ShopServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._server.stop()
 
     def __enter__(self) -> ShopServer:
         return self.start()
