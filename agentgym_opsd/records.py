@@ -67,19 +67,22 @@ class Turn:
     invalid_reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Every invalid turn carries its kind: `turns.record_turn` records it; a turn made without one (a record
+        # written before kinds were recorded, read once here, or a hand-made turn) gets it from its action and
+        # finish reason, the rule record_turn applies.
+        if not self.action_valid and self.info.get("invalid_kind") not in INVALID_KINDS:
+            self.info = {**self.info, "invalid_kind": classify_invalid(
+                parsed=bool(self.action), accepted=False, finish_reason=self.info.get("finish_reason"))}
+
     @property
     def num_response_tokens(self) -> int:
         return len(self.response_token_ids)
 
     @property
     def invalid_kind(self) -> str | None:
-        """`INVALID_KINDS` entry (recorded by the rollout; older records fall back on the action text)."""
-        if self.action_valid:
-            return None
-        kind = self.info.get("invalid_kind")
-        if kind in INVALID_KINDS:
-            return str(kind)
-        return classify_invalid(parsed=bool(self.action), accepted=False, finish_reason=self.info.get("finish_reason"))
+        """The `INVALID_KINDS` entry of an invalid turn, None for a valid one."""
+        return None if self.action_valid else str(self.info["invalid_kind"])
 
 
 OUTCOMES: Final = ("won", "score")
@@ -123,12 +126,13 @@ class Trajectory:
 
     def outcome(self, kind: str = "won") -> float:
         """The episode's outcome as the trainer rewards it: `won` (1 or 0, the paper) or `score` (the
-        environment's partial credit in [0, 1], e.g. WebShop's R, as WebShop's own RL baseline used)."""
-        if kind == "won":
-            return float(self.won)
-        if kind == "score":
-            return float(self.score)
-        raise ValueError(f"outcome must be one of {OUTCOMES}, got {kind!r}")
+        environment's partial credit in [0, 1], e.g. WebShop's R, as WebShop's own RL baseline used). An
+        episode that ended with an error is a failure (0), as `succeeded` says, whatever `won` or `score` say."""
+        if kind not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {kind!r}")
+        if self.error is not None:
+            return 0.0
+        return float(self.succeeded) if kind == "won" else float(self.score)
 
     @property
     def num_invalid_actions(self) -> int:

@@ -16,8 +16,8 @@ from agentgym_opsd.parsers import ParsedAction
 from agentgym_opsd.prompts import HistoryItem
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Turn, classify_invalid
 
-__all__ = ["ORACLE_AFTER", "ORACLE_BEFORE", "PENALISED_KINDS", "PROGRESS", "REFUSED", "WASTED", "history_item", "is_penalised",
-           "record_turn", "turn_progress"]
+__all__ = ["ORACLE_AFTER", "ORACLE_BEFORE", "PENALISED_KINDS", "PROGRESS", "REFUSED", "WASTED", "check_penalize",
+           "history_item", "is_penalised", "num_penalised", "record_turn", "turn_progress"]
 
 ORACLE_BEFORE, ORACLE_AFTER = "oracle_distance_before", "oracle_distance_after"
 """The `Turn.info` keys of the oracle's distance to the goal before and after the turn's action."""
@@ -78,12 +78,23 @@ def history_item(turn: Turn, seen: str) -> HistoryItem:
     return HistoryItem(turn.action or turn.response_text[:HISTORY_REPLY_CHARS], seen)
 
 
+def check_penalize(penalize: Any, name: str = "penalize") -> str:
+    """`penalize` when it is a `PENALISED_KINDS` key, else a ValueError naming `name` (the setting)."""
+    if penalize not in PENALISED_KINDS:
+        raise ValueError(f"{name} must be one of {sorted(PENALISED_KINDS)}, got {penalize!r}")
+    return str(penalize)
+
+
 def is_penalised(turn: Turn, penalize: str = "any") -> bool:
     """Whether the invalid-action penalty applies to this turn (`penalize`: a `PENALISED_KINDS` key)."""
-    if penalize not in PENALISED_KINDS:
-        raise ValueError(f"penalize must be one of {sorted(PENALISED_KINDS)}, got {penalize!r}")
     kind = turn.invalid_kind
-    return kind is not None and kind in PENALISED_KINDS[penalize]
+    return kind is not None and kind in PENALISED_KINDS[check_penalize(penalize)]
+
+
+def num_penalised(turns: Sequence[Turn], penalize: str = "any") -> int:
+    """How many of `turns` the invalid-action penalty applies to: an episode's penalty is this many times the
+    profile's, wherever it is charged (the trainer's reward, the OpenEnv session, the TRL adapters)."""
+    return sum(is_penalised(turn, penalize) for turn in turns)
 
 
 def turn_progress(turn: Turn) -> str | None:

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.records import ChatMessage, Trajectory, Turn, invalid_rates, summarize
-from agentgym_opsd.turns import PENALISED_KINDS, is_penalised
+from agentgym_opsd.turns import check_penalize, is_penalised, num_penalised
 
 __all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates",
            "anchor_key"]
@@ -165,7 +165,7 @@ def trajectory_rewards(
     """(trajectories,) `reward_scale * outcome - invalid_penalty * penalised turns` (float64)."""
     penalties = _per_trajectory(invalid_penalty, len(trajectories))
     return torch.tensor(
-        [reward_scale * t.outcome(outcome) - p * sum(is_penalised(x, penalize) for x in t.turns)
+        [reward_scale * t.outcome(outcome) - p * num_penalised(t.turns, penalize)
          for t, p in zip(trajectories, penalties, strict=True)],
         dtype=torch.float64,
     )
@@ -206,8 +206,7 @@ def build_turn_batch(
     """
     if penalty_mode not in PENALTY_MODES:
         raise ValueError(f"penalty_mode must be one of {PENALTY_MODES}, got {penalty_mode!r}")
-    if penalize not in PENALISED_KINDS:
-        raise ValueError(f"penalize must be one of {sorted(PENALISED_KINDS)}, got {penalize!r}")
+    check_penalize(penalize)
     per_turn = penalty_mode != "trajectory"
     penalties = _per_trajectory(invalid_penalty, len(trajectories))
     rewards = trajectory_rewards(trajectories, reward_scale=reward_scale,

@@ -34,7 +34,7 @@ from agentgym_opsd.parsers import make_parser
 from agentgym_opsd.prompts import HistoryItem
 from agentgym_opsd.records import ChatMessage
 from agentgym_opsd.registry import env_profile, load_skill_library, make, parse_env_spec, prompt_renderer_for
-from agentgym_opsd.turns import PENALISED_KINDS, history_item, is_penalised, record_turn
+from agentgym_opsd.turns import check_penalize, history_item, is_penalised, record_turn
 
 __all__ = ["MAX_ID_CHARS", "MAX_REPLY_CHARS", "RESET_FIELDS", "AgentAction", "AgentGymEnvironment", "AgentObservation", "AgentState",
            "BadRequest", "SessionSettings"]
@@ -131,8 +131,7 @@ class SessionSettings:
     resets so); later such resets go on with that generator, as Gymnasium's do. None: an unseeded task."""
 
     def __post_init__(self) -> None:
-        if self.penalize not in PENALISED_KINDS:
-            raise ValueError(f"SessionSettings.penalize must be one of {sorted(PENALISED_KINDS)}, got {self.penalize!r}")
+        check_penalize(self.penalize, "SessionSettings.penalize")
         if self.max_turns < 0:
             raise ValueError(f"SessionSettings.max_turns must be >= 0 (0 = the profile's), got {self.max_turns}")
         if self.seed is not None and not _is_int(self.seed, minimum=0):

@@ -42,8 +42,10 @@ from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.records import ChatMessage, Trajectory, append_jsonl
 from agentgym_opsd.registry import env_profile, parse_env_spec, prompt_renderer_for
 from agentgym_opsd.rollout import RolloutRunner
+from agentgym_opsd.turns import check_penalize, num_penalised
 
-__all__ = ["AgentGymRollout", "PackedEpisode", "TRLGeneratePolicy", "cut_completion", "episode_score", "episode_won",
+__all__ = ["AgentGymRollout", "PackedEpisode", "TRLGeneratePolicy", "cut_completion", "episode_fields", "episode_score",
+           "episode_won",
            "invalid_action_penalty", "pack_episode", "task_dataset", "task_of", "task_prompts",
            "template_prompt_ids"]
 
@@ -92,8 +94,18 @@ def episode_score(completions: list, score: list[float], **kwargs: Any) -> list[
 
 
 def invalid_action_penalty(completions: list, invalid_penalty: list[float], **kwargs: Any) -> list[float]:
-    """Minus the profile's penalty per invalid action (TRL adds the reward functions' values up)."""
+    """Minus the profile's penalty per penalised invalid turn (`AgentGymRollout.penalize`; TRL adds the reward
+    functions' values up)."""
     return [-float(p) for p in invalid_penalty]
+
+
+def episode_fields(trajs: Sequence[Trajectory], penalty: float, penalize: str = "any") -> dict[str, list[Any]]:
+    """The fields the reward functions read, one value per episode: `won` and `score` (an episode that ended
+    with an error is a failure, `Trajectory.outcome`), `num_turns`, `invalid_actions`, and `invalid_penalty`:
+    `penalty` per turn that `penalize` charges (`turns.num_penalised`, as our trainer charges it)."""
+    return {"won": [t.outcome("won") for t in trajs], "score": [t.outcome("score") for t in trajs],
+            "num_turns": [t.num_turns for t in trajs], "invalid_actions": [t.num_invalid_actions for t in trajs],
+            "invalid_penalty": [penalty * num_penalised(t.turns, penalize) for t in trajs]}
 
 
 # ---- episodes as TRL rows ---------------------------------------------------------------------------------------
@@ -214,13 +226,16 @@ class AgentGymRollout:
     default renderer is the profile's, `registry.prompt_renderer_for`). `encode_prompt(tokenizer, messages)`
     turns a prompt into token ids (default: the chat template, as TRL does; our trainer's exact ids, which keep
     special-token strings inside observations as plain text, come from
-    `agentgym_opsd.models.hf_policy.chat_prompt_ids`). After each call, `last_episodes` and `last_rows` hold
+    `agentgym_opsd.models.hf_policy.chat_prompt_ids`). `penalize`: which invalid turns `invalid_penalty` charges
+    (`turns.PENALISED_KINDS`, as our trainer's `algorithm.penalize`). After each call, `last_episodes` and `last_rows` hold
     what was played and what TRL got."""
 
     def __init__(self, env_spec: str, *, record_path: str | os.PathLike[str] | None = None,
                  renderer: PromptRenderer | None = None, env_kwargs: dict[str, Any] | None = None,
                  use_skills: bool = False, step_timeout_s: float = 60.0, env_workers: str = "threads",
-                 encode_prompt: PromptEncoder | None = None, server_url: str | None = None) -> None:
+                 encode_prompt: PromptEncoder | None = None, server_url: str | None = None,
+                 penalize: str = "any") -> None:
+        self.penalize = check_penalize(penalize, "AgentGymRollout.penalize")
         if server_url is not None and env_kwargs:
             raise ValueError("AgentGymRollout: env_kwargs configure an environment made here; with server_url the "
                              "server's own options do (serve-openenv --max-turns ...)")
@@ -267,12 +282,9 @@ class AgentGymRollout:
         tok = policy.tokenizer
         rows = [pack_episode(t, lambda messages: policy.encode(tok, messages), tok.eos_token_id) for t in trajs]
         self.last_episodes, self.last_rows = trajs, rows
-        penalty = self.profile.invalid_action_penalty
         return {"prompt_ids": [r.prompt_ids for r in rows], "completion_ids": [r.completion_ids for r in rows],
                 "logprobs": [r.logprobs for r in rows], "env_mask": [r.env_mask for r in rows],
-                "won": [float(t.won) for t in trajs], "score": [float(t.score) for t in trajs],
-                "num_turns": [t.num_turns for t in trajs], "invalid_actions": [t.num_invalid_actions for t in trajs],
-                "invalid_penalty": [penalty * t.num_invalid_actions for t in trajs]}
+                **episode_fields(trajs, self.profile.invalid_action_penalty, self.penalize)}
 
     def close(self) -> None:
         if self._runner is not None:

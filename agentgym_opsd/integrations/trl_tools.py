@@ -22,8 +22,9 @@ does not read as it stands is first put in the parser's own reply form (`ActionP
 validates and answers it as it does every reply; an invalid action is answered and the episode goes on.
 
 Every episode is appended to `record_path` in our trajectory JSONL when TRL asks for its reward: one `Turn`
-per tool call (the prompt our renderer would have shown at that turn, the argument as `response_text`, the
-parsed action, validity, observation and reward), the outcome, and `c+` when the session sends it (in-process:
+per tool call, recorded by `turns.record_turn` as our rollout records (the prompt our renderer would have shown
+at that turn, the argument as `response_text`, the parsed action, validity and invalid kind, observation and the
+environment's reward: penalties are charged by whoever reads the record, honouring its `penalize`), the outcome, and `c+` when the session sends it (in-process:
 `use_skills=True`; a server: `--skill-context`). Token ids are not recorded: TRL keeps them, the tool never
 sees them. Rollouts of the same task that follow each other on one process (TRL's sampler repeats a row
 `num_generations` times in a row) share a `group_id`.
@@ -35,12 +36,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from agentgym_opsd import core
 from agentgym_opsd.integrations.openenv_env import AgentObservation, SessionSettings
 from agentgym_opsd.integrations.openenv_session import Session, open_session, reset_fields
 from agentgym_opsd.integrations.trl import task_of, task_prompts
 from agentgym_opsd.parsers import ActionParser, make_parser
-from agentgym_opsd.records import OUTCOMES, Trajectory, Turn, append_jsonl
+from agentgym_opsd.records import OUTCOMES, Trajectory, append_jsonl
 from agentgym_opsd.registry import env_profile, parse_env_spec
+from agentgym_opsd.turns import record_turn
 
 __all__ = ["AgentGymToolEnv", "AgentGymToolEnvFactory", "observation_text", "tool_task_dataset"]
 
@@ -153,11 +156,14 @@ class AgentGymToolEnv:
         before = self._obs
         obs = self._session.step(reply)
         traj = self._traj
-        traj.turns.append(Turn(index=len(traj.turns), prompt=list(before.prompt), response_text=action,
-                               action=obs.action, action_valid=obs.action_valid, observation=obs.text,
-                               reward=float(obs.reward or 0.0), invalid_reason=obs.invalid_reason,
-                               info={"won": obs.won, "score": obs.score}))
-        traj.total_reward += float(obs.reward or 0.0)
+        # The per-turn rule our rollout records by: the environment's reward, and the invalid kind the trainer's
+        # penalty reads (`penalize`); what the session charged is in its observation's reward.
+        env_reward = float(obs.env_reward if obs.env_reward is not None else obs.reward or 0.0)
+        traj.turns.append(record_turn(index=len(traj.turns), prompt=list(before.prompt), text=action,
+                                      parsed=parser.parse(reply), observation=obs.text, reward=env_reward,
+                                      info={core.ACTION_VALID: obs.action_valid, core.WON: obs.won,
+                                            core.SCORE: obs.score}))
+        traj.total_reward += env_reward
         traj.won, traj.score, traj.terminated, traj.truncated = obs.won, obs.score, obs.terminated, obs.truncated
         self._obs = obs
         return observation_text(obs)
