@@ -6,8 +6,8 @@ put null where a number was not finite, so such a value in a file is damage or a
 refuses it with a ValueError naming the field (`turns[0].evidence`), and, when asked, a string longer than a
 bound (a page or a report would carry it whole).
 
-Cost: the parser calls back once per float (to see an overflow to infinity; about 1.5x `json.loads` on a line
-of log-probs, nothing extra on text). NaN and Infinity call back only where they occur, an oversized integer
+Cost: the parser calls back once per float (to see an overflow to infinity; a line of log-probs costs more than
+`json.loads` would, text nothing extra). NaN and Infinity call back only where they occur, an oversized integer
 only on the retry after `json.loads` refused it, and the walk that names the field runs only on a refusal (or
 a line longer than the string bound), without recursion.
 """

@@ -17,16 +17,6 @@ teacher pass (`Trainer.score`, `EvidenceMaker.teacher_logprobs`, forward only; n
 
     python benchmarks/bench_credit_quality.py                      # both policies, ~10 min on 2 cores
     python benchmarks/bench_credit_quality.py --policies noisy-oracle --control-tasks 16
-
-`--evidence paper,choice,mean,args` compares the forms of the teacher's evidence instead
-(`agentgym_opsd.credit.evidence`): the same rollouts, the paper's AgentOPSD estimator fed e_k of each form,
-the valid-turn AUC won / lost per form, and what each extra pass costs beside the paper's teacher pass. The
-choice form is scored with both normalisations of a choice's log-prob (`choice` uses `teacher.choice_norm`,
-`choice-<other>` the other one, from the same choice passes). One environment per run (its preset), merged
-into `results/evidence_variants.json` under the environment's key, so the three can run at once:
-
-    python benchmarks/bench_credit_quality.py --preset cpu-small --policies smollm2 --tasks 8 \
-        --evidence paper,choice,mean,args --threads 1
 """
 
 from __future__ import annotations
@@ -48,19 +38,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from agentgym_opsd import credit
-from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS, EvidenceInputs, compute_evidence
 from agentgym_opsd.evaluation.credit_quality import (
     DEFAULT_HORIZON_EDGES,
     TurnScore,
     summarise,
     turn_label,
-)
-from agentgym_opsd.evaluation.evidence_variants import (
-    env_key,
-    evidence_key,
-    merge_env_record,
-    plot_evidence_variants,
-    variant_summary,
 )
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory, summarize
@@ -106,8 +88,8 @@ def load_warm_start(trainer: Any) -> Path:
     """The cached warm start of this config (the trainer's own cache key); never trains one here."""
     cached = trainer.session.warm_starter.cache_dir()  # the trainer's cache path: the same key, the same weights
     if cached is None or not (cached / "summary.json").is_file():
-        raise SystemExit(f"no cached warm start at {cached}: run benchmarks/bench_learning.py (or "
-                         "python -m agentgym_opsd.train --config cpu-learn) once, or pass --model PATH")
+        raise SystemExit(f"no cached warm start at {cached}: run "
+                         "python -m agentgym_opsd.train --config cpu-learn once, or pass --model PATH")
     trainer.warm_start()
     return cached
 
@@ -158,114 +140,6 @@ def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[st
         mult = {name: float(v[i]) / seq for name, v in per_turn.items()} if seq != 0.0 else {}
         scores.append(TurnScore(traj.won, traj.num_turns, turn_label(turn), turn.action_valid, seq, mult))
     return scores
-
-
-# ---- evidence forms on the same rows -----------------------------------------------------------------------
-EVIDENCE_TARGETS = {"alfworld": (0.75, 0.60)}
-"""Issue 38's bar for the best form on ALFWorld: valid-turn AUC ≥ 0.75 won and ≥ 0.60 lost."""
-
-
-def evidence_variants(forms: Sequence[str], default_norm: str) -> list[tuple[str, str, str]]:
-    """(record key, form, choice norm) of each variant: the forms asked for, and with `choice` also the
-    other normalisation of a choice's log-prob (`choice-<norm>`, the same passes), to choose between them."""
-    out = []
-    for form in forms:
-        if form not in EVIDENCE_FORMS:
-            raise SystemExit(f"--evidence: unknown form {form!r}; known: {', '.join(EVIDENCE_FORMS)}")
-        out.append((form, form, default_norm))
-        if form == "choice":
-            out += [(f"choice-{norm}", "choice", norm) for norm in CHOICE_NORMS if norm != default_norm]
-    return out
-
-
-def evidence_scores(trainer: Any, trajs: list[Trajectory], variants: Sequence[tuple[str, str, str]],
-                    ) -> tuple[list[TurnScore], dict[str, tuple[str, ...]], dict[str, Any]]:
-    """Every variant's AgentOPSD multiplier on the same rows, the form each row got per variant, and the
-    cost of each pass (seconds) with the choice sets' sizes."""
-    from agentgym_opsd.trainer.teacher_evidence import argument_token_mask, row_turns
-
-    a, maker = trainer.session.cfg.algorithm, trainer.session.evidence_maker
-    batch = trainer.score(trajs)
-    rows = batch.rows
-    if all(len(r.sample_logprobs) == len(r.response_ids) for r in rows):
-        student = [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in rows]
-    else:
-        student = trainer.session.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
-                                           shared_prefix=True)
-    t0 = time.perf_counter()
-    teacher = trainer.session.evidence_maker.teacher_logprobs(batch, student)  # the paper's teacher pass, as the trainer runs it
-    t1 = time.perf_counter()
-    gaps = [t - s for t, s in zip(teacher, student, strict=True)]
-    turns = row_turns(batch, trajs)
-    masks = [argument_token_mask(trainer.session.trained.tokenizer, maker.parser_of(traj), row.response_ids)
-             for row, (traj, _) in zip(rows, turns, strict=True)] if any(v[1] == "args" for v in variants) else None
-    t2 = time.perf_counter()
-    choices = maker.choice_scores(batch, turns) if any(v[1] == "choice" for v in variants) else None
-    t3 = time.perf_counter()
-    inputs = EvidenceInputs(gaps, masks, choices)
-    multipliers: dict[str, Tensor] = {}
-    evidence: dict[str, list[float]] = {}
-    forms: dict[str, tuple[str, ...]] = {}
-    row_seq = None
-    for key, form, norm in variants:
-        result = compute_evidence(form, inputs, choice_norm=norm)
-        out = batch_advantages(batch, result.evidence, gaps, estimator="agentopsd", config=a.credit_config(),
-                               cross_steps=a.grpo_cross_steps, normalize_std=a.normalize_std,
-                               penalised_turns_gain=a.penalised_turns_gain)
-        assert out.result is not None
-        multipliers[key], forms[key] = out.result.advantages, result.forms
-        evidence[key] = result.evidence.tolist()
-        row_seq = out.seq[batch.traj_index]
-    scored = [c for c in choices or [] if c is not None]
-    cost = {"seconds_teacher_pass": t1 - t0, "seconds_argument_masks": t2 - t1, "seconds_choice_pass": t3 - t2,
-            "rows": len(rows), "choice_rows": len(scored),
-            "choice_set_size_mean": float(np.mean([c.lengths.numel() for c in scored])) if scored else 0.0,
-            "choice_tokens_mean": float(np.mean([float(c.lengths.sum()) for c in scored])) if scored else 0.0}
-    scores = []
-    for i, (traj, turn) in enumerate(turns):
-        seq = float(row_seq[i]) if row_seq is not None else 0.0
-        mult = {key: float(m[i]) / seq for key, m in multipliers.items()} if seq != 0.0 else {}
-        mult.update({evidence_key(key): e[i] for key, e in evidence.items()})  # e_k needs no A_seq
-        scores.append(TurnScore(traj.won, traj.num_turns, turn_label(turn), turn.action_valid, seq, mult))
-    return scores, forms, cost
-
-
-def run_evidence(trainer: Any, name: str, policy: Any, *, num_tasks: int, group_size: int, chunk_tasks: int,
-                 forms: Sequence[str], episodes_per_step: int) -> dict[str, Any]:
-    """Rollouts once, every evidence variant on them: `{variant: summary, ..., "run": what and what it cost}`."""
-    variants = evidence_variants(forms, trainer.session.cfg.teacher.choice_norm)
-    t0 = time.perf_counter()
-    trajs = collect(trainer, policy, num_tasks=num_tasks, group_size=group_size, chunk_tasks=chunk_tasks, desc=name)
-    seconds_rollout = time.perf_counter() - t0
-    scores, row_forms, cost = evidence_scores(trainer, trajs, variants)
-    record: dict[str, Any] = {key: variant_summary(scores, key, row_forms[key]) for key, _, _ in variants}
-    rows_per_step = cost["rows"] / max(len(trajs), 1) * episodes_per_step
-    per_row = {k.removeprefix("seconds_"): v / max(cost["rows"], 1) for k, v in cost.items() if k.startswith("seconds_")}
-    record["run"] = {
-        "policy": name, "tasks": num_tasks, "group_size": group_size, "episodes": len(trajs),
-        "success_rate": summarize(trajs).success_rate, "turns": len(scores),
-        "valid_turns": sum(s.valid for s in scores), "seconds_rollout": seconds_rollout, **cost,
-        "episodes_per_step": episodes_per_step, "rows_per_step": rows_per_step,
-        "seconds_per_step": {k: v * rows_per_step for k, v in per_row.items()},
-        "choice_norm_default": trainer.session.cfg.teacher.choice_norm,
-    }
-    return record
-
-
-def format_evidence_table(env: str, record: dict[str, Any]) -> str:
-    run = record["run"]
-    lines = [f"{env} / {run['policy']}: {run['episodes']} episodes, {run['success_rate']:.1%} won, {run['turns']} "
-             f"turns ({run['choice_rows']} with a choice set of {run['choice_set_size_mean']:.1f} on average); "
-             f"teacher pass {run['seconds_teacher_pass']:.0f} s, choice pass {run['seconds_choice_pass']:.0f} s, "
-             f"argument masks {run['seconds_argument_masks']:.1f} s",
-             "| variant | AUC won (valid) | AUC lost (valid) | won progress:wasted | lost progress:wasted | "
-             "own form / fallback rows |", "|---|---|---|---|---|---|"]
-    for key, v in record.items():
-        if key != "run":
-            lines.append(f"| {key} | {_f(v['auc_won'])} | {_f(v['auc_lost'])} | {v['won_progress']}:{v['won_wasted']} "
-                         f"| {v['lost_progress']}:{v['lost_wasted']} | {v['rows_own_form']} / "
-                         f"{v['rows_paper_fallback']} |")
-    return "\n".join(lines)
 
 
 def _per_turn(result: credit.CreditResult, mask: Tensor) -> Tensor:
@@ -402,13 +276,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--contexts", default="skills", help="comma list of teacher contexts to score the same rollouts "
                                                          "with: skills, hint, skills+hint")
     p.add_argument("--hint-level", default="goal", help="the environment's privileged hint level for hint contexts")
-    p.add_argument("--evidence", default="", help="comma list of evidence forms (paper, choice, mean, args) to "
-                                                  "compare on the same rollouts instead of the estimators")
-    p.add_argument("--evidence-out", default=str(RESULTS / "evidence_variants.json"),
-                   help="--evidence: the record this environment's numbers are merged into (and its .png)")
-    p.add_argument("--evidence-control", action="store_true",
-                   help="--evidence: file every policy of this run under the environment's `controls` (e.g. a "
-                        "noisy-oracle control beside an earlier SmolLM2 record) instead of replacing its record")
     p.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = p.parse_args(argv)
     contexts = tuple(x.strip() for x in args.contexts.split(",") if x.strip())
@@ -419,9 +286,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.model:
         overrides += [f"model.name_or_path={args.model}", "warm_start.epochs=0", "warm_start.steps=0"]
     t0 = time.perf_counter()
-    if args.evidence:
-        main_evidence(args, overrides)
-        return
     with tempfile.TemporaryDirectory() as tmp:
         trainer = make_trainer(args.preset, overrides, tmp, chunk_tasks=args.chunk_tasks,
                                group_size=max(args.group_size, args.control_group_size))
@@ -454,57 +318,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.with_suffix(".json").write_text(json.dumps(record, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     plot(runs, out.with_suffix(".png"))
     print(f"total {seconds / 60:.1f} min; wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
-
-
-def main_evidence(args: argparse.Namespace, overrides: list[str]) -> None:
-    """The `--evidence` run: one environment (the preset's), the first policy as its record, any other
-    policy under `controls` (every policy there with `--evidence-control`); merged into `--evidence-out` and
-    plotted beside it."""
-    from agentgym_opsd.trainer.config import load_config
-
-    forms = [x.strip() for x in args.evidence.split(",") if x.strip()]
-    preset = load_config(args.preset, overrides)
-    episodes_per_step = preset.rollout.tasks_per_step * preset.rollout.group_size  # the preset's step, not ours
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = make_trainer(args.preset, overrides, tmp, chunk_tasks=args.chunk_tasks,
-                               group_size=max(args.group_size, args.control_group_size))
-        model_from = args.model or str(load_warm_start(trainer) / "model")
-        env = env_key(trainer.session.cfg.env.id)
-        records: dict[str, dict[str, Any]] = {}
-        for name in [x.strip() for x in args.policies.split(",") if x.strip()]:
-            if name == "smollm2":
-                records[name] = run_evidence(trainer, name, trainer.session.policy, num_tasks=args.tasks,
-                                             group_size=args.group_size, chunk_tasks=args.chunk_tasks, forms=forms,
-                                             episodes_per_step=episodes_per_step)
-            elif name == "noisy-oracle":
-                policy = NoisyOraclePolicy(args.p, trainer.session.trained.tokenizer, seed=trainer.session.cfg.trainer.seed)
-                records[name] = run_evidence(trainer, f"noisy-oracle p={args.p}", policy,
-                                             num_tasks=args.control_tasks, group_size=args.control_group_size,
-                                             chunk_tasks=args.chunk_tasks, forms=forms,
-                                             episodes_per_step=episodes_per_step)
-            else:
-                raise SystemExit(f"unknown policy {name!r}")
-            print(format_evidence_table(env, records[name]), flush=True)
-        trainer.close()
-    context = {"preset": args.preset, "env_id": trainer.session.cfg.env.id, "model": model_from, "overrides": overrides,
-               "teacher_context": trainer.session.cfg.teacher.context, "torch_threads": torch.get_num_threads(),
-               "seconds_total": time.perf_counter() - t0}
-    for rec in records.values():
-        rec["run"] = {**rec["run"], **context}
-    out = Path(args.evidence_out)
-    if args.evidence_control:
-        for rec in records.values():
-            data = merge_env_record(out, env, rec, control=rec["run"]["policy"])
-    else:
-        first, *others = records
-        record = dict(records[first])
-        if others:
-            record["controls"] = {records[name]["run"]["policy"]: records[name] for name in others}
-        data = merge_env_record(out, env, record)
-    variants = [key for key, _, _ in evidence_variants(forms, trainer.session.cfg.teacher.choice_norm)]
-    plot_evidence_variants(data, variants, out.with_suffix(".png"), targets=EVIDENCE_TARGETS)
-    print(f"total {(time.perf_counter() - t0) / 60:.1f} min; merged {env} into {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

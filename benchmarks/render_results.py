@@ -309,41 +309,6 @@ def render_credit_quality() -> str:
 EVIDENCE_ENVS = (("alfworld", "ALFWorld"), ("webshop", "WebShop"), ("searchqa", "Search-QA"))
 
 
-def render_evidence_variants() -> str:
-    """The evidence forms on identical rollouts (`evidence_variants.json`): valid-turn credit AUC, the turns
-    behind it, how many rows each form judged itself, and what its passes cost per training step."""
-    data = _load("evidence_variants.json")
-    lines = ["| env, policy | evidence | AUC won | AUC lost | won progress : wasted | lost progress : wasted "
-             "| raw e_k AUC won / lost | rows in its form / paper fallback |", "|---|---|---|---|---|---|---|---|"]
-    costs = []
-    for env, label in EVIDENCE_ENVS + tuple((k, k) for k in data if k not in dict(EVIDENCE_ENVS)):
-        if env not in data:
-            continue
-        record = data[env]
-        policies = [(f"{label}, SmolLM2 ({_pct(record['run']['success_rate'])}% won)", record)]
-        policies += [(f"{label}, {name} ({_pct(rec['run']['success_rate'])}% won)", rec)
-                     for name, rec in record.get("controls", {}).items()]
-        for row_label, rec in policies:
-            for variant, v in rec.items():
-                if variant in ("run", "controls"):
-                    continue
-                lines.append(f"| {row_label} | `{variant}` | {_auc(v['auc_won'])} | {_auc(v['auc_lost'])} "
-                             f"| {v['won_progress']} : {v['won_wasted']} | {v['lost_progress']} : "
-                             f"{v['lost_wasted']} | {_auc(v.get('evidence_auc_won'))} / {_auc(v.get('evidence_auc_lost'))} "
-                             f"| {v['rows_own_form']} / {v['rows_paper_fallback']} |")
-        run = record["run"]
-        per_step = run["seconds_per_step"]
-        choice = (f"choice pass {per_step['choice_pass']:.1f} s ({run['choice_set_size_mean']:.1f} choices of "
-                  f"{run['choice_tokens_mean'] / max(run['choice_set_size_mean'], 1e-9):.1f} tokens on average)"
-                  if run["choice_rows"] else "no choice pass (no turn has a choice set)")
-        costs.append(f"{label}: {run['episodes']} episodes of `{run['preset']}`'s warm-started SmolLM2 "
-                     f"({_pct(run['success_rate'])}% won, {run['turns']} turns); per training step "
-                     f"({run['episodes_per_step']} episodes, ~{run['rows_per_step']:.0f} turn rows, "
-                     f"{run['torch_threads']} thread): paper teacher pass {per_step['teacher_pass']:.1f} s, "
-                     f"{choice}, argument masks {per_step['argument_masks']:.2f} s")
-    return "\n".join(lines + ["", "Cost, measured on these rollouts: " + "; ".join(costs) + "."])
-
-
 def render_headline() -> str:
     study = _load("study.json")
 
@@ -464,7 +429,6 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "warm_start_autocast": render_warm_start_autocast,
     "sft_fit": render_sft_fit,
     "credit_quality": render_credit_quality,
-    "evidence_variants": render_evidence_variants,
 }
 
 

@@ -60,9 +60,7 @@ saves less than the extra forward call costs."""
 PACKED_PREFILL_MIN_PADDING = 0.10
 """A chunk's suffixes are prefilled packed when left-padding them would compute at least this share of padding. Packed,
 each row's attention runs on its own (one SDPA call per row and layer), which costs about what a tenth of padding
-does: on ALFWorld's validation chunks (17% padding) packing ran 1.08x, on near-greedy chunks whose G copies collapse
-to 16 distinct prompts (9%) 0.98x without this floor and 1.01x with it (`bench_hf_sampler.py --compare
-packed-prefill`, float32, AMD EPYC family 25)."""
+does (the measurements are in docs/benchmarks.md)."""
 
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})

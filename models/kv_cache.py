@@ -7,9 +7,8 @@ cached key and value of every layer at every step: for SmolLM2-135M (30 layers, 
 one-token step whose weights are 540 MB. A row's cost then grows with its prompt, and so does the whole batch's.
 `ReservedLayer` keeps its keys and values in buffers with `reserve(cache, length)` room; `keys` / `values` are
 views of the filled part, which the attention reads as it read the concatenated tensors (`sdpa` takes strided keys).
-Measured per decode step (`benchmarks/bench_kv_cache.py`, float32, 2 threads of an AMD EPYC): 1.05x at ALFWorld's
-16 rows x 210 tokens, where the weights dominate, and 1.3-1.5x at 8 rows x 1,500-3,000 tokens of page history. The
-sampler reserves room for a whole reply (`max_new_tokens`) at once: the memory a row that writes it all would
+It pays where the context is long against the weights (page histories), and barely where the weights dominate
+(short ALFWorld prompts): docs/benchmarks.md has the measurements. The sampler reserves room for a whole reply (`max_new_tokens`) at once: the memory a row that writes it all would
 take in `DynamicCache` too, without the transient second copy `torch.cat` makes.
 
 The numbers are the same as `DynamicLayer`'s: the same key and value tensors at the same positions, only stored

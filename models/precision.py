@@ -1,7 +1,8 @@
 """Which floating-point format the model computes in, and how bf16 keeps the numbers that sampled.
 
 `model.dtype: auto` is decided by measurement, never by CPU flags: two machines with the same flags
-(`avx512_bf16`, no AMX) ran bf16 matmuls at 0.5x float32 (an Intel part) and 4.4x (an AMD EPYC), so only timing
+(`avx512_bf16`, no AMX) ran bf16 matmuls at half float32's speed (an Intel part) and at several times it (an AMD
+EPYC; docs/results.md), so only timing
 the model's own matmul shapes in both formats tells. `probe_bf16` does that in a second or two, and the result
 is cached per machine (CPU model name, flags, torch version; for a GPU its name and capability) in
 `$AGENTGYM_OPSD_CACHE/precision_probe.json`. bf16 is chosen where it is at least `BF16_MIN_SPEEDUP` times
@@ -141,7 +142,8 @@ def probe_matmuls(device: torch.device | str = "cpu", dims: Sequence[int] = DEFA
 
 HOPELESS_SLOWDOWN = 4.0
 """A bf16 round this many times slower than every float32 round settles the probe: timing noise (~10%) cannot
-make it `BF16_MIN_SPEEDUP` times faster. An AVX2 CPU without bf16 instructions runs bf16 matmuls at ~0.02x."""
+make it `BF16_MIN_SPEEDUP` times faster. An AVX2 CPU without bf16 instructions runs bf16 matmuls many times
+slower than float32."""
 
 
 def timed_rounds(run: Callable[[torch.dtype], float], *, seconds: float,

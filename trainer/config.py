@@ -379,7 +379,7 @@ class RolloutConfig:
                                          "decodes slower; for tests and short runs)")
     env_workers: str = _f("threads", "where the B x G environments run: threads (in the trainer's process) | "
                           "processes (worker processes, one per core) | ray (Ray actors, `ray` extra); "
-                          "see benchmarks/results/env_workers.json")
+                          "docs/benchmarks.md compares them")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -555,10 +555,8 @@ class WarmStartConfig:
                    Range(0, _SEED, "numpy's seed range", special=((-1, "trainer.seed"),)))
     autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
                                "compute the SFT under autocast in model.dtype, the weights and updates still "
-                               "float32. On an AMD EPYC (family 25 model 17): 1.5-1.6x faster SFT; over 3 SFT seeds its "
-                               "policies won as many of 144 held-out episodes (49.5% against 50.7%) but chose "
-                               "inadmissible actions twice as often (20% of turns against 10%, in every seed; "
-                               "bench_warm_start_autocast.py)")
+                               "float32: a faster SFT whose policies chose more inadmissible actions where it was "
+                               "measured (docs/results.md)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)

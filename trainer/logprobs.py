@@ -14,7 +14,7 @@ are laid end to end in one sequence, position ids restart at every row, attentio
 on each row's own span; the HF decoder's packed-sequence interface, `cu_seq_lens_q`), and the LM head runs
 only on the positions that predict a response token. Same numbers as the padded path (to float rounding:
 `tests/test_update_packed.py`), with no FLOPs spent on pad tokens (in the layers and in attention) or on LM-head
-rows of short responses (`benchmarks/bench_update_path.py`).
+rows of short responses.
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def packed_batched_response_logprobs(
 ) -> list[Tensor]:
     """`batched_response_logprobs` in the update's packed layout (no grad): the same kernels and shapes as the
     update's forward pass, so that in bf16 π_old and the update's first forward round alike and the PPO ratio
-    starts at 1 (the padded layout's other matmul shapes round differently: `benchmarks/bench_precision.py`).
+    starts at 1 (the padded layout's other matmul shapes round differently).
     `trunk_cache`: each row's frozen-trunk output is kept there for the update (`trainer/frozen_trunk.py`). The
     prompts' shared prefix is laid once per micro-batch (`shared_prompt_prefix`), as the update lays it."""
     prefix_len = shared_prompt_prefix(prompts)  # the update lays the same prefix once: it reads the same prompts
@@ -412,7 +412,7 @@ def prefix_shared_response_logprobs(
     micro-batch then runs only its rows' suffixes (rest of the prompt + response) after it, left-padded against a
     copy of the cache repeated over the micro-batch, the attention mask spanning prefix + suffix; or with `packed`
     (a model where `supports_packing`) end to end without padding, each attending to the one-row cache and to
-    itself (`models/packed_attention.py`), which the trainer does not use: 0.96x on a CPU (`bench_teacher_pass.py`),
+    itself (`models/packed_attention.py`), which the trainer does not use: it was no faster (docs/benchmarks.md),
     since the micro-batches are length-bucketed and a row's attention over the long prefix costs the same. Position ids continue after the prefix, so each row
     sees exactly the sequence it would see alone. This is what makes the self-teacher pass cheap: its prompts
     differ from the student's by a long skill block that every row of a task kind shares.

@@ -19,7 +19,7 @@ __all__ = ["LossTerms", "StartDrift", "clipped_policy_loss", "kl_k3", "policy_ob
 START_RATIO_BOUND = 0.05
 """|r - 1| that the PPO ratio of a token may show before the first optimiser step of an update (where it is 1
 in exact arithmetic). π_old is the trainer's own pass in the update's packed layout, so in bf16 too it rounds
-as the update's first forward does (deviation 0 in `benchmarks/results/precision.json`); reusing the sampler's
+as the update's first forward does (no deviation at all, docs/results.md); reusing the sampler's
 numbers as π_old (float32 only) differs by float rounding. `tests/test_precision.py` holds the trainer to it."""
 
 

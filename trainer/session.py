@@ -198,7 +198,7 @@ class RunSession:
         model, tokenizer = load_model(cfg, resume_from)
         model.to(device)
         engine = make_engine(model, cfg.optim, cfg.deepspeed, backend=cfg.trainer.backend)
-        # The update's micro-batches without padding (`trainer/logprobs.py`, `benchmarks/bench_update_path.py`):
+        # The update's micro-batches without padding (`trainer/logprobs.py`):
         # same numbers as the padded layout to float rounding; models it does not support keep the padded one.
         self.packed_update = supports_packing(engine.module)
         # the update reuses the π_old pass's trunk in the layout both share: packed

@@ -3,7 +3,7 @@
 The rollout's tokens are drawn from the sampler's distribution π_sampler (vLLM, or the HF sampler in bf16:
 one decode step at a time on a KV cache), while the PPO ratio is taken against the trainer's own π_old (the
 same weights in a teacher-forced pass). Where the two are different computations they disagree by rounding
-(bf16 on the CPU: ~0.03 nats per token on average, up to 0.25; `benchmarks/results/precision.json`), so the
+(in bf16 a few hundredths of a nat per token on average; docs/results.md has the measurements), so the
 gradient is that of a slightly different policy. TIS (Yao et al., "On the Rollout-Training Mismatch in Modern
 RL Systems"; verl's `rollout_is`, slime, SkyRL, OpenRLHF) weights each token's policy-gradient term by
 

@@ -67,8 +67,8 @@ class TrainedModel:
                                     "max_tokens": self.micro_batch_tokens, "max_rows": self.micro_batch_rows,
                                     "device": self.device}
         # The teacher's rows stay left-padded after the repeated prefix cache: packed after the one-row cache they
-        # ran at 0.96x (`bench_teacher_pass.py`), the per-row attention over the long c+ prefix costing more than
-        # the little padding that length-bucketed micro-batches leave.
+        # ran no faster (docs/benchmarks.md), the per-row attention over the long c+ prefix costing more than the
+        # little padding that length-bucketed micro-batches leave.
         score = prefix_shared_response_logprobs if shared_prefix else batched_response_logprobs
         return score(model, prompts, responses, **settings)
 

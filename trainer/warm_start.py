@@ -219,8 +219,8 @@ class WarmStart:
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """`warm_start.autocast` over float32 trainable layers on a bf16 / fp16 model: the SFT computes in the
-        model's dtype under autocast while the weights, and so every update, stay float32. Off by default, for
-        what the field's help gives (`bench_warm_start_autocast.py`). The RL phases have their own switch,
+        model's dtype under autocast while the weights, and so every update, stay float32. Off by default: it
+        cost the policy admissible actions where it was measured (docs/results.md). The RL phases have their own switch,
         `model.autocast`."""
         m = self.cfg.model
         return torch_dtype_of(m.dtype) if self.cfg.warm_start.autocast and m.float32_trainable else None
