@@ -63,6 +63,19 @@ def test_bad_keys_and_values_name_the_key(override: str, needle: str) -> None:
         load_config("cpu-tiny", [override])
 
 
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (["model.lora=true", "model.lora_target_modules=[]"], "model.lora_target_modules"),
+    (["model.lora=true", "model.lora_target_modules=[q_proj, '']"], "model.lora_target_modules"),
+    (["env.kwargs={split: 5}"], "env.kwargs.split: set it through env.id"),
+    (["env.kwargs={max_turns: 3}"], "env.kwargs.max_turns: set it through env.max_turns"),
+])
+def test_values_that_would_pass_and_fail_later_are_refused_at_load(overrides: list[str], needle: str) -> None:
+    """Issue 67 item 6: an empty LoRA target list crashed after set-up; a split in env.kwargs was recorded and
+    ignored."""
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config("cpu-tiny", overrides)
+
+
 def test_unknown_key_lists_valid_keys() -> None:
     with pytest.raises(ConfigError) as info:
         load_config("cpu-tiny", ["trainer.bogus=1"])

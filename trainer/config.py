@@ -181,6 +181,10 @@ class ModelConfig:
         if self.trainable_dtype == "float32" and self.lora:
             raise ConfigError("model.trainable_dtype=float32: LoRA adapters are float32 already (peft); "
                               "leave it at 'auto' or 'same' with model.lora=true")
+        if self.lora and (not isinstance(self.lora_target_modules, list) or not self.lora_target_modules
+                          or not all(isinstance(m, str) and m for m in self.lora_target_modules)):
+            raise ConfigError(f"model.lora_target_modules: with model.lora=true it must name at least one module "
+                              f"(e.g. [q_proj, v_proj]), got {self.lora_target_modules!r}")
 
     @property
     def float32_trainable(self) -> bool:
@@ -329,6 +333,9 @@ class EnvConfig:
         if self.prompt_template:
             _check_prompt_template(self.prompt_template)
         _check_choice("env.outcome", self.outcome, OUTCOMES)
+        for key, setting in (("split", "env.id (e.g. 'ALFWorld-v0:easy')"), ("max_turns", "env.max_turns")):
+            if key in self.kwargs:  # the trainer sets these itself: a value here would be recorded, then overridden
+                raise ConfigError(f"env.kwargs.{key}: set it through {setting}, not env.kwargs")
 
     def prompt_renderer(self, env_spec: str) -> PromptRenderer:
         """How these settings render the prompts of `env_spec` (`registry.prompt_renderer_for`)."""
