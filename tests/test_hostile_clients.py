@@ -29,7 +29,8 @@ MAX_READING = 40  # the connections a WSGI server reads at once here (the flood 
 MAX_SESSIONS, SESSION_TIMEOUT_S = 2, 2.0  # OpenEnv's session cap and idle timeout here
 FLAGS = {
     "connections": ["--max-connections", str(MAX_READING)],
-    "websocket": ["--max-sessions", str(MAX_SESSIONS), "--session-timeout", str(SESSION_TIMEOUT_S)],
+    "websocket": ["--max-sessions", str(MAX_SESSIONS), "--session-timeout", str(SESSION_TIMEOUT_S),
+                  "--handshake-timeout", str(DEADLINE_S)],
 }
 
 
@@ -222,6 +223,25 @@ def test_a_malformed_request_gets_a_proper_json_400(server: Running, raw: bytes)
         status, headers, body = read_answer(sock, FAST_S)
     assert_json_error(status, headers, body, 400)
     assert normal_request(server)[0] == 200
+
+
+def test_silent_websockets_are_closed_at_the_handshake_deadline(server: Running) -> None:
+    """Issue 67 item 5: 8 WebSocket handshakes that never sent a message held all 8 sessions for the 600 s
+    idle timeout. Each is told SESSION_TIMEOUT at the handshake deadline, and a new session gets a slot."""
+    if server.target.sessions != "websocket":
+        pytest.skip("plain HTTP: an idle connection is cut at the head deadline (test above)")
+    ws_url = f"ws://{server.host}:{server.port}/ws"
+    silent = [ws_connect(ws_url, open_timeout=10) for _ in range(MAX_SESSIONS)]
+    try:
+        for ws in silent:
+            notice = json.loads(ws.recv(timeout=DEADLINE_S + SLACK_S))
+            assert notice["data"]["code"] == "SESSION_TIMEOUT" and "of connecting" in notice["data"]["message"]
+        with ws_connect(ws_url, open_timeout=10) as again:
+            again.send(json.dumps({"type": "reset", "data": {"seed": 1}}))
+            assert json.loads(again.recv(timeout=30))["type"] == "observation"
+    finally:
+        for ws in silent:
+            ws.close()
 
 
 def test_sigterm_under_load_exits_0_and_loses_no_request(server: Running) -> None:

@@ -419,3 +419,27 @@ def test_malformed_websocket_messages_get_an_error_and_the_session_goes_on() -> 
             assert "object has no attribute" not in reply["data"]["message"] and "recursion" not in reply["data"]["message"]
         ws.send(json.dumps({"type": "state"}))
         assert json.loads(ws.recv(timeout=30))["type"] == "state"  # the session lives on
+
+
+def test_a_client_at_the_session_cap_waits_and_gets_a_session(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 67 item 5: a session beyond the server's cap got a bare 1013 and no retry. Our client is told
+    CAPACITY_REACHED, says so in the log, waits and connects again, and gets the slot the first one frees."""
+    from agentgym_opsd.integrations.openenv_session import CAPACITY_REACHED, RemoteSession
+
+    limits = ServerLimits(max_sessions=1, max_connections=8)
+    with running(SessionSettings("ALFWorld-v0:easy"), limits) as url:
+        first, second = RemoteSession(url), RemoteSession(url, capacity_wait_s=30)
+        first.reset(seed=0)
+        threading.Timer(1.5, first.close).start()  # frees the slot while the second one waits
+        with caplog.at_level("WARNING"):
+            observation = second.reset(seed=1)
+        assert observation.text and not observation.done
+        assert any(CAPACITY_REACHED in r.getMessage() for r in caplog.records)
+        second.close()
+        impatient = RemoteSession(url, capacity_wait_s=0.1)
+        blocker = RemoteSession(url)
+        blocker.reset(seed=2)
+        with pytest.raises(RuntimeError, match=CAPACITY_REACHED):
+            impatient.reset(seed=3)
+        blocker.close()
+        impatient.close()

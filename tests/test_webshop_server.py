@@ -47,7 +47,10 @@ def call(url: str, payload: dict | None = None, method: str | None = None) -> tu
 def test_html_flow_and_escaping() -> None:
     client = create_app(SHOP).test_client()
     evil_index = len(SHOP.goals["test"]) - 1
-    r = client.get(f"/new?split=test&goal={evil_index}")
+    start = client.get(f"/new?split=test&goal={evil_index}")
+    assert start.status_code == 200 and 'method="post" action="/new"' in start.get_data(as_text=True)
+    assert len(client.application.config["SESSIONS"]) == 0  # a GET creates nothing
+    r = client.post("/new", data={"split": "test", "goal": str(evil_index)})
     assert r.status_code == 303
     base = r.headers["Location"].rstrip("/")
     page = client.get(base + "/").get_data(as_text=True)
@@ -73,6 +76,24 @@ def test_html_flow_and_escaping() -> None:
     assert client.get("/s/nope/").status_code == 404
     assert client.get("/new?split=test&goal=abc").status_code == 400
     assert client.get("/new?split=nosuch").status_code == 400
+    assert client.post("/new", data={"split": "nosuch"}).status_code == 400
+
+
+def test_a_client_holds_at_most_its_share_of_the_sessions() -> None:
+    """Issue 67 item 5: 480 `GET /new` filled all 512 sessions for their TTL. GETs create nothing now, and one
+    client address holds at most `max_sessions_per_client`; another client still gets one."""
+    app = create_app(SHOP, max_sessions=10, max_sessions_per_client=3)
+    client = app.test_client()
+    for _ in range(20):
+        assert client.get("/new?split=test").status_code == 200
+    assert len(app.config["SESSIONS"]) == 0
+    for _ in range(3):
+        assert client.post("/api/sessions", json={"split": "test"}).status_code == 200
+    refused = client.post("/new", data={"split": "test"})
+    assert refused.status_code == 503 and "this client holds 3 sessions" in refused.get_data(as_text=True)
+    other = app.test_client()
+    answer = other.post("/api/sessions", json={"split": "test"}, environ_base={"REMOTE_ADDR": "10.0.0.2"})
+    assert answer.status_code == 200 and len(app.config["SESSIONS"]) == 4
 
 
 def test_bad_api_input(server: ShopServer) -> None:

@@ -2,8 +2,8 @@
 host guards, `agentgym_opsd.serving.host`, like every server we ship).
 
 - `guard_session`: one WebSocket session. At most `max_sessions` at once (one more always gets OpenEnv's
-  `CAPACITY_REACHED` error, then a close); a session idle for `session_timeout_s` is told so and ended, which
-  frees its slot (OpenEnv 0.3 takes the timeout in its config and never applies it); each message passes the
+  `CAPACITY_REACHED` error, then a close); a session that sends nothing within `handshake_timeout_s` of connecting,
+  or is idle for `session_timeout_s`, is told so and ended, which frees its slot (OpenEnv 0.3 takes the timeout in its config and never applies it); each message passes the
   checks a POST body passes (`serving.bodies.parse_json_text`: nesting, NaN, lone surrogates) and must be a JSON
   object with a string "type": anything else (`[1,2]`, `null`, `5`, a binary frame) gets an error message
   naming what was wrong, with no Python internals, and the session goes on.
@@ -66,9 +66,11 @@ async def refuse_session(receive: Receive, send: Send, message: str, code: str, 
 
 
 async def guard_session(app: Any, gate: SessionGate, session_timeout_s: float,
-                        scope: Message, receive: Receive, send: Send) -> None:
+                        scope: Message, receive: Receive, send: Send, *, handshake_timeout_s: float | None = None) -> None:
     """Run OpenEnv's WebSocket handler `app` for one connection, with the gate, the idle timeout and the message
-    checks of the module docstring."""
+    checks of the module docstring. A client that sends no message within `handshake_timeout_s` of connecting
+    (default: the idle timeout) is told so and its session ended: a socket that opens a session and says nothing
+    would otherwise hold its slot for the whole idle timeout."""
     if gate.open >= gate.max_sessions:
         # Answered here, before OpenEnv creates anything, so every connection over the cap hears why.
         await refuse_session(receive, send, f"the server holds {gate.max_sessions} sessions already; retry later",
@@ -76,16 +78,23 @@ async def guard_session(app: Any, gate: SessionGate, session_timeout_s: float,
                              active_sessions=gate.open, max_sessions=gate.max_sessions)
         return
 
+    heard = False  # whether the client has sent a message yet
+
     async def checked_receive() -> Message:
+        nonlocal heard
         while True:
+            first = not heard and handshake_timeout_s is not None
+            timeout_s = min(handshake_timeout_s, session_timeout_s) if first else session_timeout_s  # type: ignore[type-var]
             try:
-                message = await asyncio.wait_for(receive(), session_timeout_s)
+                message = await asyncio.wait_for(receive(), timeout_s)
             except TimeoutError:
-                await send(_error(f"the session was idle for {session_timeout_s:g} s and is closed",
-                                  "SESSION_TIMEOUT"))
+                why = (f"no message arrived within {timeout_s:g} s of connecting" if first
+                       else f"the session was idle for {timeout_s:g} s")
+                await send(_error(f"{why}; the session is closed", "SESSION_TIMEOUT"))
                 return {"type": "websocket.disconnect", "code": 1000}  # OpenEnv frees the session, then closes
             if message["type"] != "websocket.receive":
                 return message
+            heard = True
             reason = _refusal(message)
             if reason is None:
                 return message

@@ -19,9 +19,10 @@ Around it, the hardening of our other servers:
   of the wrong shape gets OpenEnv's 422;
 - a WebSocket message must be a JSON object with a string "type" and pass the same checks (nesting, NaN, lone
   surrogates): `[1,2]`, `null`, `5`, a binary frame get an error message, the session goes on (`openenv_guards`);
-- at most `--max-sessions` (8) WebSocket sessions (one more always gets the CAPACITY_REACHED error and is
-  closed) and as many plain-HTTP POSTs in progress (one more: 503 with Retry-After); a session idle for
-  `--session-timeout` (600 s) is told so and ended, and its slot is free again; `--max-connections` (64)
+- at most `--max-sessions` (32: a GRPO group of 8 four times over) WebSocket sessions (one more always gets the
+  CAPACITY_REACHED error and is closed; our client waits and retries) and as many plain-HTTP POSTs in progress
+  (one more: 503 with Retry-After); a session that sends nothing within `--handshake-timeout` (10 s) of connecting,
+  or is idle for `--session-timeout` (600 s), is told so and ended, and its slot is free again; `--max-connections` (256)
   bounds open connections of any kind (one more: a JSON 503); a request head that takes over
   `--header-timeout` (10 s), or a POST body over `--body-timeout` (30 s), gets a JSON 408;
 - an unknown environment or split is a usage error at startup (exit 2) that lists what exists;
@@ -76,13 +77,15 @@ Send = Callable[[Message], Awaitable[None]]
 class ServerLimits:
     """What one server accepts at once, and how large a request may be."""
 
-    max_sessions: int = 8
+    max_sessions: int = 32
     """WebSocket sessions (each owns an environment instance), and plain-HTTP POSTs in progress."""
     session_timeout_s: float = 600.0
     """Seconds a session may sit idle before it is ended (its client's slot is freed)."""
+    handshake_timeout_s: float = 10.0
+    """Seconds a new WebSocket session may take to send its first message; then it is told so and ended."""
     max_body_bytes: int = MAX_BODY_BYTES
     """The largest POST body and WebSocket message."""
-    max_connections: int = 64
+    max_connections: int = 256
     """Open connections of any kind (sessions, requests, idle keep-alive ones); must exceed max_sessions."""
     header_timeout_s: float = 10.0
     """Seconds from a connection's accept (or its previous answer) to the end of its request head; then 408."""
@@ -122,7 +125,8 @@ class GuardedApp(GuardedHTTP):
                                  close_code=1012)  # "service restart"
             return
         try:
-            await guard_session(self.app, self.sessions, self.limits.session_timeout_s, scope, receive, send)
+            await guard_session(self.app, self.sessions, self.limits.session_timeout_s, scope, receive, send,
+                                handshake_timeout_s=self.limits.handshake_timeout_s)
         except WebSocketDisconnect:
             # OpenEnv's /ws handler closes the socket when a session ends and expects only RuntimeError from that
             # close; a client that closed first makes it raise this instead, which uvicorn would log as a crash
@@ -179,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--port", type=port_number, default=8000, help="port to bind (0 = any free port)")
     ap.add_argument("--max-sessions", type=positive_int, default=ServerLimits.max_sessions,
                     help="WebSocket sessions at once, and plain-HTTP POSTs in progress (default %(default)s)")
+    ap.add_argument("--handshake-timeout", type=positive_float, default=ServerLimits.handshake_timeout_s,
+                    help="seconds a new session may take to send its first message (default %(default)s)")
     ap.add_argument("--session-timeout", type=positive_float, default=ServerLimits.session_timeout_s,
                     help="seconds an idle session lives (default %(default)s)")
     ap.add_argument("--max-body-bytes", type=positive_int, default=ServerLimits.max_body_bytes,
@@ -210,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for spec in args.imports:
             import_user_module(spec)
         limits = ServerLimits(max_sessions=args.max_sessions, session_timeout_s=args.session_timeout,
+                              handshake_timeout_s=args.handshake_timeout,
                               max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
                               header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                               shutdown_grace_s=args.shutdown_grace)

@@ -12,6 +12,8 @@ plays a server's episodes unchanged (`RolloutRunner(env_fn=...)`, `AgentGymRollo
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -26,7 +28,14 @@ from agentgym_opsd.integrations.openenv_env import (
     SessionSettings,
 )
 
-__all__ = ["LocalSession", "RemoteSession", "Session", "SessionEnv", "open_session", "reset_fields"]
+__all__ = ["CAPACITY_REACHED", "LocalSession", "RemoteSession", "Session", "SessionEnv", "open_session", "reset_fields"]
+
+log = logging.getLogger(__name__)
+
+CAPACITY_REACHED = "CAPACITY_REACHED"
+"""OpenEnv's error code for a session refused at the server's cap (in the client's error text)."""
+TRY_AGAIN_LATER = 1013
+"""The WebSocket close code the server ends a refused session with."""
 
 
 class Session(Protocol):
@@ -55,19 +64,38 @@ class LocalSession:
 
 class RemoteSession:
     """A WebSocket session on a `serve-openenv` server at `base_url`, connected on the first reset (TRL builds
-    environments it may never use, to read their tools)."""
+    environments it may never use, to read their tools). A server at its session cap answers CAPACITY_REACHED:
+    the session then waits (0.5 s, doubling up to 8 s, logged each time) and connects again, for up to
+    `capacity_wait_s` in all, before it gives up with the server's message."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, capacity_wait_s: float = 120.0) -> None:
         self.base_url = base_url
+        self.capacity_wait_s = capacity_wait_s
         self._client: Any = None
 
     def reset(self, **fields: Any) -> AgentObservation:
-        if self._client is None:
-            from agentgym_opsd.integrations.openenv_client import AgentGymEnvClient
+        waited, delay = 0.0, 0.5
+        while True:
+            if self._client is None:
+                from agentgym_opsd.integrations.openenv_client import AgentGymEnvClient
 
-            self._client = AgentGymEnvClient(base_url=self.base_url).sync()
-            self._client.connect()
-        return self._client.reset(**fields).observation
+                self._client = AgentGymEnvClient(base_url=self.base_url).sync()
+                self._client.connect()
+            try:
+                return self._client.reset(**fields).observation
+            except Exception as exc:
+                if not _at_capacity(exc):
+                    raise
+                if waited >= self.capacity_wait_s:
+                    raise RuntimeError(f"the server at {self.base_url} held all its sessions for {waited:g} s "
+                                       f"({CAPACITY_REACHED}); start it with a larger --max-sessions or play fewer "
+                                       f"episodes at once") from exc
+                self.close()  # the server closed this connection; a new one may find a free slot
+                log.warning("the server at %s holds all its sessions (%s); retrying in %.1f s", self.base_url,
+                            CAPACITY_REACHED, delay)
+                time.sleep(delay)
+                waited += delay
+                delay = min(2 * delay, 8.0)
 
     def step(self, reply: str) -> AgentObservation:
         if self._client is None:
@@ -78,6 +106,14 @@ class RemoteSession:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _at_capacity(exc: BaseException) -> bool:
+    """Whether `exc` is the server's refusal at its session cap: OpenEnv's client raises the CAPACITY_REACHED
+    error message it read, or, when the server's close (1013, "try again later") came first, websockets'
+    ConnectionClosed with that code."""
+    received = getattr(exc, "rcvd", None)
+    return CAPACITY_REACHED in str(exc) or getattr(received, "code", None) == TRY_AGAIN_LATER
 
 
 def open_session(settings: SessionSettings, server_url: str | None = None) -> Session:

@@ -89,7 +89,12 @@ class BrowserShopper:
 
     # ---- session ---------------------------------------------------------------------------------------
     def start(self, split: str, goal_index: int) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
         self._driver.get(f"{self.base_url}/new?split={split}&goal={goal_index}")
+        self._driver.find_element(By.ID, "start-session").click()  # only a POST creates a session
+        WebDriverWait(self._driver, self.page_load_timeout_s).until(lambda d: "/s/" in d.current_url)
         self.sid = self._driver.current_url.rstrip("/").rsplit("/", 1)[-1]
         self._page = None
 

@@ -48,6 +48,20 @@ _MESSAGE = _ENV.from_string("""<!doctype html>
 """)
 
 
+_START = _ENV.from_string("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>WebShop</title></head>
+<body><main><h1>WebShop</h1><p>{{ message }}</p>
+<form method="post" action="/new" id="start"><input type="hidden" name="split" value="{{ split }}">
+<input type="hidden" name="goal" value="{{ goal }}"><button type="submit" id="start-session">start shopping</button></form>
+</main></body></html>
+""")
+
+
+def render_start(message: str, split: str, goal: str) -> str:
+    """The page that starts a session: a form posting `split` and `goal` to /new (a GET creates nothing)."""
+    return _START.render(message=message, split=split, goal=goal)
+
+
 def render_page(page: Page, base: str, max_query_chars: int) -> str:
     """The page as HTML; `base` is the session's URL prefix that the forms post to."""
     return _PAGE.render(page=page, base=base, max_query=max_query_chars)

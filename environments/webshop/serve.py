@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-ttl", type=positive_float, default=900.0,
                         help="seconds before an idle session is freed")
     parser.add_argument("--max-sessions", type=positive_int, default=512, help="live sessions at most")
+    parser.add_argument("--max-sessions-per-client", type=positive_int, default=64,
+                        help="live sessions one client address may hold")
     add_limit_arguments(parser, LIMITS)
     args = parser.parse_args(argv)
     _check_data_dir(parser, args.data_dir)
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
         shop = load_shop(args.num_products, args.seed, args.data_dir)
     except RealDataError as exc:
         parser.error(str(exc))
-    app = create_app(shop, session_ttl_s=args.session_ttl, max_sessions=args.max_sessions)
+    app = create_app(shop, session_ttl_s=args.session_ttl, max_sessions=args.max_sessions,
+                     max_sessions_per_client=args.max_sessions_per_client)
     serve(wsgi_host(app, limits_from_args(args, LIMITS)), args.host, args.port,
           lambda url: f"WebShop serving {len(shop.products)} products on {url}/")
 

@@ -2,8 +2,9 @@
 
 Browser routes (HTML):
     GET  /                          start page with a link to a new session
-    GET  /new?split=train&goal=N    create a session for goal N of the split (random N when absent) and
-                                    redirect to its page
+    GET  /new?split=train&goal=N    a page whose button starts a session for goal N of the split (random
+                                    N when absent): a GET creates nothing
+    POST /new                       form fields `split`, `goal`: create the session and redirect to its page
     GET  /s/<sid>/                  the session's current page
     POST /s/<sid>/search            form field `query`: search[query]
     POST /s/<sid>/click             form field `name`: click[name]
@@ -15,8 +16,9 @@ JSON routes (programs, tests and the browser adapter's oracle):
     DELETE /api/sessions/<sid>      free the session
     GET  /healthz                   "ok" (readiness probe)
 
-Sessions are kept in memory, at most `max_sessions` at once (a new one beyond that gets HTTP 503), and a
-session unused for `session_ttl_s` seconds is freed on the next request.
+Sessions are kept in memory, at most `max_sessions` at once and `max_sessions_per_client` per client address
+(a new one beyond either gets HTTP 503), and a session unused for `session_ttl_s` seconds is freed on the next
+request. Only a POST creates one, so a crawler or a flood of GETs holds none.
 
 Bodies are at most 64 KiB, chunked or not (413, never silently cut). JSON bodies are read by
 `serving.read_json_body`: malformed JSON, deep nesting, lone surrogates or NaN get 400; an empty body
@@ -37,7 +39,7 @@ from typing import Any
 from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
 
-from agentgym_opsd.environments.webshop.html import render_message, render_page
+from agentgym_opsd.environments.webshop.html import render_message, render_page, render_start
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
 from agentgym_opsd.serving import BackgroundServer, HTTPLimits, read_json_body, wsgi_host
@@ -62,17 +64,20 @@ class _Entry:
     session: ShopSession
     last_used_s: float
     lock: threading.Lock
+    client: str = ""
 
 
 class SessionStore:
-    """Thread-safe sessions by random id, with a time-to-live and a cap on their number."""
+    """Thread-safe sessions by random id, with a time-to-live, a cap on their number and one per client."""
 
-    def __init__(self, shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 512) -> None:
-        if session_ttl_s <= 0 or max_sessions < 1:
-            raise ValueError("session_ttl_s must be > 0 and max_sessions >= 1")
+    def __init__(self, shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 512,
+                 max_sessions_per_client: int = 64) -> None:
+        if session_ttl_s <= 0 or max_sessions < 1 or max_sessions_per_client < 1:
+            raise ValueError("session_ttl_s must be > 0, max_sessions and max_sessions_per_client >= 1")
         self.shop = shop
         self.session_ttl_s = session_ttl_s
         self.max_sessions = max_sessions
+        self.max_sessions_per_client = max_sessions_per_client
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
 
@@ -85,7 +90,8 @@ class SessionStore:
         for sid in expired:
             del self._entries[sid]
 
-    def create(self, split: str, goal_index: int | None) -> str:
+    def create(self, split: str, goal_index: int | None, client: str = "") -> str:
+        """A new session for goal `goal_index` of `split` (random when None) held by `client` (its address)."""
         goals = self.shop.split_goals(split)
         if not goals:
             raise ValueError(f"split {split!r} of this shop has no goals")
@@ -98,8 +104,12 @@ class SessionStore:
             self._sweep(now)
             if len(self._entries) >= self.max_sessions:
                 raise SessionLimitError(f"the shop already serves {self.max_sessions} sessions; close one first")
+            held = sum(entry.client == client for entry in self._entries.values())
+            if held >= self.max_sessions_per_client:
+                raise SessionLimitError(f"this client holds {held} sessions already, the most one client may; "
+                                        f"close one first (DELETE /api/sessions/<sid>)")
             sid = secrets.token_urlsafe(16)
-            self._entries[sid] = _Entry(ShopSession(self.shop, goals[goal_index]), now, threading.Lock())
+            self._entries[sid] = _Entry(ShopSession(self.shop, goals[goal_index]), now, threading.Lock(), client)
         return sid
 
     def get(self, sid: str) -> _Entry | None:
@@ -182,11 +192,13 @@ def _json_object() -> dict[str, Any]:
     return body
 
 
-def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 512) -> Flask:
+def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 512,
+               max_sessions_per_client: int = 64) -> Flask:
     """The Flask app over `shop`; `app.config["SESSIONS"]` is its SessionStore."""
     app = Flask("agentgym_opsd.webshop")
     app.debug = False  # FLASK_DEBUG would make Flask re-raise errors past the handlers below
-    store = SessionStore(shop, session_ttl_s=session_ttl_s, max_sessions=max_sessions)
+    store = SessionStore(shop, session_ttl_s=session_ttl_s, max_sessions=max_sessions,
+                         max_sessions_per_client=max_sessions_per_client)
     app.config["SESSIONS"] = store
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES  # declared lengths over it get 413 before any read
     app.wsgi_app = _BufferChunkedBodies(app.wsgi_app, MAX_BODY_BYTES)  # type: ignore[method-assign]
@@ -199,7 +211,7 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
 
     def new_session(split: str, goal: int | None) -> str:
         try:
-            return store.create(split, goal)
+            return store.create(split, goal, request.remote_addr or "")
         except SessionLimitError as exc:
             abort(503, description=str(exc))
         except ValueError as exc:
@@ -234,8 +246,19 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
         return render_message("WebShop", f"{len(shop.products)} products.", "/new", "start shopping")
 
     @app.get("/new")
+    def new_page() -> str:
+        split, goal = request.args.get("split", "train"), request.args.get("goal", "")
+        _int_or_none(goal)  # a goal that is not a number, or a split with no goals, is refused here already
+        try:
+            if not shop.split_goals(split):
+                raise ValueError(f"split {split!r} of this shop has no goals")
+        except ValueError as exc:
+            abort(400, description=str(exc))
+        return render_start(f"{len(shop.products)} products; split {split}.", split, goal)
+
+    @app.post("/new")
     def new() -> Response:
-        sid = new_session(request.args.get("split", "train"), _int_or_none(request.args.get("goal")))
+        sid = new_session(request.form.get("split", "train"), _int_or_none(request.form.get("goal")))
         return redirect(f"/s/{sid}/", code=303)  # type: ignore[return-value]
 
     @app.get("/s/<sid>/")
