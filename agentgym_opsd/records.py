@@ -72,8 +72,11 @@ class Turn:
         # written before kinds were recorded, read once here, or a hand-made turn) gets it from its action and
         # finish reason, the rule record_turn applies.
         if not self.action_valid and self.info.get("invalid_kind") not in INVALID_KINDS:
-            self.info = {**self.info, "invalid_kind": classify_invalid(
-                parsed=bool(self.action), accepted=False, finish_reason=self.info.get("finish_reason"))}
+            self.info = {**self.info, "invalid_kind": self._kind_from_action()}
+
+    def _kind_from_action(self) -> str:
+        return str(classify_invalid(parsed=bool(self.action), accepted=False,
+                                    finish_reason=self.info.get("finish_reason")))
 
     @property
     def num_response_tokens(self) -> int:
@@ -82,7 +85,10 @@ class Turn:
     @property
     def invalid_kind(self) -> str | None:
         """The `INVALID_KINDS` entry of an invalid turn, None for a valid one."""
-        return None if self.action_valid else str(self.info["invalid_kind"])
+        if self.action_valid:
+            return None
+        kind = self.info.get("invalid_kind")  # absent only where code made the turn invalid after it was built
+        return str(kind) if kind in INVALID_KINDS else self._kind_from_action()
 
 
 OUTCOMES: Final = ("won", "score")

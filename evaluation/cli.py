@@ -30,6 +30,7 @@ from rich.table import Table
 
 from agentgym_opsd.envpool import ENV_WORKERS, EVAL_SEED
 from agentgym_opsd.evaluation.runner import evaluate_policy
+from agentgym_opsd.outputs import OutputRefused, check_output_file, claim_folder
 from agentgym_opsd.prompts import PromptRenderer
 from agentgym_opsd.registry import prompt_renderer_for
 
@@ -64,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment spec (repeatable); without a split, the env's held-out split")
     p.add_argument("--suite", default=None, help="named suite of environments ('default' = every registered env)")
     p.add_argument("--episodes", type=int, default=20, help="episodes per environment spec")
-    p.add_argument("--out", required=True, help="output folder (episodes.jsonl, results.json, report.md, PNGs)")
+    p.add_argument("--out", required=True, help="output folder (episodes.jsonl, results.json, report.md, PNGs): new, "
+                                              "empty, or an earlier evaluation's (played on where it stopped)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an --out folder that holds other files (they are kept unless one has the name "
+                        "of an evaluation file)")
     p.add_argument("--seed", type=int, default=EVAL_SEED, help=f"first evaluation seed (training uses < {EVAL_SEED})")
     p.add_argument("--max-turns", type=int, default=None, help="override the environments' turn limit")
     p.add_argument("--temperature", type=float, default=0.4, help="sampling temperature (0 = greedy)")
@@ -176,7 +181,11 @@ def _run(argv: Sequence[str]) -> int:
     if args.model is not None:
         options["model"] = args.model
     options.update(dict(args.policy_option))
-    try:  # before the model loads: a wrong path fails at once
+    try:  # before the model loads: a folder that is someone else's, or a wrong path, fails at once
+        output = claim_folder(args.out, "eval", force=args.force, legacy=is_legacy_eval, will_write=EVAL_FILES)
+    except OutputRefused as exc:
+        parser.error(f"--out: {exc}")
+    try:
         prompts_from = _prompts_config(args.prompts_from, args.policy)
     except FileNotFoundError as exc:
         parser.error(str(exc))
@@ -194,7 +203,11 @@ def _run(argv: Sequence[str]) -> int:
                          num_envs=args.num_envs, max_turns=args.max_turns, max_retries=args.max_retries,
                          oracle_horizon=not args.no_oracle_horizon, keep_prompts=args.keep_prompts,
                          policy_options=options, env_workers=args.env_workers, prompts_from=prompts_from)
-    summaries = run_suite(policy, suite, args.out, progress=not args.no_progress, renderer_for=renderer_for)
+    output.record([])  # the owner record first: an evaluation stopped halfway is still this command's to go on
+    try:
+        summaries = run_suite(policy, suite, args.out, progress=not args.no_progress, renderer_for=renderer_for)
+    finally:
+        output.record_written()
     _print_summaries(summaries, args.policy)
     print(f"reports written to {args.out}/ (results.json, report.md, success_by_task_type.png, horizon.png)")
     failed = sum(s.failed_episodes for s in summaries)
@@ -211,10 +224,14 @@ def _subcommand(argv: Sequence[str]) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compare", help="runs side by side (table + plot)")
     c.add_argument("runs", nargs="+", help="evaluation output folders and/or training run folders")
-    c.add_argument("--out", default="compare", help="where compare.md / compare.png go")
+    c.add_argument("--out", default="compare", help="where compare.md / compare.png go (a new, empty or earlier "
+                                                      "comparison's folder)")
+    c.add_argument("--force", action="store_true", help="write into an --out folder that holds other files")
     k = sub.add_parser("curves", help="training curves from a run's metrics.jsonl")
     k.add_argument("run", help="training run folder (or its metrics.jsonl)")
-    k.add_argument("--out", default=None, help="PNG path (default RUN/training_curves.png)")
+    k.add_argument("--out", default=None, help="PNG path (default RUN/training_curves.png); an existing file is "
+                                               "refused unless --force")
+    k.add_argument("--force", action="store_true", help="replace the file at --out")
     r = sub.add_parser("report", help="rebuild results.json, report.md and plots from episodes.jsonl")
     r.add_argument("out", help="evaluation output folder")
     r.add_argument("--policy", default=None, help="which policy's episodes (default: the last one written)")
@@ -223,21 +240,37 @@ def _subcommand(argv: Sequence[str]) -> int:
         if args.command == "compare":
             from agentgym_opsd.evaluation.compare import compare_runs
 
+            output = claim_folder(args.out, "compare", force=args.force, will_write=("compare.md", "compare.png"))
             written = compare_runs(args.runs, args.out)
+            output.record(path.name for path in written.values())
             print((written["table"]).read_text(encoding="utf-8"))
             print("written: " + ", ".join(str(v) for v in written.values()))
         elif args.command == "curves":
             from agentgym_opsd.evaluation.compare import write_curves
 
+            if args.out is not None:
+                check_output_file(args.out, force=args.force)
             print(f"written: {write_curves(args.run, args.out)}")
         else:
             from agentgym_opsd.evaluation.suite import rebuild_reports
 
+            claim_folder(args.out, "eval", legacy=is_legacy_eval)  # an evaluation's folder, none other
             summaries = rebuild_reports(args.out, policy=args.policy)
             _print_summaries(summaries, summaries[0].policy if summaries else "")
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # OutputRefused among them
         p.error(str(exc))
     return 0
+
+
+EVAL_FILES = ("episodes.jsonl", "results.json", "report.md", "success_by_task_type.png", "horizon.png")
+"""The files an evaluation writes at the top of its --out folder."""
+
+
+def is_legacy_eval(folder: Path) -> bool:
+    """An evaluation's folder from before owner records: its episodes beside its run settings."""
+    from agentgym_opsd.evaluation.suite import RUN_FILE
+
+    return (folder / "episodes.jsonl").is_file() and (folder / RUN_FILE).is_file()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

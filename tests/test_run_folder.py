@@ -42,31 +42,36 @@ def test_rerun_into_a_run_folder_is_refused_and_loses_nothing(tmp_path, toy_env_
 def test_overwrite_true_replaces_the_old_run_entirely(tmp_path, toy_env_ids) -> None:
     out = tmp_path / "R"
     assert main([*TOY, f"trainer.output_dir={out}"]) == 0
-    (out / "metrics.20200101-000000.jsonl").write_text("{}\n")  # an older run's metrics, set aside
     (out / ".checkpoints.123.0badc0de.tmp").mkdir()  # a save killed mid-write
     assert main([*TOY, f"trainer.output_dir={out}", "algorithm.estimator=grpo", "trainer.overwrite=true"]) == 0
     assert "estimator: grpo" in (out / "config.yaml").read_text()
-    assert not list(out.glob("metrics.*.jsonl"))  # no old metrics set aside: the old run is gone, as asked
     assert not (out / ".checkpoints.123.0badc0de.tmp").exists()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_overwrite_true_keeps_what_is_not_the_runs(tmp_path, toy_env_ids, caplog) -> None:
-    """Issue 45, hole 1: a user's files beside the run survive `trainer.overwrite=true`, and the log names them."""
+    """Issue 45, hole 1, and issue 67 item 2: a user's files beside the run survive `trainer.overwrite=true` (also
+    those whose names look like a run's: metrics.2024.jsonl, metrics.backup.jsonl, a metrics log set aside by
+    hand), and the log names them."""
     out = tmp_path / "R"
     assert main([*TOY, f"trainer.output_dir={out}"]) == 0
     (out / "notes.txt").write_text("my notes")
     (out / "mydata").mkdir()
     (out / "mydata" / "a.csv").write_text("x,y\n1,2\n")
     (out / ".gitkeep").write_text("")
+    for name in ("metrics.2024.jsonl", "metrics.backup.jsonl", "metrics.20200101-000000.jsonl"):
+        (out / name).write_text("{}\n")
     with caplog.at_level("WARNING", logger="agentgym_opsd.trainer.checkpoint"):
         assert main([*TOY, f"trainer.output_dir={out}", "algorithm.estimator=grpo", "trainer.overwrite=true"]) == 0
     assert (out / "notes.txt").read_text() == "my notes"
     assert (out / "mydata" / "a.csv").read_text() == "x,y\n1,2\n"
     assert (out / ".gitkeep").is_file()
+    assert all((out / name).read_text() == "{}\n" for name in ("metrics.2024.jsonl", "metrics.backup.jsonl",
+                                                                "metrics.20200101-000000.jsonl"))
     assert "estimator: grpo" in (out / "config.yaml").read_text()
-    kept = [r.getMessage() for r in caplog.records if "kept what is not a run's" in r.getMessage()]
-    assert kept and ".gitkeep, mydata, notes.txt" in kept[0]
+    kept = [r.getMessage() for r in caplog.records if "kept what it did not write" in r.getMessage()]
+    assert kept and ".gitkeep, metrics.20200101-000000.jsonl, metrics.2024.jsonl, metrics.backup.jsonl, mydata, " \
+                    "notes.txt" in kept[0]
 
 
 def test_every_entry_a_run_writes_is_one_overwrite_deletes(tmp_path, toy_env_ids) -> None:
@@ -82,6 +87,7 @@ def test_every_entry_a_run_writes_is_one_overwrite_deletes(tmp_path, toy_env_ids
 
 @pytest.mark.parametrize(("name", "ours"), [
     ("config.yaml", True), ("metrics.20240101-120000.jsonl", True), (".config.yaml.4242.deadbeef.tmp", True),
+    ("metrics.2024.jsonl", False), ("metrics.backup.jsonl", False),
     (".warm_start.7.0123abcd.tmp", True), ("notes.txt", False), ("mydata", False), (".gitkeep", False),
     (".notes.txt.4242.deadbeef.tmp", False), ("Config.yaml", False), ("checkpoints-backup", False),
 ])

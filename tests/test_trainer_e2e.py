@@ -186,11 +186,11 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, toy_env_ids, 
     before = sorted(p.name for p in out.iterdir())
     assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={out}", "trainer.backend=torch"]) == 2
     err = capsys.readouterr().err
-    assert "not a training run" in err and "notes.txt" in err
+    assert "not a train output" in err and "notes.txt" in err
     assert sorted(p.name for p in out.iterdir()) == before and (out / "notes.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("x")
     assert main(["--config", "cpu-tiny", *TOY, f"trainer.output_dir={tmp_path / 'file'}"]) == 2
-    assert "is a file" in capsys.readouterr().err
+    assert "is not a folder" in capsys.readouterr().err
 
 
 def test_kill_before_the_first_checkpoint_then_resume_auto_starts_clean(tmp_path, toy_env_ids) -> None:

@@ -67,18 +67,18 @@ import numpy as np
 import torch
 
 from agentgym_opsd.files import is_disk_full, make_tmp_dir, publish_dir, remove_path, to_json
+from agentgym_opsd.outputs import OWNER_FILE, OutputFolder, OutputRefused, claim_folder, owner_of
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "CheckpointError",
     "CheckpointSaveError",
-    "RUN_MARKERS",
-    "check_run_folder",
-    "holds_run",
+    "RUN_CORE",
+    "claim_run_folder",
+    "is_legacy_run",
     "is_run_entry",
     "RUN_ENTRIES",
-    "refuse_or_clear_run_folder",
     "TrainerState",
     "capture_rng",
     "restore_rng",
@@ -180,37 +180,16 @@ def saved_autocast(checkpoint: Path) -> str | None:
     return "on" if (data.get("model") or {}).get("autocast", False) in (True, "on") else "off"
 
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "warm_start")
-"""What every run folder holds from its first seconds on (the trainer writes config.yaml before anything else)."""
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.[0-9]*-[0-9]*.jsonl", "training_curves.png", "checkpoints",
+               "warm_start", "trajectories", "credit", "validation", "tensorboard", "wandb", "wandb_run_id", "mlruns",
+               "mlflow_run_id", "vllm_init_model", OWNER_FILE)
+"""Every name a run may write at the top of its folder (glob patterns; `metrics.<time>.jsonl` is an earlier
+metrics log set aside). A run records the ones it wrote in its owner record (`agentgym_opsd.outputs`), and
+`trainer.overwrite=true` deletes those and nothing else. A writer that adds a name adds it here
+(`tests/test_run_folder.py` checks a run's folder against this list)."""
 
-
-def check_run_folder(folder: Path) -> None:
-    """A run writes into a new or empty folder, or into one of our runs (resumed, or replaced on request:
-    `refuse_or_clear_run_folder`); a folder holding anything else is refused before a file in it is touched, so
-    a typo in `trainer.output_dir` cannot overwrite someone's `config.yaml`. Hidden files (.gitkeep) do not
-    count."""
-    if not folder.exists():
-        return
-    if not folder.is_dir():
-        raise ValueError(f"trainer.output_dir: {folder} is a file, not a folder")
-    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    if names and not any(name in RUN_MARKERS for name in names):
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise ValueError(f"trainer.output_dir: {folder} holds files that are not a training run ({shown}); "
-                         "choose a new or empty folder, or the folder of an earlier run")
-
-
-def holds_run(folder: Path) -> bool:
-    """True when `folder` holds (part of) a training run: a new run there would replace it."""
-    return folder.is_dir() and any(p.name in RUN_MARKERS for p in folder.iterdir())
-
-
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.*.jsonl", "training_curves.png", "checkpoints", "warm_start",
-               "trajectories", "credit", "validation", "tensorboard", "wandb", "wandb_run_id", "mlruns", "mlflow_run_id",
-               "vllm_init_model")
-"""Every name a run writes at the top of its folder (glob patterns): what `trainer.overwrite=true` deletes, and
-nothing else. A writer that adds a name adds it here (`tests/test_run_folder.py` checks a run's folder against
-this list)."""
+RUN_CORE = ("config.yaml", "metrics.jsonl", "checkpoints")
+"""The entries that make a folder hold a run (one of them recorded as the run's)."""
 
 
 _TMP_NAME = re.compile(r"\.(?P<name>.+)\.\d+\.[0-9a-f]{8}\.tmp")
@@ -224,31 +203,43 @@ def is_run_entry(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_ENTRIES)
 
 
-def refuse_or_clear_run_folder(folder: Path, *, overwrite: bool, clear: bool) -> None:
-    """A fresh run (no `--resume`) never silently replaces an earlier one: a folder that holds a run is refused
-    (the message names the ways on), unless `overwrite`, and then (`clear`: on the rank that writes) the old
-    run's entries (`RUN_ENTRIES`) are deleted first, so no file of the old run is mixed into the new one.
+def is_legacy_run(folder: Path) -> bool:
+    """A run written before owner records: its config.yaml beside its checkpoints or its metrics log (a
+    config.yaml alone is anybody's)."""
+    return (folder / "config.yaml").is_file() and ((folder / "checkpoints").is_dir()
+                                                   or (folder / "metrics.jsonl").is_file())
 
-    Anything else in the folder (a user's notes, data) is not the run's: it is kept and named in the log. Kept,
-    not refused: `overwrite` asks to replace the run, and the folder already passed `check_run_folder`, so the
-    user chose it knowing what else it holds; refusing would only make them move their files first."""
-    if not holds_run(folder):
-        return
-    if not overwrite:
-        shown = ", ".join(sorted(p.name for p in folder.iterdir() if p.name in RUN_MARKERS))
-        raise ValueError(f"trainer.output_dir: {folder} already holds a training run ({shown}); a new run would "
-                         "replace it. Continue it with --resume auto, choose another trainer.output_dir, or pass "
-                         "trainer.overwrite=true to delete it and start over")
-    if not clear:
-        return
-    entries = sorted(folder.iterdir())
-    for entry in entries:
-        if is_run_entry(entry.name):
-            remove_path(entry)
-    foreign = [p.name for p in entries if not is_run_entry(p.name)]
-    if foreign:
-        shown = ", ".join(foreign[:10]) + (f", ... ({len(foreign)} in all)" if len(foreign) > 10 else "")
-        log.warning("trainer.overwrite: deleted the old run in %s; kept what is not a run's: %s", folder, shown)
+
+def claim_run_folder(folder: Path, *, resume: bool, overwrite: bool, force: bool = False,
+                     writer: bool = True) -> OutputFolder:
+    """The output folder of a run, under the output rule (`agentgym_opsd.outputs.claim_folder`): new, empty, or a
+    run's (its owner record says `train`; a run from before owner records is recognised by `is_legacy_run`);
+    anything else is refused naming what is there, unless `force` (`--force`: the files there are kept, and are
+    never taken for the run's). A fresh run (not `resume`) in a folder that holds a run is refused (the message
+    names the ways on) unless `overwrite`; then (`writer`: the rank that writes) the old run's recorded entries
+    are deleted, and nothing else: what is kept is named in the log. ValueError naming trainer.output_dir."""
+    try:
+        out = claim_folder(folder, "train", force=force, legacy=is_legacy_run, will_write=("config.yaml", "metrics.jsonl"))
+    except OutputRefused as exc:
+        raise ValueError(f"trainer.output_dir: {exc}") from None
+    if owner_of(out.path) is None and is_legacy_run(out.path):  # give an earlier run its owner record
+        out.entries = {p.name for p in out.path.iterdir() if is_run_entry(p.name) and p.name != OWNER_FILE}
+    holds = sorted(set(RUN_CORE) & out.entries)
+    if not resume and holds:
+        if not overwrite:
+            raise ValueError(f"trainer.output_dir: {folder} already holds a training run ({', '.join(holds)}); a new "
+                             "run would replace it. Continue it with --resume auto, choose another "
+                             "trainer.output_dir, or pass trainer.overwrite=true to delete it and start over")
+        if writer:
+            for entry in out.path.iterdir():  # writers of the old run killed mid-write
+                if _TMP_NAME.fullmatch(entry.name) and is_run_entry(entry.name):
+                    remove_path(entry)
+            kept = out.clear()
+            log.warning("trainer.overwrite: deleted the old run in %s; kept what it did not write: %s", folder,
+                        ", ".join(kept) or "nothing")
+    if writer:
+        out.record(out.entries)  # the owner record, from the first moment on
+    return out
 
 
 @dataclass

@@ -37,6 +37,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import a module (dotted name or .py file) that registers environments/skills (repeatable)")
     p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the output dir) or a checkpoint folder")
+    p.add_argument("--force", action="store_true",
+                   help="write into an output dir that holds other files (they are kept, never taken for the run's)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (with each key's help as a comment) and exit")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and help")
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym_opsd.trainer.loop import Trainer
 
     try:
-        trainer = Trainer(cfg, resume=args.resume)
+        trainer = Trainer(cfg, resume=args.resume, force=args.force)
     except CheckpointError as exc:
         print(f"checkpoint error: {exc}", file=sys.stderr)
         return 2

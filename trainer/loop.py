@@ -57,10 +57,10 @@ class Trainer:
     """The step loop of one run over its `RunSession` (set-up, checkpoints) and its `PPOUpdate`; it owns the
     run's progress: steps done, the task cursor, whether the warm start is done."""
 
-    def __init__(self, cfg: Config, *, resume: str | None = None) -> None:
+    def __init__(self, cfg: Config, *, resume: str | None = None, force: bool = False) -> None:
         self.started = time.perf_counter()
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)  # this session's wall time per phase
-        s = self.session = RunSession(cfg, resume=resume)
+        s = self.session = RunSession(cfg, resume=resume, force=force)
         m = s.trained
         self.updater = PPOUpdate(s.cfg, m.model, m.engine, m.tokenizer, m.device, rank=s.rank, world=s.world,
                                  packed=s.packed_update)

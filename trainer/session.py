@@ -150,15 +150,14 @@ class RunSession:
     """Everything of one run but the step: its ranks, model, engine, environments, rollout backend, validation
     and output folder, built in `__init__`; checkpoints written by `save` and read back on resume."""
 
-    def __init__(self, cfg: Config, *, resume: str | None = None) -> None:
+    def __init__(self, cfg: Config, *, resume: str | None = None, force: bool = False) -> None:
         self.cfg = cfg
         self.out = Path(cfg.trainer.output_dir)
         try:
             check_trackers(cfg.trainer.trackers)  # a tracker that cannot start fails now, before any load or delete
-            ckpt.check_run_folder(self.out)
-            if not resume:  # the launcher's RANK: the process group is not joined yet; rank 0 alone deletes
-                ckpt.refuse_or_clear_run_folder(self.out, overwrite=cfg.trainer.overwrite,
-                                                clear=os.environ.get("RANK", "0") == "0")
+            # the launcher's RANK: the process group is not joined yet; rank 0 alone deletes and records
+            self.output = ckpt.claim_run_folder(self.out, resume=bool(resume), overwrite=cfg.trainer.overwrite,
+                                                force=force, writer=os.environ.get("RANK", "0") == "0")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.out.mkdir(parents=True, exist_ok=True)
@@ -230,7 +229,8 @@ class RunSession:
         elif self.metrics_log is not None:
             self.metrics_log.set_aside_old()
         if self.is_main:
-            self.out.joinpath("config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+            self.output.file("config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+            self.output.record(["metrics.jsonl"])
         dist.barrier()  # nobody starts before rank 0 has set the run folder up
 
     # ---- ranks and resume ---------------------------------------------------------------------------------
@@ -406,6 +406,7 @@ class RunSession:
                                     config_yaml=self.cfg.to_yaml(), save_extra=extra, ranks=dist.checkpoint_ranks())
         if self.is_main:
             ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.trainer.keep_checkpoints)
+            self.output.record_written(ckpt.is_run_entry)  # what the run's writers added since
         dist.barrier()
         return path
 
@@ -444,3 +445,5 @@ class RunSession:
         self.validation.close()
         if self.metrics_log is not None:
             self.metrics_log.close()
+        if self.is_main:
+            self.output.record_written(ckpt.is_run_entry)

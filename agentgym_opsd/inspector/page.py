@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgym_opsd.files import atomic_write_text
+from agentgym_opsd.outputs import check_output_file
 from agentgym_opsd.records import (
     NUMBER_OR_NULL,
     Trajectory,
@@ -427,13 +428,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a training run's output folder (trainer.output_dir)")
     parser.add_argument("--step", type=int, default=None, help="RL step to show (default: the last saved)")
-    parser.add_argument("--out", type=Path, default=None, help="HTML file to write (default RUN_DIR/credit/step_N.html)")
+    parser.add_argument("--out", type=Path, default=None, help="HTML file to write (default RUN_DIR/credit/step_N.html); "
+                                                               "its folder must exist, and a file there is refused "
+                                                               "unless --force")
+    parser.add_argument("--force", action="store_true", help="replace the (regular) file at --out")
     args = parser.parse_args(argv)
     try:
         data = load_step(args.run_dir, args.step)
-        out = args.out or args.run_dir / "credit" / f"step_{data.step:06d}.html"
+        own = args.out is None  # the run's own page of that step, written again
+        out = check_output_file(args.out or args.run_dir / "credit" / f"step_{data.step:06d}.html",
+                                force=args.force, own=own)
         atomic_write_text(out, render_html(data))  # all or nothing: a failed write leaves no (empty) page
-    except (InspectError, ValueError, OSError) as exc:  # ValueError: also a text that cannot be encoded
+    except (InspectError, ValueError, OSError) as exc:  # ValueError: also a text that cannot be encoded, OutputRefused
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {out} ({len(data.trajectories)} trajectories, step {data.step})")

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentgym_opsd.files import atomic_write_text
+from agentgym_opsd.outputs import OutputRefused, claim_folder
 from agentgym_opsd.registry import RegistryError, env_profile, parse_env_spec
 
 __all__ = ["BUILTIN_PACKAGES", "FolderServer", "Package", "lock", "main", "package_files", "write_package"]
@@ -165,16 +167,26 @@ def lock(folder: Path) -> bool:
     return True
 
 
-def write_package(package: Package, folder: Path, *, source: Path | None = CHECKOUT, with_lock: bool = True) -> Path:
-    """Write `package`'s files into `folder` (made if absent); `source`: the agentgym-opsd checkout to install
-    from (None: the index). Returns the folder."""
-    folder.mkdir(parents=True, exist_ok=True)
+def write_package(package: Package, folder: Path, *, source: Path | None = CHECKOUT, with_lock: bool = True,
+                  force: bool = False) -> Path:
+    """Write `package`'s files into `folder` under the output rule (`agentgym_opsd.outputs`): a new or empty
+    folder, or one this command wrote; a folder holding other files is refused (OutputRefused, naming them) unless
+    `force`, and a non-regular file where a package file goes never is replaced. `source`: the agentgym-opsd
+    checkout to install from (None: the index). Returns the folder."""
+    output = claim_folder(folder, "openenv-package", force=force)
     relative = Path(os.path.relpath(source.resolve(), folder.resolve())) if source is not None else None
-    for name, text in package_files(package, relative).items():
+    files = package_files(package, relative)
+    for name in files:
+        path = folder / name
+        if (path.is_symlink() or path.exists()) and (path.is_symlink() or not path.is_file()):
+            raise OutputRefused(f"{path} is not a regular file; it is never replaced: move it away")
+    output.record({name.split("/")[0] for name in files})
+    for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text, encoding="utf-8")
+        atomic_write_text(folder / name, text)
     if with_lock and not lock(folder):
         print(f"uv not found: run `uv lock` in {folder} (openenv validate needs uv.lock)", file=sys.stderr)
+    output.record_written()
     return folder
 
 
@@ -189,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, default=CHECKOUT if (CHECKOUT / "pyproject.toml").is_file() else None,
                     help="the agentgym-opsd checkout to install from (default: this one, if it is one)")
     ap.add_argument("--no-lock", action="store_true", help="do not run `uv lock`")
+    ap.add_argument("--force", action="store_true",
+                    help="write into a folder that holds other files (a file with a package file's name is replaced)")
     args = ap.parse_args(argv)
     if (args.builtin is None) == (args.env is None) or (args.env is None) != (args.dir is None):
         ap.error("give ENV DIR, or --builtin DIR")
@@ -196,9 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         [(Package(args.name or args.dir.name, args.env, tuple(args.extra)), args.dir)]
     try:
         for package, folder in packages:
-            write_package(package, folder, source=args.source, with_lock=not args.no_lock)
+            write_package(package, folder, source=args.source, with_lock=not args.no_lock, force=args.force)
             print(f"{package.env_spec}: {folder}")
-    except RegistryError as exc:
+    except (RegistryError, OutputRefused) as exc:
         ap.error(str(exc))
     return 0
 

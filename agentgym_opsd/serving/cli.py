@@ -6,12 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import signal
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from agentgym_opsd.serving.host import HTTPLimits
+from agentgym_opsd.serving.host import HTTPLimits, stop_on_sigint_and_sigterm
 
 __all__ = ["add_limit_arguments", "limits_from_args", "non_negative_float", "non_negative_int", "number_type",
            "port_number", "positive_float", "positive_int", "stop_on_sigint_and_sigterm"]
@@ -77,21 +75,3 @@ def limits_from_args(args: argparse.Namespace, defaults: HTTPLimits) -> HTTPLimi
     return dataclasses.replace(defaults, workers=args.workers, max_pending=args.max_pending,
                                max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                                body_timeout_s=args.body_timeout, shutdown_grace_s=args.shutdown_grace)
-
-
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def stop_on_sigint_and_sigterm() -> dict[int, Any]:
-    """SIGINT and SIGTERM stop the server (the previous handlers are returned). SIGINT is set again on purpose:
-    a process started in the background of a non-interactive shell inherits SIGINT *ignored*, and Python
-    then never installs its KeyboardInterrupt handler, so such a server ran on after Ctrl-C or `kill -INT`
-    (seen in CI runs launched in the background). Only the main thread may set handlers; elsewhere nothing
-    changes."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        previous[signum] = signal.signal(signum, _raise_keyboard_interrupt)
-    return previous

@@ -41,7 +41,7 @@ from agentgym_opsd.serving.bodies import BodyError, parse_json_text
 
 __all__ = ["DRAIN_QUIET_S", "BackgroundServer", "GuardedHTTP", "HTTPLimits", "bind", "build_server",
            "client_alive_check", "connection_protocol", "json_response", "require_positive_fields", "send_json", "serve",
-           "wsgi_host"]
+           "stop_on_sigint_and_sigterm", "wsgi_host"]
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -446,8 +446,6 @@ def build_server(app: GuardedHTTP, **config: Any) -> Any:
 def serve(app: GuardedHTTP, host: str, port: int, banner: Callable[[str], str]) -> None:
     """Bind `host:port` (0 = a free port), print `banner(url)` with the bound address, serve until SIGINT or
     SIGTERM, then return after the drain and uvicorn's graceful shutdown."""
-    from agentgym_opsd.serving.cli import stop_on_sigint_and_sigterm
-
     sock = bind(host, port)
     server = build_server(app)
     previous = stop_on_sigint_and_sigterm()  # SIGINT may arrive ignored (a background shell): set it again
@@ -462,6 +460,24 @@ def serve(app: GuardedHTTP, host: str, port: int, banner: Callable[[str], str]) 
         sock.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_on_sigint_and_sigterm() -> dict[int, Any]:
+    """SIGINT and SIGTERM stop the server (the previous handlers are returned). SIGINT is set again on purpose:
+    a process started in the background of a non-interactive shell inherits SIGINT *ignored*, and Python
+    then never installs its KeyboardInterrupt handler, so such a server ran on after Ctrl-C or `kill -INT`
+    (seen in CI runs launched in the background). Only the main thread may set handlers; elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, _raise_keyboard_interrupt)
+    return previous
 
 
 class BackgroundServer:
