@@ -189,7 +189,7 @@ def test_the_training_command_reports_a_failed_save_in_one_line(tmp_path: Path, 
     class FailingSave:
         is_main = True
 
-        def __init__(self, cfg, resume=None) -> None:
+        def __init__(self, cfg, resume=None, force=False) -> None:
             pass
 
         def train(self):
