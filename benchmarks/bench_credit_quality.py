@@ -46,7 +46,7 @@ from agentgym_opsd.evaluation.credit_quality import (
 )
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory, summarize
-from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.trainer.phases import batch_advantages
 from agentgym_opsd.turns import PROGRESS
 
 RESULTS = Path(__file__).parent / "results"

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentgym_opsd.credit.evidence import (
+from agentgym_opsd.credit.agentopsd import (
     ChoiceScores,
     EvidenceInputs,
     choice_evidence,

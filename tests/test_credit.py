@@ -497,7 +497,7 @@ def test_token_variant_equals_turn_level_on_one_full_row():
 )
 def test_blocked_discounted_scan_matches_a_loop(length, gamma):
     # private, but it is the numerically delicate part
-    from agentgym_opsd.credit._grid import _discounted_cumsum
+    from agentgym_opsd.credit.agentopsd import _discounted_cumsum
 
     x = torch.randn(3, length, generator=torch.Generator().manual_seed(length), dtype=F64)
     expected, c = torch.zeros_like(x), torch.zeros(3, dtype=F64)

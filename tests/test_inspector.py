@@ -13,9 +13,8 @@ import torch
 from agentgym_opsd import credit
 from agentgym_opsd.inspector import load_step, main, render_html
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
-from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
-from agentgym_opsd.trainer.phases import PolicyLogProbs, StepRecord, TeacherEvidence
+from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs, StepRecord, TeacherEvidence
 from agentgym_opsd.trainer.turn_batch import build_turn_batch
 from agentgym_opsd.turns import ORACLE_AFTER, ORACLE_BEFORE
 

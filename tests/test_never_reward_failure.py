@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from agentgym_opsd.credit import CreditConfig
 from agentgym_opsd.records import Trajectory, Turn
-from agentgym_opsd.trainer.advantages import batch_advantages
+from agentgym_opsd.trainer.phases import batch_advantages
 from agentgym_opsd.trainer.turn_batch import build_turn_batch
 
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior", "gigpo",

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
-from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import (
     bucket_micro_batches,
@@ -24,7 +23,7 @@ from agentgym_opsd.trainer.logprobs import (
     supports_packing,
 )
 from agentgym_opsd.trainer.loop import Trainer
-from agentgym_opsd.trainer.phases import PolicyLogProbs
+from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -16,12 +16,11 @@ from hypothesis import strategies as st
 from agentgym_opsd import credit
 from agentgym_opsd.models.loading import freeze_lower_layers, load_policy_model
 from agentgym_opsd.records import Trajectory, Turn, classify_invalid, invalid_rates
-from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss
-from agentgym_opsd.trainer.phases import PolicyLogProbs, TeacherEvidence
+from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs, TeacherEvidence
 from agentgym_opsd.trainer.turn_batch import build_turn_batch
 from agentgym_opsd.trainer.warm_start import sft_schedule
 

@@ -1,6 +1,6 @@
 """Sequence log-probs of a turn's choices: every admissible action scored as a continuation of one prompt.
 
-The choice-level self-teacher (`agentgym_opsd.credit.evidence`, `teacher.evidence=choice`) needs, per turn
+The choice-level self-teacher (`agentgym_opsd.credit.agentopsd`, `teacher.evidence=choice`) needs, per turn
 and per branch (student prompt, teacher prompt), log π(choice text | prompt) for every choice the turn had —
 tens of short continuations of the same long prompt. Scoring each (prompt, choice) pair alone would run the
 prompt once per choice; here the prompt runs once and every choice is scored against its KV cache:

@@ -23,8 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditConfigError
+from agentgym_opsd.credit.agentopsd import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
-from agentgym_opsd.credit.evidence import CHOICE_NORMS, EVIDENCE_FORMS
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.backends import BACKEND_CHOICES
 from agentgym_opsd.models.precision import (

@@ -28,12 +28,17 @@ from tqdm.auto import tqdm
 from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.advantages import BatchAdvantages, batch_advantages
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.metrics import env_metrics, reduce_step_metrics, step_metrics
-from agentgym_opsd.trainer.phases import PolicyLogProbs, StepRecord, TeacherEvidence
+from agentgym_opsd.trainer.phases import (
+    BatchAdvantages,
+    PolicyLogProbs,
+    StepRecord,
+    TeacherEvidence,
+    batch_advantages,
+)
 from agentgym_opsd.trainer.session import RunSession
 from agentgym_opsd.trainer.task_stream import mixed_task_specs
 from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
@@ -272,7 +277,7 @@ class Trainer:
         return a.lam * (1.0 - done / a.lam_warmdown_steps)
 
     def credit(self, batch: TurnBatch, evidence: TeacherEvidence) -> BatchAdvantages:
-        """The credit phase: per-row token advantages and the per-trajectory A_seq (`trainer/advantages.py`:
+        """The credit phase: per-row token advantages and the per-trajectory A_seq (`phases.batch_advantages`:
         the penalty mode's bookkeeping, the estimator, the row penalty term)."""
         a = self.session.cfg.algorithm
         return batch_advantages(batch, evidence.evidence, evidence.gaps, estimator=a.estimator,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentgym_opsd.credit.evidence import form_counts
+from agentgym_opsd.credit.agentopsd import form_counts
 from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer import engine as dist

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from agentgym_opsd.trainer.trained_model import TrainedModel
+from agentgym_opsd.trainer.logprobs import TrainedModel
 
 __all__ = ["ReferencePolicy"]
 

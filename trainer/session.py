@@ -48,14 +48,13 @@ from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
 from agentgym_opsd.trainer.engine import DeepSpeedEngineAdapter, make_engine
 from agentgym_opsd.trainer.finite import NonFiniteError, nonfinite_weights, require_finite_weights
 from agentgym_opsd.trainer.frozen_trunk import trunk_depth
-from agentgym_opsd.trainer.logprobs import supports_packing
+from agentgym_opsd.trainer.logprobs import TrainedModel, supports_packing
 from agentgym_opsd.trainer.metrics import MetricsLog
 from agentgym_opsd.trainer.model_card import write_model_card
 from agentgym_opsd.trainer.phases import StepRecord
 from agentgym_opsd.trainer.reference import ReferencePolicy
 from agentgym_opsd.trainer.teacher_evidence import EvidenceMaker
 from agentgym_opsd.trainer.trackers import check_trackers, make_trackers
-from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.validation import Validation
 from agentgym_opsd.trainer.warm_start import WarmStart
 

@@ -1,6 +1,6 @@
 """The teacher phase: the same responses under the privileged prompt, run on the trained model, and the
 evidence they give in the configured form (`teacher.evidence`; the arithmetic of each form, the paper's sum
-included, is `agentgym_opsd.credit.evidence`). This module turns turn rows into what the forms read:
+included, is `agentgym_opsd.credit.agentopsd`). This module turns turn rows into what the forms read:
 
 - argument masks (`args`): which response tokens spell the action's argument — the parser's `span` of the
   argument in the decoded response, mapped onto the tokens that overlap it;
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.core import ADMISSIBLE_ACTIONS
-from agentgym_opsd.credit.evidence import (
+from agentgym_opsd.credit.agentopsd import (
     ChoiceScores,
     EvidenceInputs,
     compute_evidence,
@@ -37,8 +37,8 @@ from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.parsers import ActionParser
 from agentgym_opsd.records import Trajectory, Turn
 from agentgym_opsd.trainer.choice_logprobs import ChoicePass, score_continuations
+from agentgym_opsd.trainer.logprobs import TrainedModel
 from agentgym_opsd.trainer.phases import TeacherEvidence
-from agentgym_opsd.trainer.trained_model import TrainedModel
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 
 __all__ = ["ChoiceSet", "EvidenceMaker", "argument_token_mask", "row_turns", "turn_choice_set"]

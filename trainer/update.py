@@ -22,7 +22,6 @@ from torch import Tensor
 
 from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.advantages import BatchAdvantages
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.finite import NonFiniteError, require_finite
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache
@@ -34,7 +33,7 @@ from agentgym_opsd.trainer.logprobs import (
     shared_prompt_prefix,
 )
 from agentgym_opsd.trainer.losses import StartDrift, policy_objective
-from agentgym_opsd.trainer.phases import PolicyLogProbs
+from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs
 from agentgym_opsd.trainer.tis import TIS_KEYS, SamplerCorrection, tis_enabled
 from agentgym_opsd.trainer.turn_batch import TurnBatch
 

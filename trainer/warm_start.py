@@ -48,7 +48,7 @@ from agentgym_opsd.trainer.task_stream import TRAIN_SEED_LIMIT, train_task_specs
 
 if TYPE_CHECKING:
     from agentgym_opsd.trainer.config import Config
-    from agentgym_opsd.trainer.trained_model import TrainedModel
+    from agentgym_opsd.trainer.logprobs import TrainedModel
 
 __all__ = ["Demonstration", "ThoughtOracle", "WarmStart", "action_exact_match", "collect_demonstrations",
            "demonstration_rows", "sft_schedule", "sft_step", "split_heldout", "warm_start_key", "WARM_START_VERSION"]

@@ -18,29 +18,27 @@ discounted return of per-turn rewards; ``agentopsd+gigpo`` adds the same step te
 The package, one concern a module (everything public is re-exported here):
   ``config``           :class:`CreditConfig`, its ranges and :class:`CreditConfigError`
   ``grpo``             GRPO group advantages and the invalid-action penalty bookkeeping
-  ``agentopsd``        AgentOPSD at turn level (the paper)
+  ``agentopsd``        AgentOPSD at turn level (the paper): the evidence forms e_k, the turn rows' grid, the
+                       belief and the bounded re-weighting, the discounted scan
   ``agentopsd_token``  AgentOPSD at token level (the released WebShop / Search-QA variant)
   ``gigpo``            GiGPO's step advantage and AgentOPSD + GiGPO
   ``registry``         named estimators; the trainer picks one by name through :func:`estimate`
-  ``evidence``         the forms of the self-teacher's evidence e_k (the paper's sum, per token, argument
-                       tokens only, the chosen action among the turn's choices)
   ``reference``        the slow, obvious loops the tests and the benchmark check the fast paths against
-  ``_layout``, ``_grid``, ``_checks``  shared machinery: rows ranked onto a padded grid, the vectorised
-                       belief and discounted scan, input validation
+  ``_checks``          input validation
 """
 
-from agentgym_opsd.credit.agentopsd import agentopsd_advantages
-from agentgym_opsd.credit.agentopsd_token import agentopsd_token_advantages
-from agentgym_opsd.credit.config import STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
-from agentgym_opsd.credit.evidence import (
+from agentgym_opsd.credit.agentopsd import (
     CHOICE_NORMS,
     EVIDENCE_FORMS,
     ChoiceScores,
     EvidenceInputs,
     EvidenceResult,
+    agentopsd_advantages,
     choice_evidence,
     compute_evidence,
 )
+from agentgym_opsd.credit.agentopsd_token import agentopsd_token_advantages
+from agentgym_opsd.credit.config import STEP_NORMS, VARIANTS, CreditConfig, CreditConfigError
 from agentgym_opsd.credit.gigpo import (
     agentopsd_gigpo_advantages,
     anchor_groups,

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.credit._checks import _check_1d_same_length, _check_floating
-from agentgym_opsd.credit._grid import _AGENTOPSD_DETAILS, _reshape_on_grid
+from agentgym_opsd.credit.agentopsd import _AGENTOPSD_DETAILS, _reshape_on_grid
 from agentgym_opsd.credit.config import CreditConfig
 
 

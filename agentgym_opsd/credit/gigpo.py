@@ -8,9 +8,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.credit._checks import _check_1d_same_length, _check_floating, _check_integer
-from agentgym_opsd.credit._grid import _discounted_cumsum
-from agentgym_opsd.credit._layout import _layout_turn_rows
-from agentgym_opsd.credit.agentopsd import _agentopsd_rows
+from agentgym_opsd.credit.agentopsd import _agentopsd_rows, _discounted_cumsum, _layout_turn_rows
 from agentgym_opsd.credit.config import STEP_NORMS, CreditConfig
 from agentgym_opsd.credit.grpo import _group_mean_std
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.credit._checks import _check_turn_rows
-from agentgym_opsd.credit._grid import _AGENTOPSD_DETAILS
+from agentgym_opsd.credit.agentopsd import _AGENTOPSD_DETAILS
 from agentgym_opsd.credit.config import CreditConfig
 
 
