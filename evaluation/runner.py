@@ -279,7 +279,7 @@ def evaluate_policy(
         start = time.perf_counter()
         try:
             for batch in _chunks(pending, runner.pool.num_envs):
-                finished = _play_with_retries(runner, policy, batch, max_retries)
+                finished = _play_with_retries(runner, policy, batch, max_retries, progress=progress)
                 if oracle_horizon:
                     _fill_oracle_horizon(runner, policy, batch, finished)
                 for task, (traj, attempts) in zip(batch, finished, strict=True):
@@ -315,13 +315,14 @@ def _append_line(path: Path, line: str) -> None:
 
 
 def _play_with_retries(
-    runner: RolloutRunner, policy: Policy, batch: list[TaskSpec], max_retries: int
+    runner: RolloutRunner, policy: Policy, batch: list[TaskSpec], max_retries: int, *, progress: bool = False
 ) -> list[tuple[Trajectory, int]]:
-    """Play a batch; replay the episodes that ended with an error, at most `max_retries` more times each."""
+    """Play a batch; replay the episodes that ended with an error, at most `max_retries` more times each.
+    `progress`: a bar of the batch's turns (a batch of many episodes runs for minutes before any of them ends)."""
     results: list[tuple[Trajectory, int] | None] = [None] * len(batch)
     todo = list(range(len(batch)))
     for attempt in range(1, max_retries + 2):
-        trajs = runner.run(policy, [batch[i] for i in todo])
+        trajs = runner.run(policy, [batch[i] for i in todo], progress=progress)
         retry = []
         for i, traj in zip(todo, trajs, strict=True):
             results[i] = (traj, attempt)

@@ -112,7 +112,7 @@ class Validation:
         t0 = time.perf_counter()
         with self.generating():
             summaries = [evaluate_policy(policy, spec, episodes=t.eval_episodes, num_envs=num_envs,
-                                         runner=self._runners[spec]) for spec in specs]
+                                         runner=self._runners[spec], progress=t.progress) for spec in specs]
         seconds = time.perf_counter() - t0
         self.episodes = [episode_outcome(s.env_spec, x) for s in summaries for x in s.trajectories]
         # one rule for every environment and for the whole (`records.summarize`): errored episodes are failures
@@ -145,7 +145,8 @@ class Validation:
                 for start in range(0, len(tasks), per_call):  # group ids unique over the calls (group_diversity)
                     first = k * len(tasks) + start
                     trajs += runner.run(policy, tasks[start:start + per_call], group_size=copies,
-                                        first_group_id=first, first_traj_id=first * copies)
+                                        first_group_id=first, first_traj_id=first * copies,
+                                        progress=self.cfg.trainer.progress)
         everything = [x for trajs in per_env.values() for x in trajs]
         out = {**_pool_rates(everything, "pool/"), **group_diversity(everything, prefix="pool/"),
                "pool/episodes": float(len(everything)), "seconds_pool": time.perf_counter() - t0}
