@@ -43,7 +43,7 @@ class _Runner:
 
     pool = SimpleNamespace(num_envs=4)
 
-    def run(self, policy, tasks, *, group_size, first_group_id, first_traj_id):
+    def run(self, policy, tasks, *, group_size, first_group_id, first_traj_id, progress=False):
         return list(EPISODES)
 
     def close(self) -> None:
