@@ -48,10 +48,10 @@ from agentgym_opsd.registry import RegistryError, import_user_module, make, pars
 from agentgym_opsd.serving import non_negative_int, port_number, positive_float, positive_int
 from agentgym_opsd.serving.host import (
     DRAIN_QUIET_S,
+    ConnectionLimits,
     GuardedHTTP,
     bind,
     build_server,
-    require_positive_fields,
     serve,
 )
 
@@ -74,30 +74,23 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class ServerLimits:
-    """What one server accepts at once, and how large a request may be."""
+class ServerLimits(ConnectionLimits):
+    """What one OpenEnv server accepts at once: the host's limits (`serving.host.ConnectionLimits`) and its
+    sessions'."""
 
+    max_body_bytes: int = MAX_BODY_BYTES
+    """The largest POST body and WebSocket message."""
+    max_connections: int = 256
+    """Open connections of any kind (sessions, requests, idle keep-alive ones); must exceed max_sessions."""
     max_sessions: int = 32
     """WebSocket sessions (each owns an environment instance), and plain-HTTP POSTs in progress."""
     session_timeout_s: float = 600.0
     """Seconds a session may sit idle before it is ended (its client's slot is freed)."""
     handshake_timeout_s: float = 10.0
     """Seconds a new WebSocket session may take to send its first message; then it is told so and ended."""
-    max_body_bytes: int = MAX_BODY_BYTES
-    """The largest POST body and WebSocket message."""
-    max_connections: int = 256
-    """Open connections of any kind (sessions, requests, idle keep-alive ones); must exceed max_sessions."""
-    header_timeout_s: float = 10.0
-    """Seconds from a connection's accept (or its previous answer) to the end of its request head; then 408."""
-    body_timeout_s: float = 30.0
-    """Seconds a POST body may take to arrive once its head has; then 408."""
-    retry_after_s: int = 1
-    """The Retry-After of a 503."""
-    shutdown_grace_s: float = 5.0
-    """Seconds the requests in progress at a stop may take to end."""
 
     def __post_init__(self) -> None:
-        require_positive_fields(self)
+        super().__post_init__()
         if self.max_connections <= self.max_sessions:
             raise ValueError(f"ServerLimits.max_connections ({self.max_connections}) must exceed max_sessions "
                              f"({self.max_sessions}): every session holds a connection")

@@ -39,8 +39,8 @@ from typing import Any
 
 from agentgym_opsd.serving.bodies import BodyError, parse_json_text
 
-__all__ = ["DRAIN_QUIET_S", "BackgroundServer", "GuardedHTTP", "HTTPLimits", "bind", "build_server",
-           "client_alive_check", "connection_protocol", "json_response", "require_positive_fields", "send_json", "serve",
+__all__ = ["DRAIN_QUIET_S", "BackgroundServer", "ConnectionLimits", "GuardedHTTP", "HTTPLimits", "bind", "build_server",
+           "client_alive_check", "connection_protocol", "json_response", "send_json", "serve",
            "stop_on_sigint_and_sigterm", "wsgi_host"]
 
 Scope = dict[str, Any]
@@ -68,26 +68,12 @@ REFUSED_LINGER_S = 1.0
 client to read the answer and close."""
 
 
-def require_positive_fields(limits: Any) -> None:
-    """ValueError naming the first field of the dataclass `limits` that is not a finite number of seconds > 0
-    (a name ending in `_s`) or an integer >= 1 (any other)."""
-    for f in fields(limits):
-        value = getattr(limits, f.name)
-        seconds = f.name.endswith("_s")
-        kinds = (int, float) if seconds else (int,)
-        if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < math.inf:
-            what = "a finite number of seconds > 0" if seconds else "an integer >= 1"
-            raise ValueError(f"{type(limits).__name__}.{f.name} must be {what}, got {value!r}")
-
-
 @dataclass(frozen=True)
-class HTTPLimits:
-    """What a server answers at once, what it holds, and how long a client may take."""
+class ConnectionLimits:
+    """What every server we ship holds a client to, whatever its app: the connections it keeps, the largest body,
+    how long a head and a body may take, the Retry-After of its 503s, the grace of a stop. A field that is not a
+    finite number of seconds > 0 (a name ending in `_s`) or an integer >= 1 is refused by name."""
 
-    workers: int = 32
-    """Requests the app answers at once (for a WSGI app: its threads)."""
-    max_pending: int = 128
-    """Requests read whole and waiting for a worker; one more gets a JSON 503 with Retry-After."""
     max_connections: int = 512
     """Open connections of any kind (idle, sending, waiting, answered); one more gets a JSON 503."""
     max_body_bytes: int = 2 * 1024 * 1024
@@ -102,7 +88,23 @@ class HTTPLimits:
     """Seconds the requests in progress at a stop may take to end before the app is asked to cancel them."""
 
     def __post_init__(self) -> None:
-        require_positive_fields(self)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            seconds = f.name.endswith("_s")
+            kinds = (int, float) if seconds else (int,)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not 0 < value < math.inf:
+                what = "a finite number of seconds > 0" if seconds else "an integer >= 1"
+                raise ValueError(f"{type(self).__name__}.{f.name} must be {what}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class HTTPLimits(ConnectionLimits):
+    """The limits of a WSGI app's host (`wsgi_host`): its worker threads and the requests that may wait for one."""
+
+    workers: int = 32
+    """Requests the app answers at once (for a WSGI app: its threads)."""
+    max_pending: int = 128
+    """Requests read whole and waiting for a worker; one more gets a JSON 503 with Retry-After."""
 
     @property
     def max_in_progress(self) -> int:
@@ -253,15 +255,14 @@ async def _watch_disconnect(receive: Receive, gone: threading.Event) -> None:
 
 
 class GuardedHTTP:
-    """`app` (ASGI) behind the guards of the module docstring. `limits` carries max_body_bytes, body_timeout_s,
-    retry_after_s, shutdown_grace_s (and what `build_server` reads: header_timeout_s, max_connections);
+    """`app` (ASGI) behind the guards of the module docstring, within `limits`;
     `max_in_progress` bounds the guarded requests in the app at once; `guarded_methods` are the methods whose
     requests are guarded (None: all; others pass straight through); `check_json` runs the JSON checks of
     `serving.bodies` on a non-empty body before the app sees it; `cancel_in_flight` is called once when a stop's
     grace is spent with requests still in progress. `lifespan`: whether the app speaks ASGI lifespan;
     `watch_disconnect`: the app's requests can ask `client_alive_check()` whether their client is still there."""
 
-    def __init__(self, app: Any, limits: Any, *, max_in_progress: int, guarded_methods: frozenset[str] | None = None,
+    def __init__(self, app: Any, limits: ConnectionLimits, *, max_in_progress: int, guarded_methods: frozenset[str] | None = None,
                  check_json: bool = False, cancel_in_flight: Callable[[], None] | None = None,
                  busy: dict[str, Any] | None = None, lifespan: bool = True, watch_disconnect: bool = False) -> None:
         self.app = app
