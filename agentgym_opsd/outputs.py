@@ -20,7 +20,8 @@ from pathlib import Path
 
 from agentgym_opsd.files import atomic_write_text, remove_path
 
-__all__ = ["OWNER_FILE", "OutputFolder", "OutputRefused", "check_output_file", "claim_folder", "owner_of"]
+__all__ = ["OWNER_FILE", "OutputFolder", "OutputRefused", "check_output_file", "claim_folder", "owner_of",
+           "refuse_non_regular"]
 
 OWNER_FILE = ".agentgym-opsd.json"
 """The owner record of a folder a command wrote: {"command": ..., "entries": [top-level names it wrote]}."""
@@ -43,9 +44,14 @@ def owner_of(folder: Path) -> dict | None:
     return None
 
 
-def _is_regular(path: Path) -> bool:
-    """A regular file that is not a symlink (lstat: the entry itself, not what a link points to)."""
-    return stat.S_ISREG(path.lstat().st_mode)
+def refuse_non_regular(path: Path, *, folder_ok: bool = False) -> None:
+    """OutputRefused when an entry is at `path` that is not a regular file (a FIFO, a device, a symlink; a folder
+    unless `folder_ok`): such an entry is never replaced. lstat: the entry itself, not what a link points to."""
+    if not (path.is_symlink() or path.exists()):
+        return
+    mode = path.lstat().st_mode
+    if not (stat.S_ISREG(mode) or (folder_ok and stat.S_ISDIR(mode))):
+        raise OutputRefused(f"{path} is not a regular file; it is never replaced: move it away or choose another path")
 
 
 def _shown(names: Iterable[str], limit: int = 6) -> str:
@@ -81,9 +87,7 @@ class OutputFolder:
         """The path of top-level file `name`, recorded as this command's; OutputRefused when a non-regular file is
         there (it is never replaced)."""
         path = self.path / name
-        if path.exists() or path.is_symlink():
-            if not _is_regular(path):
-                raise OutputRefused(f"{path} is not a regular file; it is never replaced: move it away")
+        refuse_non_regular(path)
         self.record([name])
         return path
 
@@ -99,13 +103,14 @@ class OutputFolder:
 
 
 def claim_folder(folder: str | Path, command: str, *, force: bool = False, flag: str = "--force",
-                 legacy: Callable[[Path], bool] | None = None, will_write: Iterable[str] = ()) -> OutputFolder:
+                 legacy: Callable[[Path], bool] | None = None, is_own: Callable[[str], bool] = lambda name: True,
+                 will_write: Iterable[str] = ()) -> OutputFolder:
     """The folder `command` may write its output into: new (created), empty (hidden files aside), or `command`'s
-    own (its owner record says so; `legacy(folder)` recognises one written before owner records, which is then
-    given one for what it holds). Anything else (another command's output, a user's files) is refused, naming what
-    is there and `flag`, unless `force`; then the names already there are not the command's and are kept. A
-    non-regular entry where the command writes one of `will_write` is refused whatever `force` says. The owner
-    record is written by `OutputFolder.record` (the first write), so a refused claim writes nothing."""
+    own (its owner record says so; `legacy(folder)` recognises one written before owner records, whose names that
+    `is_own` accepts are then the command's). Anything else (another command's output, a user's files) is refused,
+    naming what is there and `flag`, unless `force`; then the names already there are not the command's and are
+    kept. A non-regular entry where the command writes one of `will_write` is refused whatever `force` says. The
+    owner record is written by `OutputFolder.record` (the first write), so a refused claim writes nothing."""
     path = Path(folder).expanduser()
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise OutputRefused(f"{path} is not a folder; choose a new or empty folder for the {command} output")
@@ -116,14 +121,13 @@ def claim_folder(folder: str | Path, command: str, *, force: bool = False, flag:
     names = {p.name for p in path.iterdir()} - {OWNER_FILE}
     visible = {n for n in names if not n.startswith(".")}
     for name in will_write:
-        entry = path / name
-        if (entry.is_symlink() or entry.exists()) and not entry.is_dir() and not _is_regular(entry):
-            raise OutputRefused(f"{entry} is not a regular file; it is never replaced: move it away")
+        refuse_non_regular(path / name, folder_ok=True)
     if record is not None and record["command"] == command:
         entries = set(record["entries"]) & names
         return OutputFolder(path, command, entries, frozenset(names - entries))
-    if record is None and legacy is not None and legacy(path):
-        return OutputFolder(path, command, set(), frozenset())  # an earlier output of ours: its names are its own
+    if record is None and legacy is not None and legacy(path):  # an earlier output of ours
+        entries = {name for name in names if is_own(name)}
+        return OutputFolder(path, command, entries, frozenset(names - entries))
     if not visible and record is None:
         return OutputFolder(path, command, set(), frozenset(names))
     if not force:
@@ -141,9 +145,8 @@ def check_output_file(path: str | Path, *, force: bool = False, flag: str = "--f
     target = Path(path).expanduser()
     if not target.parent.is_dir():
         raise OutputRefused(f"{target}: its folder {target.parent} does not exist; create it first")
-    if target.is_symlink() or target.exists():
-        if not _is_regular(target):
-            raise OutputRefused(f"{target} is not a regular file; it is never replaced: choose another path")
+    refuse_non_regular(target)
+    if target.exists():
         if not (force or own):
             raise OutputRefused(f"{target} exists; choose a new path, or pass {flag} to replace it")
     return target

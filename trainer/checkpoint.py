@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from agentgym_opsd.files import is_disk_full, make_tmp_dir, publish_dir, remove_path, to_json
-from agentgym_opsd.outputs import OWNER_FILE, OutputFolder, OutputRefused, claim_folder, owner_of
+from agentgym_opsd.outputs import OWNER_FILE, OutputFolder, OutputRefused, claim_folder
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +219,10 @@ def claim_run_folder(folder: Path, *, resume: bool, overwrite: bool, force: bool
     names the ways on) unless `overwrite`; then (`writer`: the rank that writes) the old run's recorded entries
     are deleted, and nothing else: what is kept is named in the log. ValueError naming trainer.output_dir."""
     try:
-        out = claim_folder(folder, "train", force=force, legacy=is_legacy_run, will_write=("config.yaml", "metrics.jsonl"))
+        out = claim_folder(folder, "train", force=force, legacy=is_legacy_run, is_own=is_run_entry,
+                           will_write=("config.yaml", "metrics.jsonl"))
     except OutputRefused as exc:
         raise ValueError(f"trainer.output_dir: {exc}") from None
-    if owner_of(out.path) is None and is_legacy_run(out.path):  # give an earlier run its owner record
-        out.entries = {p.name for p in out.path.iterdir() if is_run_entry(p.name) and p.name != OWNER_FILE}
     holds = sorted(set(RUN_CORE) & out.entries)
     if not resume and holds:
         if not overwrite:

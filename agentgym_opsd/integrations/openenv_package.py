@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentgym_opsd.files import atomic_write_text
-from agentgym_opsd.outputs import OutputRefused, claim_folder
+from agentgym_opsd.outputs import OutputRefused, claim_folder, refuse_non_regular
 from agentgym_opsd.registry import RegistryError, env_profile, parse_env_spec
 
 __all__ = ["BUILTIN_PACKAGES", "FolderServer", "Package", "lock", "main", "package_files", "write_package"]
@@ -177,9 +177,7 @@ def write_package(package: Package, folder: Path, *, source: Path | None = CHECK
     relative = Path(os.path.relpath(source.resolve(), folder.resolve())) if source is not None else None
     files = package_files(package, relative)
     for name in files:
-        path = folder / name
-        if (path.is_symlink() or path.exists()) and (path.is_symlink() or not path.is_file()):
-            raise OutputRefused(f"{path} is not a regular file; it is never replaced: move it away")
+        refuse_non_regular(folder / name)
     output.record({name.split("/")[0] for name in files})
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
