@@ -138,7 +138,7 @@ class Trajectory:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {kind!r}")
         if self.error is not None:
             return 0.0
-        return float(self.succeeded) if kind == "won" else float(self.score)
+        return float(self.won) if kind == "won" else float(self.score)
 
     @property
     def num_invalid_actions(self) -> int:

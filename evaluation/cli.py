@@ -254,7 +254,8 @@ def _subcommand(argv: Sequence[str]) -> int:
         else:
             from agentgym_opsd.evaluation.suite import rebuild_reports
 
-            claim_folder(args.out, "eval", legacy=is_legacy_eval)  # an evaluation's folder, none other
+            if Path(args.out).is_dir():  # a missing one is rebuild_reports' FileNotFoundError, not a new folder
+                claim_folder(args.out, "eval", legacy=is_legacy_eval)  # an evaluation's folder, none other
             summaries = rebuild_reports(args.out, policy=args.policy)
             _print_summaries(summaries, summaries[0].policy if summaries else "")
     except (FileNotFoundError, ValueError) as exc:  # OutputRefused among them

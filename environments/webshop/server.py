@@ -40,6 +40,7 @@ from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from agentgym_opsd.environments.webshop.html import render_message, render_page, render_start
+from agentgym_opsd.environments.webshop.models import Goal
 from agentgym_opsd.environments.webshop.session import MAX_QUERY_CHARS, ShopSession
 from agentgym_opsd.environments.webshop.shop import Shop
 from agentgym_opsd.serving import BackgroundServer, HTTPLimits, read_json_body, wsgi_host
@@ -90,11 +91,16 @@ class SessionStore:
         for sid in expired:
             del self._entries[sid]
 
-    def create(self, split: str, goal_index: int | None, client: str = "") -> str:
-        """A new session for goal `goal_index` of `split` (random when None) held by `client` (its address)."""
+    def goals_of(self, split: str) -> list[Goal]:
+        """The goals of `split`; ValueError for a split this shop does not have or that has none."""
         goals = self.shop.split_goals(split)
         if not goals:
             raise ValueError(f"split {split!r} of this shop has no goals")
+        return goals
+
+    def create(self, split: str, goal_index: int | None, client: str = "") -> str:
+        """A new session for goal `goal_index` of `split` (random when None) held by `client` (its address)."""
+        goals = self.goals_of(split)
         if goal_index is None:
             goal_index = secrets.randbelow(len(goals))
         if not 0 <= goal_index < len(goals):
@@ -250,8 +256,7 @@ def create_app(shop: Shop, *, session_ttl_s: float = 900.0, max_sessions: int = 
         split, goal = request.args.get("split", "train"), request.args.get("goal", "")
         _int_or_none(goal)  # a goal that is not a number, or a split with no goals, is refused here already
         try:
-            if not shop.split_goals(split):
-                raise ValueError(f"split {split!r} of this shop has no goals")
+            store.goals_of(split)
         except ValueError as exc:
             abort(400, description=str(exc))
         return render_start(f"{len(shop.products)} products; split {split}.", split, goal)
