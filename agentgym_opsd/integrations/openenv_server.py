@@ -45,7 +45,14 @@ from typing import TYPE_CHECKING, Any
 
 from agentgym_opsd.integrations.openenv_guards import SessionGate, guard_session, refuse_session
 from agentgym_opsd.registry import RegistryError, import_user_module, make, parse_env_spec
-from agentgym_opsd.serving import non_negative_int, port_number, positive_float, positive_int
+from agentgym_opsd.serving import (
+    add_limit_arguments,
+    limits_from_args,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+)
 from agentgym_opsd.serving.host import (
     DRAIN_QUIET_S,
     ConnectionLimits,
@@ -182,14 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds an idle session lives (default %(default)s)")
     ap.add_argument("--max-body-bytes", type=positive_int, default=ServerLimits.max_body_bytes,
                     help="largest POST body or WebSocket message (default %(default)s)")
-    ap.add_argument("--max-connections", type=positive_int, default=ServerLimits.max_connections,
-                    help="open connections of any kind (default %(default)s)")
-    ap.add_argument("--header-timeout", type=positive_float, default=ServerLimits.header_timeout_s,
-                    help="seconds a client may take to send a request head; then 408 (default %(default)s)")
-    ap.add_argument("--body-timeout", type=positive_float, default=ServerLimits.body_timeout_s,
-                    help="seconds a POST body may take once its head has arrived; then 408 (default %(default)s)")
-    ap.add_argument("--shutdown-grace", type=positive_float, default=ServerLimits.shutdown_grace_s,
-                    help="seconds requests in progress get to end at a stop (default %(default)s)")
+    add_limit_arguments(ap, ServerLimits())
     ap.add_argument("--max-turns", type=non_negative_int, default=0,
                     help="turn limit of an episode (default 0: the environment's own)")
     ap.add_argument("--skill-context", action="store_true",
@@ -208,11 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for spec in args.imports:
             import_user_module(spec)
-        limits = ServerLimits(max_sessions=args.max_sessions, session_timeout_s=args.session_timeout,
-                              handshake_timeout_s=args.handshake_timeout,
-                              max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
-                              header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                              shutdown_grace_s=args.shutdown_grace)
+        limits = limits_from_args(args, ServerLimits(), max_sessions=args.max_sessions,
+                                  session_timeout_s=args.session_timeout, handshake_timeout_s=args.handshake_timeout,
+                                  max_body_bytes=args.max_body_bytes)
         settings = SessionSettings(args.env, max_turns=args.max_turns, skill_context=args.skill_context,
                                    oracle=args.oracle, seed=args.seed)
         if args.web:

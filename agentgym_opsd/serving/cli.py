@@ -7,9 +7,11 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from agentgym_opsd.serving.host import HTTPLimits, stop_on_sigint_and_sigterm
+from agentgym_opsd.serving.host import ConnectionLimits, HTTPLimits, stop_on_sigint_and_sigterm
+
+LimitsT = TypeVar("LimitsT", bound=ConnectionLimits)
 
 __all__ = ["add_limit_arguments", "limits_from_args", "non_negative_float", "non_negative_int", "number_type",
            "port_number", "positive_float", "positive_int", "stop_on_sigint_and_sigterm"]
@@ -48,14 +50,16 @@ non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite n
 """argparse type: a finite number >= 0."""
 
 
-def add_limit_arguments(parser: argparse.ArgumentParser, defaults: HTTPLimits) -> None:
-    """The HTTP host's flags (`host.HTTPLimits`), the same on every server that runs on it; `defaults` are the
-    server's own. `limits_from_args` turns them back into HTTPLimits."""
+def add_limit_arguments(parser: argparse.ArgumentParser, defaults: ConnectionLimits) -> None:
+    """The HTTP host's flags, the same on every server that runs on it: the connection limits
+    (`host.ConnectionLimits`) and, for a WSGI host (`host.HTTPLimits`), its workers and queue; `defaults` are the
+    server's own. `limits_from_args` turns them back into limits of the same class."""
     group = parser.add_argument_group("connections (beyond a cap: a JSON 503 with Retry-After; too slow: 408)")
-    group.add_argument("--workers", type=positive_int, default=defaults.workers,
-                       help=f"threads answering requests, the most answered at once (default {defaults.workers})")
-    group.add_argument("--max-pending", type=positive_int, default=defaults.max_pending,
-                       help=f"requests read whole that may wait for a worker (default {defaults.max_pending})")
+    if isinstance(defaults, HTTPLimits):
+        group.add_argument("--workers", type=positive_int, default=defaults.workers,
+                           help=f"threads answering requests, the most answered at once (default {defaults.workers})")
+        group.add_argument("--max-pending", type=positive_int, default=defaults.max_pending,
+                           help=f"requests read whole that may wait for a worker (default {defaults.max_pending})")
     group.add_argument("--max-connections", type=positive_int, default=defaults.max_connections,
                        help=f"open connections of any kind, idle or sending included (default "
                             f"{defaults.max_connections})")
@@ -70,8 +74,10 @@ def add_limit_arguments(parser: argparse.ArgumentParser, defaults: HTTPLimits) -
                             f"requests get 503 (default {defaults.shutdown_grace_s:g})")
 
 
-def limits_from_args(args: argparse.Namespace, defaults: HTTPLimits) -> HTTPLimits:
-    """The HTTPLimits of the flags `add_limit_arguments` added, the rest of them from `defaults`."""
-    return dataclasses.replace(defaults, workers=args.workers, max_pending=args.max_pending,
-                               max_connections=args.max_connections, header_timeout_s=args.header_timeout,
-                               body_timeout_s=args.body_timeout, shutdown_grace_s=args.shutdown_grace)
+def limits_from_args(args: argparse.Namespace, defaults: LimitsT, **fields: Any) -> LimitsT:
+    """`defaults` with the flags `add_limit_arguments` added and `fields` (a server's own flags) in their place,
+    made and checked once (a check across fields sees them all)."""
+    workers = {"workers": args.workers, "max_pending": args.max_pending} if isinstance(defaults, HTTPLimits) else {}
+    return dataclasses.replace(defaults, **workers, max_connections=args.max_connections,
+                               header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                               shutdown_grace_s=args.shutdown_grace, **fields)
