@@ -17,7 +17,7 @@ from agentgym_opsd.prompts import HistoryItem
 from agentgym_opsd.records import INVALID_KINDS, ChatMessage, Turn, classify_invalid
 
 __all__ = ["ORACLE_AFTER", "ORACLE_BEFORE", "PENALISED_KINDS", "PROGRESS", "REFUSED", "WASTED", "check_penalize",
-           "history_item", "is_penalised", "num_penalised", "record_turn", "turn_progress"]
+           "history_item", "is_penalised", "num_penalised", "oracle_progress", "record_turn", "turn_progress"]
 
 ORACLE_BEFORE, ORACLE_AFTER = "oracle_distance_before", "oracle_distance_after"
 """The `Turn.info` keys of the oracle's distance to the goal before and after the turn's action."""
@@ -95,6 +95,13 @@ def num_penalised(turns: Sequence[Turn], penalize: str = "any") -> int:
     """How many of `turns` the invalid-action penalty applies to: an episode's penalty is this many times the
     profile's, wherever it is charged (the trainer's reward, the OpenEnv session, the TRL adapters)."""
     return sum(is_penalised(turn, penalize) for turn in turns)
+
+
+def oracle_progress(turn: Turn) -> float | None:
+    """The oracle distance `turn` closed (d_before − d_after: positive towards the goal, 0 for a wasted turn,
+    negative away from it), None when the environment reported no distance before or after it."""
+    before, after = turn.info.get(ORACLE_BEFORE), turn.info.get(ORACLE_AFTER)
+    return None if before is None or after is None else float(before - after)
 
 
 def turn_progress(turn: Turn) -> str | None:

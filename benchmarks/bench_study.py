@@ -18,7 +18,10 @@ privileged `goal` hint), `agentopsd-choice` (the skills teacher judging the chos
 ones, `teacher.evidence=choice`), `gigpo`, λ ∈ {0.25, 1.0} beside the default 0.5, and the learning rate 5e-5 beside the
 recipe's 2e-5 for GRPO and AgentOPSD; WebShop and Search-QA
 (`cpu-small-webshop`, `cpu-small-searchqa`): `grpo` and `agentopsd-hint` (WebShop also `agentopsd-choice`).
-`--eval-episodes N` (default 48) evaluates on N held-out episodes instead: its runs are the arms `<arm>-evalN`
+`agentopsd-oracle` (issue 69) feeds the belief the oracle's distance instead of a teacher's
+evidence: the bound a perfect teacher would reach. `--tag T` runs arms as `<arm>@T` from their own before run, so
+a batch on another CPU or precision pairs only with itself (`--only alfworld --arms grpo agentopsd-oracle --tag
+epyc-f26`). `--eval-episodes N` (default 48) evaluates on N held-out episodes instead: its runs are the arms `<arm>-evalN`
 from their own before run (`<config>-evalN`), so they never mix with, or overwrite, the 48-episode results; the
 first 48 of the N episodes are today's 48 (same tasks, same reset seeds).
 Report per arm: pool and held-out success after (mean over seeds; 95% interval from the pooled episodes and a
@@ -79,6 +82,8 @@ ARMS: dict[str, dict[str, tuple[str, ...]]] = {
         # the learning-rate sweep of the recipe (cpu-learn / cpu-small: 2e-5)
         "grpo-lr5e-5": ("algorithm.estimator=grpo", "optim.lr=5e-5"),
         "agentopsd-lr5e-5": ("algorithm.estimator=agentopsd", "optim.lr=5e-5"),
+        # issue 69: the belief driven by the oracle's distance instead of a teacher (the bound a teacher could reach)
+        "agentopsd-oracle": ("algorithm.estimator=agentopsd-oracle",),
     },
     "webshop": {"grpo": ("algorithm.estimator=grpo",), "agentopsd-hint": ("algorithm.estimator=agentopsd", *HINT),
                 "agentopsd-choice": ("algorithm.estimator=agentopsd", "teacher.evidence=choice")},
@@ -90,7 +95,8 @@ ALFWORLD_HELD_OUT = "ALFWorld-v0:easy_valid"
 # The arm an arm's paired difference is taken against where it is not `grpo`: runs from another warm start pair
 # with the GRPO run of that warm start (`--eval-episodes` arms keep their `-evalN` tag on both sides).
 BASELINES = {"agentopsd-hint-no-action-history": "grpo-no-action-history"}
-EVAL_TAG = re.compile(r"-eval\d+$")
+# An arm's tags, after its name: `-evalN` (`--eval-episodes`) and `@TAG` (`--tag`, e.g. the machine a batch ran on)
+ARM_TAGS = re.compile(r"(-eval\d+)?(@[\w.-]+)?$")
 TARGET_HALF_WIDTH = 0.03  # "a ±3-point answer": what the study reports it would need
 
 
@@ -103,16 +109,20 @@ def eval_tag(eval_episodes: int) -> str:
 
 def baseline_arm(arm: str) -> str:
     """The arm whose run of the same seed and the same before run `arm`'s paired difference is taken against."""
-    tag = match.group(0) if (match := EVAL_TAG.search(arm)) else ""
-    return BASELINES.get(arm.removesuffix(tag), "grpo") + tag
+    match = ARM_TAGS.search(arm)
+    tags = match.group(0) if match else ""
+    return BASELINES.get(arm.removesuffix(tags) if tags else arm, "grpo") + tags
 
 
 def study_specs(envs: list[str], seeds: dict[str, tuple[int, ...]], steps: int, eval_episodes: int = EVAL_EPISODES,
-                arms: list[str] | None = None) -> list[RunSpec]:
-    """The runs of `envs` × `ARMS` (only `arms` when given, by their names without the `-evalN` tag) × seeds."""
+                arms: list[str] | None = None, batch: str = "") -> list[RunSpec]:
+    """The runs of `envs` × `ARMS` (only `arms` when given, by their names without tags) × seeds; `batch` tags
+    the arms and their before run `@batch`, so they pair only with each other (e.g. a rerun on another CPU)."""
     out = []
     steps_kv = (f"trainer.total_steps={steps}", f"trainer.eval_every={steps}") if steps else ()
-    tag = eval_tag(eval_episodes)
+    if batch and not re.fullmatch(r"[\w.-]+", batch):
+        raise ValueError(f"--tag: letters, digits, '.', '_' and '-' only, got {batch!r}")
+    tag = eval_tag(eval_episodes) + (f"@{batch}" if batch else "")
     evaluation = (f"trainer.eval_episodes={eval_episodes}", *EVAL[1:])
     for env in envs:
         before = BeforeSpec(CONFIGS[env] + tag, CONFIGS[env], evaluation)
@@ -120,7 +130,9 @@ def study_specs(envs: list[str], seeds: dict[str, tuple[int, ...]], steps: int, 
             for arm, overrides in ARMS[env].items():
                 if arms and arm not in arms:
                     continue
-                labels = {"env": env, "arm": arm + tag, "seed": seed, **({"eval_episodes": eval_episodes} if tag else {})}
+                labels = {"env": env, "arm": arm + tag, "seed": seed,
+                          **({"eval_episodes": eval_episodes} if eval_episodes != EVAL_EPISODES else {}),
+                          **({"batch": batch} if batch else {})}
                 out.append(RunSpec(f"{env}/{arm}{tag}/seed{seed}", before,
                                    (*overrides, f"trainer.seed={seed}", *steps_kv), labels))
     return out
@@ -443,11 +455,13 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=EVAL_EPISODES,
                     help=f"held-out episodes per evaluation; other than {EVAL_EPISODES}, the runs are the arms "
                          "<arm>-evalN from their own before run, beside the 48-episode ones")
+    ap.add_argument("--tag", default="", help="run the arms as <arm>@TAG from their own before run, paired only "
+                                              "with each other (a batch on another machine or precision)")
     ap.add_argument("--plan", action="store_true", help="list the runs and whether each finished")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     seeds = {env: tuple(args.seeds) if args.seeds else s for env, s in SEEDS.items()}
-    specs = study_specs(args.only, seeds, args.steps, args.eval_episodes, args.arms)
+    specs = study_specs(args.only, seeds, args.steps, args.eval_episodes, args.arms, args.tag)
     runner = ExperimentRunner(Path(args.out), STUDY, parallel=args.parallel, cores=args.cores)
     if args.plan:
         pending = {s.name for s in runner.pending(specs)}

@@ -48,9 +48,21 @@ def test_eval_episodes_makes_its_own_arms_and_before_run(study):
 @pytest.mark.parametrize(("arm", "baseline"), [
     ("agentopsd", "grpo"), ("grpo", "grpo"), ("agentopsd-hint-eval96", "grpo-eval96"),
     ("agentopsd-hint-no-action-history", "grpo-no-action-history"), ("grpo-lr5e-5", "grpo"),
+    ("agentopsd-oracle@epyc-f26", "grpo@epyc-f26"), ("agentopsd-hint-eval96@bf16", "grpo-eval96@bf16"),
 ])
 def test_each_arm_pairs_with_the_grpo_arm_of_its_evaluation(study, arm, baseline):
     assert study.baseline_arm(arm) == baseline
+
+
+def test_a_tagged_batch_has_its_own_arms_and_before_run(study):
+    specs = study.study_specs(["alfworld"], {"alfworld": (0, 1)}, 0, arms=["grpo", "agentopsd-oracle"], batch="f26")
+    assert [s.name for s in specs] == [f"alfworld/{arm}@f26/seed{seed}" for seed in (0, 1)
+                                       for arm in ("grpo", "agentopsd-oracle")]
+    assert {s.before.name for s in specs} == {"cpu-small@f26"}
+    assert all(s.labels["batch"] == "f26" and "eval_episodes" not in s.labels for s in specs)
+    assert "algorithm.estimator=agentopsd-oracle" in specs[1].overrides
+    with pytest.raises(ValueError, match="--tag"):
+        study.study_specs(["alfworld"], {"alfworld": (0,)}, 0, batch="a/b")
 
 
 def _run(arm: str, seed: int, wins: int, episodes: int, before: str) -> dict:

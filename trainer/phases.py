@@ -142,7 +142,7 @@ def batch_advantages(
     inputs = CreditInputs(
         seq[batch.traj_index], batch.traj_ids, batch.turn_ids, batch.success_rate, evidence=evidence,
         token_gaps=gap_grid, token_mask=mask, group_ids=batch.group_ids, anchor_keys=batch.anchor_keys,
-        turn_rewards=batch.turn_rewards,
+        turn_rewards=batch.turn_rewards, oracle_progress=batch.oracle_progress,
         # outcome mode: the penalty is the separate row push only, never part of GiGPO's step returns
         turn_penalties=None if batch.penalty_mode == "outcome" else batch.turn_penalties)
     result = estimate(estimator, inputs, config, return_details=return_details)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor
 
 from agentgym_opsd.records import ChatMessage, Trajectory, Turn, invalid_rates, summarize
-from agentgym_opsd.turns import check_penalize, is_penalised, num_penalised
+from agentgym_opsd.turns import check_penalize, is_penalised, num_penalised, oracle_progress
 
 __all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates",
            "anchor_key"]
@@ -62,6 +63,7 @@ class TurnRow:
     turn_reward: float = 0.0  # reward_scale * the environment's reward for this turn
     turn_penalty: float = 0.0  # the invalid-action penalty of this turn whatever the penalty mode (GiGPO)
     anchor_key: int = 0  # hash of the state the turn acted on (see `anchor_key`)
+    oracle_progress: float = math.nan  # the oracle distance the turn closed; NaN where none was reported
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,11 @@ class TurnBatch:
     def anchor_keys(self) -> Tensor:
         """(rows,) int64 hash of the state each turn acted on (GiGPO's anchor state)."""
         return torch.tensor([r.anchor_key for r in self.rows], dtype=torch.long)
+
+    @functools.cached_property
+    def oracle_progress(self) -> Tensor:
+        """(rows,) the oracle distance each turn closed, NaN where the environment reported none."""
+        return torch.tensor([r.oracle_progress for r in self.rows], dtype=torch.float64)
 
 
 PENALTY_MODES: tuple[str, ...] = ("trajectory", "turn", "outcome")
@@ -237,6 +244,7 @@ def build_turn_batch(
                 turn_reward=reward_scale * float(turn.reward),
                 turn_penalty=penalties[ti] if is_penalised(turn, penalize) else 0.0,
                 anchor_key=anchor_key(traj, position),
+                oracle_progress=math.nan if (progress := oracle_progress(turn)) is None else progress,
             ))
             row_traj.append(ti)
     traj_index = torch.tensor(row_traj, dtype=torch.long)

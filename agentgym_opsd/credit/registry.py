@@ -1,7 +1,7 @@
 """Named estimators: a registry the trainer dispatches through (it knows no estimator by name). Each
 registered :class:`EstimatorSpec` declares what it needs; :func:`estimate` fills a :class:`CreditResult`
 from a :class:`CreditInputs`. The built-in estimators (GRPO, AgentOPSD and its ablations, token-level
-AgentOPSD, GiGPO, AgentOPSD + GiGPO) are registered here, on import."""
+AgentOPSD, GiGPO, AgentOPSD + GiGPO, AgentOPSD on oracle evidence) are registered here, on import."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from agentgym_opsd.credit.agentopsd import _agentopsd_rows
 from agentgym_opsd.credit.agentopsd_token import _agentopsd_token_grid
 from agentgym_opsd.credit.config import VARIANTS, CreditConfig
 from agentgym_opsd.credit.gigpo import gigpo_step_advantages
+from agentgym_opsd.credit.oracle import oracle_evidence
 
 GRANULARITIES: tuple[str, ...] = ("turn", "token")
 
@@ -31,7 +32,8 @@ class CreditInputs:
     teacher − student log-probs), ``token_gaps`` and ``token_mask`` (rows, tokens) per-token gaps and
     which positions are response tokens (any alignment), ``group_ids`` task group of the row,
     ``anchor_keys`` integer hash of the state the turn acted on, ``turn_rewards`` the turn's own reward,
-    ``turn_penalties`` its invalid-action penalty.
+    ``turn_penalties`` its invalid-action penalty, ``oracle_progress`` the oracle distance the turn closed
+    (d_before − d_after; NaN where the environment reported none).
     """
 
     seq_advantages: Tensor
@@ -45,6 +47,7 @@ class CreditInputs:
     anchor_keys: Tensor | None = None
     turn_rewards: Tensor | None = None
     turn_penalties: Tensor | None = None
+    oracle_progress: Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -98,6 +101,7 @@ class EstimatorSpec:
     needs_anchors: bool = False
     fixed_variant: str | None = None
     summary: str = ""
+    needs_oracle: bool = False
 
     @property
     def required_inputs(self) -> tuple[str, ...]:
@@ -107,6 +111,8 @@ class EstimatorSpec:
             need += ["token_gaps", "token_mask"] if self.granularity == "token" else ["evidence"]
         if self.needs_anchors:
             need += ["group_ids", "anchor_keys", "turn_rewards"]
+        if self.needs_oracle:
+            need.append("oracle_progress")
         return tuple(need)
 
     def check_config(self, config: CreditConfig) -> None:
@@ -131,9 +137,11 @@ def register_estimator(
     needs_teacher: bool = True,
     needs_anchors: bool = False,
     fixed_variant: str | None = None,
+    needs_oracle: bool = False,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Decorator registering ``fn(inputs, config, details) -> advantages`` under ``name`` (names are unique)
-    with what it needs: the teacher's evidence, anchor states and per-turn rewards, turn or token output."""
+    with what it needs: the teacher's evidence, anchor states and per-turn rewards, the oracle's progress,
+    turn or token output."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: expected one of {GRANULARITIES}, got {granularity!r}.")
 
@@ -141,7 +149,8 @@ def register_estimator(
         if name in _ESTIMATORS:
             raise ValueError(f"estimator {name!r} is already registered ({_ESTIMATORS[name].fn!r}).")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        _ESTIMATORS[name] = EstimatorSpec(name, fn, granularity, needs_teacher, needs_anchors, fixed_variant, summary)
+        _ESTIMATORS[name] = EstimatorSpec(name, fn, granularity, needs_teacher, needs_anchors, fixed_variant, summary,
+                                          needs_oracle)
         return fn
 
     return decorate
@@ -242,6 +251,19 @@ def _make_ablation(variant: str) -> EstimatorFn:
 for _variant in VARIANTS[1:]:
     register_estimator(f"agentopsd-{_variant}", fixed_variant=_variant)(_make_ablation(_variant))
 del _variant
+
+
+@register_estimator("agentopsd-oracle", needs_teacher=False, needs_oracle=True)
+def _agentopsd_oracle_estimator(
+    inputs: CreditInputs, config: CreditConfig, details: dict[str, Tensor] | None
+) -> Tensor:
+    """AgentOPSD on oracle evidence (the distance each turn closed): a diagnostic upper bound, privileged state."""
+    assert inputs.oracle_progress is not None
+    evidence = oracle_evidence(inputs.oracle_progress.to(inputs.seq_advantages.dtype))
+    if details is not None:
+        details["evidence"] = evidence
+    return _agentopsd_rows(inputs.seq_advantages, evidence, inputs.traj_ids, inputs.turn_ids, inputs.success_rate,
+                           config, details)
 
 
 @register_estimator("agentopsd-token", granularity="token", fixed_variant="paper")
