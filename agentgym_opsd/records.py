@@ -85,10 +85,7 @@ class Turn:
     @property
     def invalid_kind(self) -> str | None:
         """The `INVALID_KINDS` entry of an invalid turn, None for a valid one."""
-        if self.action_valid:
-            return None
-        kind = self.info.get("invalid_kind")  # absent only where code made the turn invalid after it was built
-        return str(kind) if kind in INVALID_KINDS else self._kind_from_action()
+        return None if self.action_valid else str(self.info["invalid_kind"])  # recorded at construction
 
 
 OUTCOMES: Final = ("won", "score")

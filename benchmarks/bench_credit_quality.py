@@ -46,7 +46,7 @@ from agentgym_opsd.evaluation.credit_quality import (
 )
 from agentgym_opsd.policies import PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory, summarize
-from agentgym_opsd.trainer.phases import batch_advantages
+from agentgym_opsd.trainer.turn_batch import batch_advantages
 from agentgym_opsd.turns import PROGRESS
 
 RESULTS = Path(__file__).parent / "results"
@@ -119,7 +119,8 @@ def credit_scores(trainer: Any, trajs: list[Trajectory], estimators: Sequence[st
     else:  # scripted replies carry no log-probs: a student pass (prompts share the system message: cache it)
         student = trainer.session.trained.logprobs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
                                            shared_prefix=True)
-    teacher = trainer.session.evidence_maker.teacher_logprobs(batch, student)
+    maker = trainer.session.evidence_maker
+    teacher = maker.teacher_logprobs(batch, maker.row_prompts(batch, trajs), student)
     gaps = [t - s for t, s in zip(teacher, student, strict=True)]
     evidence = torch.tensor([float(g.sum()) for g in gaps], dtype=torch.float64)
     _, mask = credit.pad_ragged(gaps, torch.float64)

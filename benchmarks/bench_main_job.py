@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--report-name", default="cpu_small_seeds",
                     help="the report's file name under benchmarks/results (JSON + PNG): e.g. cpu_small_seeds_bf16 for "
-                         "the runs forced to model.dtype=bfloat16")
+                         "the runs forced to model.precision=bf16-mixed")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = ap.parse_args()
     runner = ExperimentRunner(Path(args.out), Path(args.results), parallel=args.parallel)

@@ -10,7 +10,7 @@ start pays for the run's episodes. Each run's own `time:` line gives the minutes
 cores: the figures are the machine's, and the record says which CPU (one record per CPU, as `precision.json`).
 
 Writes `benchmarks/results/main_job_time.json`: `{"machines": {cpu: {"runs": [{"python", "pass", "wall_min",
-"time_report", "phases_min", "success", "dtype", "trainable_dtype", "rollout_backend", "warm_start"} and, for vLLM on
+"time_report", "phases_min", "success", "precision", "rollout_backend", "warm_start"} and, for vLLM on
 the CPU, "preloaded" (the runtime libraries its log names), ...]}}}`.
 """
 
@@ -69,16 +69,13 @@ def run_main_job(python: str, run_dir: Path, cache: Path, threads: int, override
 
 
 def run_record(run_dir: Path) -> dict[str, Any]:
-    """What the run resolved (dtype, trainable dtype, autocast, sampler) and its warm start: trained or reused, its held-out
-    action exact match and seconds."""
+    """What the run resolved (precision, sampler) and its warm start: trained or reused, its held-out action exact
+    match and seconds."""
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     summary_path = run_dir / "warm_start" / "summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-    return {"dtype": resolved["model"]["dtype"], "trainable_dtype": resolved["model"].get("trainable_dtype"),
-            "autocast": resolved["model"].get("autocast"),  # the RL phases' blocks, as resolved (`auto` -> on / off)
-            "rollout_backend": resolved["rollout"]["backend"],
+    return {"precision": resolved["model"]["precision"], "rollout_backend": resolved["rollout"]["backend"],
             "warm_start": {"cache_hit": bool(summary.get("warm_start/cache_hit")),
-                           "autocast": bool(resolved["warm_start"].get("autocast", False)),
                            "heldout_action_exact_match": summary.get("warm_start/heldout_action_exact_match"),
                            "seconds_sft": summary.get("warm_start/seconds_sft")}}
 
@@ -117,12 +114,12 @@ def main(argv: list[str] | None = None) -> None:
             write_machine_record(args.results, cpu, record)
             print(f"{venv} {which}: {result['wall_min']:.1f} min; {result['time_report']}", file=sys.stderr)
     table = Table(title=f"the main job (cpu-small), {cpu}")
-    for col in ("python", "pass", "dtype", "sampler", "wall min", "warm start", "evaluation", "rollout", "teacher",
+    for col in ("python", "pass", "precision", "sampler", "wall min", "warm start", "evaluation", "rollout", "teacher",
                 "update"):
         table.add_column(col, justify="right")
     for r in record["runs"]:
         phases = r["phases_min"]
-        table.add_row(r["python"], r["pass"], r["dtype"], r["rollout_backend"], f"{r['wall_min']:.1f}",
+        table.add_row(r["python"], r["pass"], r.get("precision") or r["dtype"], r["rollout_backend"], f"{r['wall_min']:.1f}",
                       *(f"{phases.get(p, 0.0):.1f}" for p in ("warm start", "evaluation", "rollout", "teacher",
                                                               "update")))
     Console().print(table)

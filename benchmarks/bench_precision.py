@@ -48,7 +48,7 @@ from render_results import render_pages  # noqa: E402
 from agentgym_opsd.models.precision import BF16_MIN_SPEEDUP, HOPELESS_SLOWDOWN, probe_matmuls  # noqa: E402
 from agentgym_opsd.records import summarize  # noqa: E402
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND  # noqa: E402
-from agentgym_opsd.trainer.phases import PolicyLogProbs  # noqa: E402
+from agentgym_opsd.trainer.turn_batch import PolicyLogProbs  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 PHASES = ("rollout", "logprobs", "teacher", "update", "sft_step")
@@ -68,8 +68,11 @@ def gap_stats(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
     return {"mean": float(diffs.mean()), "max": float(diffs.max()), "tokens": int(diffs.numel())}
 
 
+PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16-mixed"}
+
+
 def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp: str) -> dict[str, Any]:
-    overrides = [f"model.dtype={dtype}", "warm_start.epochs=0", "warm_start.steps=0", *args.overrides]
+    overrides = [f"model.precision={PRECISION_OF[dtype]}", "warm_start.epochs=0", "warm_start.steps=0", *args.overrides]
     trainer = make_trainer(args.config, overrides, f"{tmp}/{dtype}")
     try:
         trainer.session.reference.setup()
@@ -91,12 +94,15 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
         recomputed = trainer.session.trained.logprobs(own_batch.prompt_ids, own_batch.response_ids, packed=packed)
         sampler_gap = gap_stats(sampled, recomputed)
 
-        batch = trainer.score(copy.deepcopy(trajs))
+        scored = copy.deepcopy(trajs)
+        batch = trainer.score(scored)
         logprobs_s, old = timed(lambda: trainer.session.trained.logprobs(batch.prompt_ids, batch.response_ids,
                                                                          packed=packed), args.repeats)
-        teacher_s, _ = timed(lambda: trainer.session.evidence_maker.teacher_logprobs(batch, old), args.repeats)
+        maker = trainer.session.evidence_maker
+        prompts = maker.row_prompts(batch, scored)
+        teacher_s, _ = timed(lambda: maker.teacher_logprobs(batch, prompts, old), args.repeats)
         logprobs = PolicyLogProbs(old)
-        advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
+        advantages = trainer.credit(batch, trainer.teacher(batch, logprobs, scored))
         state = {k: v.detach().clone() for k, v in trainer.session.trained.model.state_dict().items()}
         engine_state = copy.deepcopy(trainer.session.trained.engine.state_dict())
         update_s, update_metrics = [], {}
@@ -128,8 +134,8 @@ def measure(dtype: str, args: argparse.Namespace, shared: list[Any] | None, tmp:
             "old_logprobs": [t.clone() for t in old],
             "trajs": own,
             "dtype_resolved": str(next(trainer.session.trained.model.parameters()).dtype),
-            "float32_trainable": trainer.session.cfg.model.float32_trainable,
-            "trainable_autocast": trainer.session.cfg.model.trainable_autocast,
+            "float32_trainable": trainer.session.cfg.model.numerics.float32_trainable,
+            "trainable_autocast": trainer.session.cfg.model.numerics.rl_autocast,
         }
     finally:
         trainer.close()
@@ -177,11 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cpu = cpu_model()
     probe = probe_matmuls("cpu")
-    print(f"{cpu}: {probe.describe()} -> model.dtype=auto picks "
+    print(f"{cpu}: {probe.describe()} -> model.precision=auto picks "
           f"{'bfloat16' if probe.bf16_pays else 'float32'}", file=sys.stderr)
     skip_bf16 = None if args.force_bf16 or probe.speedup * HOPELESS_SLOWDOWN >= 1 else (
         f"not run: the probe measured bf16 matmuls at {probe.speedup:.2f}x float32 (this CPU has no bf16 "
-        f"instructions), so its phases would take hours and model.dtype=auto never picks bf16 here; "
+        f"instructions), so its phases would take hours and model.precision=auto never picks bf16 here; "
         f"--force-bf16 runs them")
     if skip_bf16:
         print(f"bfloat16 {skip_bf16}", file=sys.stderr)
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     for row in (*record["phases"].values(), record["rl_step"]):
         row["speedup"] = row["fp32_s"] / row["bf16_s"]
-    # model.trainable_dtype as the bf16 measurement resolved it: float32 trainable layers over bf16 ones
+    # bf16-mixed as the measurement resolved it: float32 trainable layers over bf16 ones
     record["bf16_float32_trainable"] = bf16["float32_trainable"]
     record["bf16_trainable_autocast"] = bf16["trainable_autocast"]
     # bf16 log-prob pass vs the float32 one, same weights, same tokens

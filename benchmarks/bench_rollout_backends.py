@@ -35,6 +35,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16-mixed"}
+
+
 def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats: int, kv_gib: float,
             then: Callable[[Any, list[Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """One (backend, dtype) in this process: engine start, rollouts per episode count, sync cost, peak RSS;
@@ -47,7 +50,7 @@ def measure(backend: str, dtype: str, config: str, episodes: list[int], repeats:
     from agentgym_opsd.records import summarize
 
     most = max(episodes) // GROUP_SIZE
-    overrides = [f"model.dtype={dtype}", f"rollout.backend={backend}", "warm_start.epochs=0", "warm_start.steps=0",
+    overrides = [f"model.precision={PRECISION_OF[dtype]}", f"rollout.backend={backend}", "warm_start.epochs=0", "warm_start.steps=0",
                  "rollout.dynamic_sampling=false", f"rollout.tasks_per_step={most}", f"rollout.group_size={GROUP_SIZE}",
                  f"rollout.vllm_kv_cache_gib={kv_gib}", "rollout.vllm_max_model_len=4096"]
     with tempfile.TemporaryDirectory(prefix="bench_rollout_backends_") as tmp:

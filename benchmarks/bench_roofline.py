@@ -463,6 +463,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
             t1 = clock()
             metrics, _ = trainer.step_on(trajs)
             t2 = clock()
+            teacher_prompts_of_last_batch = (trainer.session.evidence_maker.row_prompts(batches[-1], trajs)
+                                             if trainer.session.cfg.algorithm.needs_teacher else [])
             rollout_times, train_times = minus(t1, t0), minus(t2, t1)
             rl_optimizer_steps = timers.count.get("optimizer", 0)
             rl_backward, rl_optimizer = timers["backward"], timers["optimizer"]
@@ -499,11 +501,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     rest = minus(rollout_times, meter.forward_times("prefill"), meter.forward_times("decode"), timers["sampling"])
     phases += [sampling, phase("rollout other", rest, "envs, prompts, tokenizer, stop checks")]
     a = cfg.algorithm
-    reuse = not a.recompute_old_logprobs and cfg.rollout.backend == "hf"
+    reuse = cfg.model.numerics.sampler_is_trainer(cfg.rollout.backend)
     phases.append(phase("old/ref log-probs", timers["old/ref log-probs"],
                         ("old: sampler's log-probs reused" if reuse else "old: recomputed")
                         + ("; ref: KL off" if a.kl_coef <= 0 else "; ref: frozen copy")))
-    teacher_rows = sum(r.teacher_prompt_ids is not None for r in batch.rows)
+    teacher_prompts = [p for p in teacher_prompts_of_last_batch if p is not None]
+    teacher_rows = len(teacher_prompts)
     phases.append(phase("teacher pass", timers["teacher pass"],
                         f"{teacher_rows} rows" + (", prefix cache" if cfg.optim.teacher_prefix_cache else "")))
     update = phase("update", timers["update"], f"fwd+bwd+AdamW, {rl_optimizer_steps} optimiser steps, "
@@ -546,7 +549,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                  "trajectories": len(trajs), "turn_rows": len(batch.rows),
                  "prompt_tokens": sum(len(p) for p in batch.prompt_ids),
                  "response_tokens": sum(len(r) for r in batch.response_ids),
-                 "teacher_prompt_tokens": sum(len(r.teacher_prompt_ids or ()) for r in batch.rows),
+                 "teacher_prompt_tokens": sum(len(p) for p in teacher_prompts),
                  "update_tokens_expected_from_batch": expected_update_tokens,
                  "update_tokens_counted": update.tokens,
                  "trainer_seconds": {k: metrics[k] for k in ("seconds_logprobs", "seconds_teacher", "seconds_update")}},

@@ -135,12 +135,11 @@ class BenchSettings:
 def preset_config(seed: int, overrides: Sequence[str] = ()) -> Any:
     """The `cpu-small` config with GRPO, one sampling round per step and the warm start's seed fixed at 0 (every RL
     seed starts from the same cached weights); both sides read their settings from it. float32 for both: TRL's
-    side loads the model as configured, while `model.dtype: auto` (and the autocast that follows it) would be
-    resolved on our side only."""
+    side loads the model as configured, while `model.precision: auto` would be resolved on our side only."""
     from agentgym_opsd.trainer.config import load_config
 
     return load_config(PRESET, ["algorithm.estimator=grpo", "rollout.dynamic_sampling=false", f"trainer.seed={seed}",
-                                "warm_start.seed=0", "model.dtype=float32", *overrides])
+                                "warm_start.seed=0", "model.precision=fp32", *overrides])
 
 
 def warm_start_model() -> str:

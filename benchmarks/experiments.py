@@ -55,8 +55,8 @@ _NOT_BEFORE = ("env.outcome", "warm_start.cache")
 
 
 def before_settings(cfg: Config) -> dict[str, Any]:
-    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys; `model.dtype` and `model.autocast: auto` resolved as
-    the trainer resolves them (a run's saved config.yaml holds the resolved names, so `auto` would never match)."""
+    """`BEFORE_SETTINGS` of `cfg`, flattened to dotted keys; `model.precision: auto` resolved as the trainer
+    resolves it (a run's saved config.yaml holds the resolved names, so `auto` would never match)."""
     cfg = replace(cfg, model=cfg.model.resolved(resolve_device(cfg.trainer.device)))
     out: dict[str, Any] = {}
     data = asdict(cfg)
@@ -235,14 +235,16 @@ def run_result(run_dir: Path, before: dict[str, Any], before_dir: Path | None = 
 
 
 def machine_record(run_dir: Path) -> dict[str, Any]:
-    """Where and how the run computed: the CPU model, the dtype `model.dtype` and the sampler `rollout.backend`
-    resolved to (its config.yaml), and the run's own wall-time line per phase (the last `time:` line of its log)."""
+    """Where and how the run computed: the CPU model, the precision `model.precision` and the sampler
+    `rollout.backend` resolved to (its config.yaml; a run from before the key: its `model.dtype`), and the run's
+    own wall-time line per phase (the last `time:` line of its log)."""
     import yaml
     from harness import cpu_model, last_time_line
 
     config = run_dir / "config.yaml"
     resolved = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}) if config.is_file() else {}
-    return {"cpu": cpu_model(), "dtype": resolved.get("model", {}).get("dtype"),
+    model = resolved.get("model", {})
+    return {"cpu": cpu_model(), "dtype": model.get("precision") or model.get("dtype"),
             "rollout_backend": resolved.get("rollout", {}).get("backend"), "time_report": last_time_line(run_log(run_dir))}
 
 

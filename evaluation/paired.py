@@ -1,35 +1,14 @@
 """Paired differences in success between two training arms, and what a study of their size can resolve.
 
-Two arms (say AgentOPSD and GRPO) trained from one warm start with the same RL seeds and evaluated on the same
-held-out episodes form one pair per seed. The result files keep each run's success rate and episode count, not
-its per-episode outcomes, so the interval is built from what is there:
-
-- **three or more seeds**: a t interval over the seeds' paired differences. Each seed's difference carries both
-  noise sources, the RL seed and the episodes, including how strongly the two arms' outcomes on the shared
-  episodes go together (which rates alone cannot tell), so their spread measures the noise of the mean directly.
-- **one or two seeds** (or seeds whose differences are all equal, where the t interval has zero width):
-  Newcombe's interval for the difference of the episodes pooled over the seeds. Where both runs of every seed
-  kept their held-out episodes (`SeedPair.shared`, from the result files' `valid_episodes`), it is the paired
-  one over the shared episodes ("paired episodes", `paired_success_difference_interval`); otherwise it treats
-  the two arms' episodes as independent ("pooled episodes", `success_difference_interval`: wider, since shared
-  episodes correlate). Neither can see the spread between seeds (narrower than the truth, which on WebShop is
-  ten points between two GRPO seeds). So it bounds episode noise only, and such a row never reads "helps" or
-  "hurts".
-
-One run's held-out success before and after RL (or two runs of one seed), episode by episode: the validation
-keeps each held-out episode's outcome (`validation/step_<step>.jsonl`) and samples every validation point with
-the same seed, so the two evaluations play the same episodes with the same random stream. `paired_episodes`
-counts the episodes won by both, by one only and by neither; its interval is Newcombe's for paired rates
-(method 10, with the outcomes' correlation) and its test McNemar's exact one: only the episodes that changed
-carry evidence of a change.
-
-What a ±`target` answer would need (`seeds_for_target`, `episodes_for_target`):
-- seeds, at the episodes per run used: the smallest k >= 2 with t(0.975, k−1) · s / √k <= target, s the standard
-  deviation of one seed's paired difference: the arm's own when it has two or more paired seeds, else √2 × the
-  baseline's standard deviation across its seeds (two independent draws of that spread);
-- episodes per arm, seed spread ignored: n = z² · (p_a(1−p_a) + p_b(1−p_b)) / target², z = 1.96, the two arms'
-  pooled rates: the size of one evaluation that alone keeps episode noise within the target (independent
-  episodes; a paired count on shared episodes needs fewer).
+Two arms trained from one warm start with the same RL seeds and evaluated on the same held-out episodes give one
+`SeedPair` per seed; result files keep rates and counts, not per-episode outcomes. `paired_difference`: with three
+or more seeds, a t interval over the seeds' differences, whose spread carries both noise sources (RL seed and
+episodes); with fewer, Newcombe's interval for the episodes pooled over the seeds ("paired episodes" where every
+seed kept its shared episodes, `SeedPair.shared`, else "pooled episodes"). That one cannot see the seed spread, so
+it bounds episode noise only and never reads "helps" or "hurts". `paired_episodes` compares two evaluations of one
+run episode by episode (Newcombe's paired interval, McNemar's exact test). For a ±target answer, `seeds_for_target`
+is the smallest k >= 2 with t(0.975, k−1)·s/√k <= target (s from `paired_spread`: the paired seeds, else √2 × the
+baseline's seed spread) and `episodes_for_target` is n = z²·(p_a(1−p_a) + p_b(1−p_b)) / target² per arm.
 """
 
 from __future__ import annotations

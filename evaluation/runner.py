@@ -1,19 +1,13 @@
-"""Run one policy on one environment split for N episodes: the single evaluation code path.
+"""Run one policy on one environment split for N episodes: the single evaluation code path (`evaluate_policy`).
 
-The suite CLI (`python -m agentgym_opsd.evaluate`) and the trainer's periodic validation both call
-`evaluate_policy`. Episodes are planned deterministically from the base seed: episode j is played with reset
-seed `seed + j` on task `permutation(seed)[j mod num_tasks]` of the split, so N ≥ num_tasks covers the
-whole split and smaller N is a random subset without repeats. Evaluation seeds start at 10_000 by
-convention, disjoint from training seeds (< 10_000).
-
-With `results_path`, each finished episode is appended to a JSONL file as soon as its batch ends, and
-episodes already in the file (same env spec, seed and policy name) are skipped: rerunning resumes.
-Episodes that end with an error (the environment crashed or hung, or a remote policy timed out / sent
-garbage) are replayed up to `max_retries` times. An episode still failing then is an infrastructure
-failure: it counts as a failure in every statistic (the one rule of `records.summarize`, as in training and
-validation), is reported in `failed_episodes` / `failure_reasons`, and is not written to the results file,
-so the next run plays it again (a record of a failed episode left by an older version is replayed too). The
-run goes on; the CLI exits non-zero.
+The suite CLI (`python -m agentgym_opsd.evaluate`) and the trainer's validation both call it. Episode j plays
+reset seed `seed + j` on task `permutation(seed)[j mod num_tasks]` (`plan_tasks`), so N >= num_tasks covers the
+split and a smaller N is a random subset without repeats; evaluation seeds start at 10_000, training seeds stay
+below. With `results_path`, each finished episode is appended to a JSONL file as its batch ends, and episodes
+already there (same env spec, seed and policy name) are skipped, so a rerun resumes. An episode that ends with an
+error (the environment crashed or hung, a remote policy timed out or sent garbage) is replayed up to `max_retries`
+times; one still failing counts as a failure in every statistic (`records.summarize`'s rule), is reported in
+`failed_episodes` / `failure_reasons` and is not written, so the next run plays it again; the CLI exits non-zero.
 """
 
 from __future__ import annotations

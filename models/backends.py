@@ -40,8 +40,8 @@ def choose_rollout_backend(requested: str, *, device_type: str, planned_episodes
                            vllm_installed: bool | None = None) -> BackendChoice:
     """`rollout.backend` resolved: `hf` and `vllm` as asked; `auto` is vLLM where it is installed and its
     engine start pays for the episodes the run will play (any run on a GPU, `VLLM_CPU_MIN_EPISODES` on the
-    CPU), else HF. The sampler then differs from the trainer's computation, which `algorithm.tis=auto`
-    corrects for (`trainer/tis.py`)."""
+    CPU), else HF. The sampler then differs from the trainer's computation, which TIS corrects for
+    (`trainer/tis.py`)."""
     if requested not in BACKEND_CHOICES:
         raise ValueError(f"unknown generation backend {requested!r}; choose one of {BACKEND_CHOICES}")
     if requested != "auto":

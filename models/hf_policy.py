@@ -1,26 +1,14 @@
 """Batched generation with an HF causal LM: the default rollout backend (CPU or one GPU).
 
-`HFPolicy` implements `agentgym_opsd.policies.Policy`. One `act` call generates for every request of the
-batch at once: prompts are rendered with the tokenizer's chat template, sorted by length into chunks of
-`batch_size`, prefilled once (packed or left-padded), then decoded token by token with a KV cache that has room reserved
-for the reply, so a step writes its token's keys and values in place (`kv_cache`). A row stops when
-its generated text contains one of the closing tags (`</action>`, ...), when it samples an end-of-sequence
-token, or after `max_new_tokens`; finished rows are dropped from the batch and from the cache, so long
-answers do not slow down the short ones. Identical prompts in a chunk (the G rollouts of a task share their
-first prompt) are prefilled once and their cache rows copied, and the prefix every prompt of a chunk starts with
-(the system message: a fifth of an ALFWorld prompt) is prefilled once for the chunk (`MIN_SHARED_PREFIX`). The
-prompts' suffixes after it are prefilled packed, end to end without padding (`_prefill_packed`), where the model
-family allows (`packed_attention.supports_packing`); the cache is then laid out as the left-padded rows decoding
-extends.
-
-Each `PolicyOutput` carries exactly the sampled tokens (`token_ids`, up to and including the token that
-completed the closing tag; never padding, never the end-of-sequence token) and, per token, its log-prob
-under the sampling distribution `log_softmax(logits / temperature)` (with `temperature == 0`, greedy
-decoding, the log-probs are `log_softmax(logits)`). The trainer re-creates the same prompt tokens with
-`HFPolicy.prompt_ids(messages)` and teacher-forces the response tokens; in float32 both agree to ~1e-5.
-
-Sampling draws from a private `torch.Generator` seeded with `seed`, so a run is reproducible and does not
-disturb the global RNG; `get_rng_state` / `set_rng_state` carry it through checkpoints.
+`HFPolicy` implements `agentgym_opsd.policies.Policy`. One `act` call renders the prompts with the chat template,
+sorts them by length into chunks of `batch_size`, prefills each chunk once and decodes token by token on a KV cache
+with room reserved for the reply. Identical prompts are prefilled once, a common prefix of at least
+`MIN_SHARED_PREFIX` tokens once per chunk, and the suffixes packed without padding where the model family allows
+(`packed_attention`). A row stops at a closing tag, an end-of-sequence token or `max_new_tokens`, and then leaves
+the batch and the cache. Each `PolicyOutput` holds exactly the sampled tokens (an end-of-sequence token included,
+never in the text) and their log-probs under `log_softmax(logits / temperature)` (greedy: `log_softmax(logits)`),
+so the trainer rebuilds the prompt with `prompt_ids(messages)` and teacher-forces the same tokens. Sampling draws
+from a private seeded `torch.Generator` (reproducible, global RNG untouched) that checkpoints carry.
 """
 
 from __future__ import annotations

@@ -295,7 +295,7 @@ def _offline() -> bool:
 
 
 def torch_dtype_of(dtype: str) -> Any:
-    """The torch dtype of a `model.dtype` name ("auto" stays "auto", as transformers' loaders take it)."""
+    """The torch dtype of a dtype name ("auto" stays "auto", as transformers' loaders take it)."""
     import torch
 
     if dtype not in _DTYPES:
@@ -397,7 +397,7 @@ def keep_trainable_in_float32(model: torch.nn.Module) -> int:
     from agentgym_opsd.models.precision import is_low_precision
 
     if hasattr(model, "peft_config"):
-        raise ValueError("LoRA adapters are float32 already (peft); trainable_dtype=float32 is for trainable layers")
+        raise ValueError("LoRA adapters are float32 already (peft); float32 trained layers are for full fine-tuning")
     cast = 0
     for param in model.parameters():
         if param.requires_grad and is_low_precision(param.dtype):
@@ -437,8 +437,7 @@ def autocast_dtype(model: torch.nn.Module) -> torch.dtype | None:
 @contextlib.contextmanager
 def blocks_autocast(model: torch.nn.Module, *, enabled: bool) -> Iterator[None]:
     """Within the block, the blocks `autocast_trainable_blocks` changed compute under autocast or not (`enabled`);
-    as before afterwards. The warm start's SFT runs with it off (`warm_start.autocast` is its own switch, off for
-    what its help gives)."""
+    as before afterwards. The warm start's SFT runs with it off."""
     blocks = autocast_blocks(model)
     before = [block.autocast_enabled for block in blocks]
     for block in blocks:

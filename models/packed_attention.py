@@ -2,19 +2,13 @@
 warm start's SFT and the HF sampler's prefill.
 
 A packed forward call gets one sequence (1, T) whose rows span `cu_seq_lens_q[r]:cu_seq_lens_q[r + 1]`, with
-position ids that start every row where the row starts. Attention runs row by row: causal SDPA on each row's
-own span, through transformers' `AttentionInterface` (the decoder passes the forward's keyword arguments, the
-row boundaries among them, to the attention function). No FLOP goes to pad tokens, in the layers or in attention.
-
-A cached prefix: when the call extends a KV cache that already holds P tokens (the HF sampler prefills the
-system message every prompt of a chunk starts with once, then its rows' suffixes packed after it), the attention
-gets P more keys than queries. Every row then sees those P keys, then its own span causally, exactly the keys a
-row prefilled alone after the same prefix sees.
-
-A shared prefix span: the trainer's rows (update, π_old pass, SFT) start with the same system message, about a
-fifth of an ALFWorld row. Laid once at the start of the sequence as the first span (`shared_prefix_len`), with the
-rows' remaining tokens after it, every row attends to it as to its own first tokens: the same numbers as each
-row laid out whole, without computing the prefix once per row; gradients from every row flow back into it.
+position ids that restart at every row. Inside `packed_attention(model)`, attention goes through
+`packed_sdpa_attention` (transformers' `AttentionInterface` passes it the row boundaries): causal SDPA on each row's
+own span, so no FLOP goes to padding. A cached prefix of P tokens gives P more keys than queries; every row sees
+them, then its own span causally. A shared prefix span (`shared_prefix_len`: the trainer's rows share their system
+message) is laid once as the first span, and every row attends to it as to its own first tokens: the numbers of
+each row laid out whole, with gradients from every row flowing into it. `supports_packing` says which models
+qualify (`PACKED_MODEL_TYPES`, no gradient checkpointing); the others keep the padded path.
 """
 
 from __future__ import annotations

@@ -1,48 +1,14 @@
 """The policy server's scheduler: concurrent chat requests become batched generations on one model.
 
-Request threads `submit` a `Job` and `wait` for it; a scheduler thread per lane (see Lanes below) owns its
-view of the policy (the model's weights shared, its own tokenizer and sampling RNG), and only these threads
-generate or decode. The scheduler never tokenises a prompt:
-`submit`, in the request's own thread, first refuses (400) a prompt with more characters than the token
-limit can hold (`max_prompt_chars`, see PROMPT_CHARS_PER_TOKEN), then tokenises it and checks its budget
-(400 for a prompt over `max_prompt_tokens` or one whose budget does not fit the model's context), and only
-then queues it with its token ids. So a flood of huge prompts costs the scheduler nothing, and one that is
-refused is refused before any tokenising. Request threads tokenise on a copy of the tokenizer of their own
-(see `_request_side_policy`), one thread at a time: a fast HF tokenizer flips shared state
-(`encode_special_tokens`) on every call, so two threads encoding at once on one tokenizer can raise
-"Already borrowed" or, worse, encode a message's content with special tokens live (a chat-injection hole).
-
-A scheduling round:
-1. waits until a job is queued, then up to `batch_window_s` more while fewer jobs are queued than were in
-   flight when the previous generation ended (its jobs plus those queued then; capped at `max_batch`):
-   clients answered by a batch send their next request within milliseconds, and waiting for them keeps
-   batches full instead of settling into half batches that alternate. A lone client never waits;
-2. drops queued jobs whose client has disconnected (never generated) or that waited past `queue_timeout_s`
-   (answered 503);
-3. takes the oldest job and every queued job with the same sampling settings (temperature, top_p; top_p is
-   moot for greedy decoding) up to `max_batch`, in arrival order; jobs with other settings wait for a later
-   round, so the oldest job is always served next;
-4. generates once for the group (its prompts tokenised and checked already, by `submit`) with
-   `max_new_tokens` = the group's largest budget, and cuts each answer to its own budget. This is exact,
-   not an approximation: tokens are sampled one at a time, each row independently of the others, so the
-   first N tokens of a longer answer are a sample of an N-token answer (a row that met a closing tag or
-   end-of-sequence before N stopped there).
-
-A generation that has started runs to its end (at most `max_tokens_cap` tokens per row, which is what
-bounds the time a batch can hold the model) even if its clients leave; their answers are discarded.
-
-Lanes: a generation cannot be interrupted, so with one scheduler a short request that arrives while long
-prompts are generated waits for them all (three prompts of 3,900 tokens made a 33-token request wait 108 s
-on SmolLM2-135M, batched with two of them; at another temperature it timed out in the queue). So requests
-whose prompt plus budget is at most `short_lane_tokens` tokens go to a lane of their own: a second scheduler
-thread, with its own queue and rounds as above, that generates beside the main lane on the same weights
-(its own view of the policy: its own sampling stream, `BatchPolicy.with_sampling`, and its own copy of the
-tokenizer, so the two threads share nothing that generation changes). A short request then waits for at
-most a batch of short ones, while longer requests keep the main lane; both lanes share the CPU or GPU, so
-a long generation slows down while short ones run beside it, by about their share of the work. A budget of
-prompt tokens per batch was measured as the alternative and not taken: it bounds what a batch costs, not
-how long a request waits for the generation in progress, so a short request still waited for a whole long
-prompt. `short_lane_tokens=0` keeps one lane.
+`PolicyBatcher.submit` runs in the request's thread: it refuses (400) a prompt over `max_prompt_chars` before
+tokenising it, tokenises it on a request-side copy of the tokenizer under a lock (a fast HF tokenizer flips shared
+state on every call, so concurrent encoding can read message text as special tokens), checks its token budget and
+queues it. The scheduler never tokenises, so a flood of huge prompts costs it nothing. Each round waits up to
+`batch_window_s` for the clients of the previous batch, drops disconnected jobs and those past `queue_timeout_s`
+(503), then generates once for the oldest job and every queued job with its sampling settings (up to `max_batch`),
+cutting each answer to its own budget: exact, as every row is sampled token by token independently. A generation
+cannot be interrupted, so jobs whose prompt plus budget fit `short_lane_tokens` go to a second lane (its own thread,
+queue, sampling stream and tokenizer copy; the same weights); `short_lane_tokens=0` keeps one lane.
 """
 
 from __future__ import annotations
@@ -69,8 +35,7 @@ log = logging.getLogger(__name__)
 _UNKNOWN_CLIENT_STATUS = 499  # nginx's "client closed request": written into a socket nobody reads
 
 # Prompts are refused by size before they are tokenised, because tokenising costs time in proportion to the
-# text (SmolLM2's tokenizer on one CPU: about 45 ms for 64K characters of English, 1.4 s for 1 MB): without
-# this bound, prompts of a megabyte each would be tokenised only to be refused by the token limit. The
+# text: without this bound, prompts of a megabyte each would be tokenised only to be refused by the token limit. The
 # bound is the token limit (`max_prompt_tokens`, or the model's context when smaller) times
 # PROMPT_CHARS_PER_TOKEN characters. A token averages about 4 characters of English text and under 2 of
 # random letters; 16 is generous: only long runs of one character (SmolLM2 has a token of 81 spaces) go

@@ -1,22 +1,16 @@
-"""Which floating-point format the model computes in, and how bf16 keeps the numbers that sampled.
+"""The precision room: `model.precision` (auto | fp32 | bf16-mixed) and everything it decides.
 
-`model.dtype: auto` is decided by measurement, never by CPU flags: two machines with the same flags
-(`avx512_bf16`, no AMX) ran bf16 matmuls at half float32's speed (an Intel part) and at several times it (an AMD
-EPYC; docs/results.md), so only timing
-the model's own matmul shapes in both formats tells. `probe_bf16` does that in a second or two, and the result
-is cached per machine (CPU model name, flags, torch version; for a GPU its name and capability) in
-`$AGENTGYM_OPSD_CACHE/precision_probe.json`. bf16 is chosen where it is at least `BF16_MIN_SPEEDUP` times
-faster; the log line gives both figures.
+`bf16-mixed` is one recipe (`Precision`): the frozen trunk's weights in bf16; the trainable blocks, their
+float32 master weights and the LM head's arithmetic in float32; those blocks' matmuls under bf16 autocast in the
+RL phases (the SFT of the warm start computes in float32); float32 masters dithered where they are copied from
+bf16 weights; truncated importance sampling (TIS) wherever the sampler is not the trainer's own pass. `fp32` is
+float32 throughout, reusing the HF sampler's own log-probs as π_old. `auto` is decided by measurement, never by
+CPU flags (two machines with the same flags ran bf16 at half and at several times float32's speed):
+`probe_bf16` times the model's own matmul shapes in both formats and caches the answer per machine.
 
-bf16 on the logits: a logit near 20 has a bf16 resolution of 0.125, so a hidden state that differs in its
-last bit between the sampler (one decode step, KV cache) and the trainer (the whole sequence) can move a
-token's log-prob by a tenth of a nat. `float32_lm_head` makes the output projection compute and return
-float32 from the bf16 hidden state (MiniMax-M1's fix for its training/inference mismatch); the log-softmax
-after it is already float32 everywhere (`trainer/logprobs.py`, `models/hf_policy.py`).
-
-Training in bf16 always keeps float32 master weights and optimiser state (DeepSpeed's bf16 optimiser, or
-`trainer.engine.TorchEngine`'s master copy): an AdamW update of lr 2e-5 is far below bf16's resolution
-(8 bits of mantissa) and would round away on bf16 weights.
+bf16 on the logits: a logit near 20 has a bf16 resolution of 0.125, so `float32_lm_head` makes the output
+projection compute and return float32 from the bf16 hidden state (MiniMax-M1's fix for its training/inference
+mismatch). An AdamW update of lr 2e-5 is far below bf16's 8-bit mantissa, hence the float32 masters.
 """
 
 from __future__ import annotations
@@ -38,16 +32,16 @@ from torch import Tensor
 
 from agentgym_opsd.files import atomic_write_text, cache_dir
 
-__all__ = ["AUTOCAST_CHOICES", "BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "TRAINABLE_DTYPE_CHOICES", "ProbeResult",
-           "first_cpu", "float32_lm_head", "has_float32_lm_head", "is_low_precision", "machine_key",
-           "precision_summary", "probe_bf16", "probe_matmuls", "resolve_autocast", "resolve_device", "resolve_dtype",
-           "rounding_cell", "timed_rounds"]
+__all__ = ["BF16_MIN_SPEEDUP", "DTYPE_CHOICES", "PRECISIONS", "Precision", "ProbeResult", "first_cpu",
+           "float32_lm_head", "has_float32_lm_head", "is_low_precision", "machine_key", "precision_summary",
+           "probe_bf16", "probe_matmuls", "resolve_device", "resolve_dtype", "resolve_precision", "rounding_cell",
+           "timed_rounds"]
 
 log = logging.getLogger(__name__)
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-TRAINABLE_DTYPE_CHOICES = ("auto", "same", "float32")  # model.trainable_dtype: `loading.keep_trainable_in_float32`
-AUTOCAST_CHOICES = ("auto", "on", "off")  # model.autocast: `resolve_autocast`
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")  # a policy's weights (`evaluate --policy hf:..?dtype=`)
+PRECISIONS = ("auto", "fp32", "bf16-mixed")  # model.precision, as Lightning names them
+_DTYPE_OF = {"auto": "auto", "fp32": "float32", "bf16-mixed": "bfloat16"}
 BF16_MIN_SPEEDUP = 1.3
 """bf16 is `auto`'s choice where the probe's matmuls run at least this much faster than in float32: below it
 the gain does not pay for the extra rounding (and timing noise alone is ~10%)."""
@@ -196,42 +190,83 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS) -> str:
-    """The concrete dtype name for `dtype` on `device`: `auto` is bfloat16 where the probe measures it at least
+    """The concrete dtype name for `dtype` (a policy's weights; `model.precision` resolves through it) on `device`: `auto` is bfloat16 where the probe measures it at least
     `BF16_MIN_SPEEDUP` times faster than float32, else float32 (logged once, with both figures); any other
     name is returned unchanged."""
     if dtype not in DTYPE_CHOICES:
-        raise ValueError(f"model.dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
     if dtype != "auto":
         return dtype
     device = torch.device(device)
     if device.type == "cuda" and not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
-        _note("model.dtype=auto -> float32: the GPU does not support bf16")
+        _note("precision auto -> float32: the GPU does not support bf16")
         return "float32"
     result = probe_bf16(device, tuple(dims))
     chosen = "bfloat16" if result.bf16_pays else "float32"
-    _note(f"model.dtype=auto -> {chosen}: {result.describe()}")
+    _note(f"precision auto -> {chosen}: {result.describe()}")
     return chosen
 
 
-def resolve_autocast(autocast: str, *, dtype: str, float32_trainable: bool, device: torch.device | str = "cpu",
-                     dims: Sequence[int] = DEFAULT_DIMS) -> str:
-    """`model.autocast` as on / off: `auto` is on where the float32 trainable blocks sit over a bf16 model
-    (`float32_trainable`, `dtype` the resolved model dtype) and bf16 matmuls pay here: a GPU with bf16, or the
-    probe's >= `BF16_MIN_SPEEDUP` (the rule of `model.dtype: auto`, so a bf16 forced on a CPU slow at it keeps its
-    blocks in float32). Not over float16: its autocast would want a loss scaler, which the trainer has not."""
-    if autocast not in AUTOCAST_CHOICES:
-        raise ValueError(f"model.autocast must be one of {AUTOCAST_CHOICES}, got {autocast!r}")
-    if autocast != "auto":
-        return autocast
-    if not float32_trainable or dtype != "bfloat16":
-        return "off"
-    device = torch.device(device)
-    if device.type == "cuda":
-        return "on" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "off"
-    result = probe_bf16(device, tuple(dims))
-    chosen = "on" if result.bf16_pays else "off"
-    _note(f"model.autocast=auto -> {chosen}: {result.describe()}")
-    return chosen
+def resolve_precision(precision: str, device: torch.device | str = "cpu", dims: Sequence[int] = DEFAULT_DIMS) -> str:
+    """`model.precision` as this machine runs it: `auto` is `bf16-mixed` where bf16 matmuls pay (`resolve_dtype`:
+    a GPU with bf16, or the probe's >= `BF16_MIN_SPEEDUP`), else `fp32`; the others are returned unchanged."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"model.precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if resolve_dtype("auto", device, dims) == "bfloat16" else "fp32"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a (resolved) `model.precision` means for a model trained as `trainable_layers` / `lora` say: every
+    precision decision of the trainer is a property here."""
+
+    name: str
+    trainable_layers: int = 0
+    lora: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in PRECISIONS:
+            raise ValueError(f"model.precision must be one of {PRECISIONS}, got {self.name!r}")
+
+    @property
+    def dtype(self) -> str:
+        """The weights' dtype name as loaded ("auto" until resolved): the frozen trunk's, the sampler's."""
+        return _DTYPE_OF[self.name]
+
+    @property
+    def low_precision(self) -> bool:
+        return self.name == "bf16-mixed"
+
+    @property
+    def float32_trainable(self) -> bool:
+        """The trained top blocks keep float32 weights over the bf16 trunk (`loading.keep_trainable_in_float32`):
+        the update reaches them exactly. With every layer trained the weights stay bf16 under float32 masters
+        instead (the engine's), and LoRA's adapters are float32 already."""
+        return self.low_precision and self.trainable_layers > 0 and not self.lora
+
+    @property
+    def rl_autocast(self) -> bool:
+        """The float32 trainable blocks compute their matmuls in bf16 under autocast in every RL phase (sampler,
+        evaluation, π_old, teacher, update alike, so the PPO ratio starts at 1); the SFT stays float32."""
+        return self.float32_trainable
+
+    def sampler_is_trainer(self, backend: str) -> bool:
+        """Whether the sampler's log-probs are the trainer's own numbers: the HF sampler in float32. There π_old
+        is the sampler's (no extra pass) and TIS has nothing to correct; elsewhere π_old is recomputed and TIS on."""
+        return backend == "hf" and not self.low_precision
+
+    def cache_key(self) -> dict[str, Any]:
+        """The precision's part of the warm-start and start-evaluation cache keys, as the keys of the fields it
+        replaced hashed it (`model.dtype`, and `trainable_dtype` / `autocast` only where they changed the model),
+        so entries cached before it still match."""
+        key: dict[str, Any] = {"dtype": self.dtype}
+        if self.float32_trainable:
+            key["trainable_dtype"] = "float32"
+        if self.rl_autocast:
+            key["autocast"] = True
+        return key
 
 
 @functools.cache

@@ -1,28 +1,14 @@
-"""vLLM rollout backend (GPU, `gpu` extra): colocated, in-process engine with weight sync after updates.
+"""vLLM rollout backend (`gpu` extra): a colocated engine in each trainer process, synced after updates.
 
-vLLM is imported only when a `VLLMPolicy` is built; without it `require_vllm()` raises a RuntimeError that
-says to install the `gpu` extra. The pure helpers (`sampling_params_kwargs`, `hf_weight_items`) need no
-vLLM and are unit-tested on the CPU.
-
-How it is used (vLLM's current `LLM` / `SamplingParams` / sleep-mode API):
-
-- Engine: `LLM(model=path, distributed_executor_backend="external_launcher", ...)` — one vLLM worker inside
-  each trainer process (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT must be set first; the
-  trainer's engine adapter does that). `logprobs_mode="processed_logprobs"` makes vLLM report the log-probs
-  of the tempered distribution, the same quantity `HFPolicy` reports and the trainer recomputes.
-- Prompts go in as token ids (`{"prompt_token_ids": ids}`), rendered with the same chat template as the HF
-  backend (`chat_prompt_ids`), so the trainer can rebuild them exactly; answers come back as token ids that
-  are never re-tokenised. `include_stop_str_in_output=True` keeps the closing tag in the answer.
-- Weight sync (`sync_weights(model)`): the trainer's weights, under their HF checkpoint names (PEFT
-  adapters merged, wrapper prefixes stripped, ZeRO-3 shards gathered one parameter at a time), are pushed
-  with the vLLM model's `load_weights`, then the prefix cache is reset (its KV entries were computed with
-  the old weights). The trainer syncs before the first generation after any change: after the warm start,
-  after a resume, after every RL step.
-- One engine per process: `with_sampling(temperature=, seed=)` returns a policy that shares the engine
-  (validation at 0.4 next to training rollouts at 1.0), never a second `LLM`.
-- Sleep mode (`enable_sleep_mode=True`, what the trainer uses): `sleep()` after a generation phase frees
-  the KV cache and moves the weights off the GPU (vLLM level 1) while the trainer runs its passes;
-  `wake_up()` before the next one (and before a sync: the weights must be on the GPU to be overwritten).
+vLLM is imported only when a `VLLMPolicy` is built (`require_vllm` says how to install it); the pure helpers
+(`sampling_params_kwargs`, `hf_weight_items`, `vllm_weight_name`) need no vLLM. One engine per trainer process
+(`external_launcher` under a multi-process launcher, in this process otherwise); `with_sampling` shares it.
+Prompts go in as token ids from `chat_prompt_ids` (the HF backend's template) and answers come back as token ids,
+never re-tokenised, so the trainer rebuilds them exactly; `logprobs_mode="processed_logprobs"` reports the
+tempered distribution's log-probs, as `HFPolicy` does. `sync_weights(model)` pushes the trainer's weights under
+their HF names (PEFT adapters merged, wrapper prefixes stripped, ZeRO-3 shards gathered one at a time) and resets
+the prefix cache, computed with the old weights; the trainer syncs before the first generation after any change.
+In sleep mode `sleep()` frees the KV cache and offloads the weights while the trainer runs its passes.
 """
 
 from __future__ import annotations
@@ -360,8 +346,7 @@ class VLLMPolicy:
         """One `SamplingParams` per request of a call, each with its own seed drawn from (`seed`, call count).
         A seed is a request's whole random stream in vLLM: requests sharing one sample alike wherever their
         prompts are alike, so the rollouts of a GRPO group (one task, one prompt) came out identical, every group
-        was all-won or all-lost, and the advantages were zero (seen in a main job on vLLM: 0 mixed groups in
-        6 steps). Seeds from `SeedSequence` differ between requests and calls, and repeat with `seed`."""
+        was all-won or all-lost, and the advantages were zero. Seeds from `SeedSequence` differ between requests and calls, and repeat with `seed`."""
         seeds = np.random.SeedSequence([self.seed, self._calls]).generate_state(num_requests)
         self._calls += 1
         return [self._vllm.SamplingParams(**sampling_params_kwargs(
@@ -449,8 +434,7 @@ def _refresh_tied_output_head(model: torch.nn.Module) -> None:
 
     vLLM's CPU build prepacks each GEMM's weight once loaded, the output head's too. With tied embeddings
     the head has no weight of its own in the checkpoint, so a reload refreshes the embedding and leaves the
-    head's packed copy stale: the engine would sample from the old output layer (measured: log-probs off by
-    0.6 nats after one update of the embedding). A no-op on GPUs (the unquantised head has nothing to redo)."""
+    head's packed copy stale: the engine would sample from the old output layer. A no-op on GPUs (the unquantised head has nothing to redo)."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))

@@ -1,23 +1,14 @@
-"""Skill libraries: the privileged context `c+` the self-teacher reads.
+"""Skill libraries: the privileged context `c+` the self-teacher reads (`SkillLibrary.from_folder`).
 
-A library is a folder::
+A library is a folder with `skills.yaml`, `general.md` (rules for every task) and one Markdown file per task kind;
+`skills.yaml` maps task types and keyword patterns to those files, which must lie inside the folder::
 
-    my_library/
-      skills.yaml        # the mapping (below)
-      general.md         # rules for every task
-      heat.md, ...       # one Markdown file per task kind
-
-`skills.yaml`::
-
-    name: my_library
     general: general.md
-    task_types:                       # exact task type -> file
-      pick_heat_then_place_in_recep: heat.md
-    keywords:                         # first pattern found in the task text (case-insensitive) -> file
-      - {pattern: "microwave", file: heat.md}
+    task_types: {pick_heat_then_place_in_recep: heat.md}    # exact task type -> file
+    keywords: [{pattern: "microwave", file: heat.md}]        # first regex found in the task text (any case) -> file
 
-`context_for(task_type=..., text=...)` returns the general rules followed by the rules of the task kind: the
-file mapped to the task type if there is one, else the first keyword rule that matches the task text.
+`context_for(task_type=..., text=...)` returns the general rules followed by the rules of the task kind: the file
+mapped to the task type if there is one, else the first keyword rule that matches the task text.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ FAKE_TRAIN = """#!/usr/bin/env python3
 import pathlib, sys
 out = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("trainer.output_dir=")))
 out.mkdir(parents=True)
-(out / "config.yaml").write_text("model: {dtype: float32}\\nrollout: {backend: hf}\\nwarm_start: {}\\n")
+(out / "config.yaml").write_text("model: {precision: fp32}\\nrollout: {backend: hf}\\nwarm_start: {}\\n")
 print("argv:", " ".join(sys.argv[1:]))
 print("time: 1.0 min in all (float32, 2 threads): setup 0.1, warm start 0.5, evaluation 0.4 min")
 """

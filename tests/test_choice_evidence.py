@@ -8,6 +8,7 @@ the paper's sum and say so, `mean` and `args` are the sums they claim; plus conf
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -236,8 +237,8 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
     from agentgym_opsd.trainer.credit_file import credit_lines
     from agentgym_opsd.trainer.loop import Trainer
     from agentgym_opsd.trainer.metrics import step_metrics
-    from agentgym_opsd.trainer.phases import StepRecord
     from agentgym_opsd.trainer.task_stream import train_task_specs
+    from agentgym_opsd.trainer.turn_batch import StepRecord
 
     cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path}", "trainer.backend=torch",
                                    "trainer.tensorboard=false", "teacher.evidence=choice", "env.max_turns=3"])
@@ -245,7 +246,8 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
     try:
         tasks = train_task_specs(0, 2, num_tasks=trainer.session.envs[0].num_tasks, seed=0)
         trajs = trainer.session.envs[0].runner.run(_ScriptedCounter(trainer.session.trained.tokenizer), tasks, group_size=2)
-        trajs[0].turns[-1].action_valid = False  # an invalid turn: no choice to judge, the paper's sum
+        # an invalid turn (rebuilt, so it records its kind as every invalid turn does): no choice to judge
+        trajs[0].turns[-1] = dataclasses.replace(trajs[0].turns[-1], action_valid=False)
         # the phases up to credit, without the update: the weights that scored must be the ones checked here
         batch = trainer.score(trajs)
         logprobs = trainer.logprobs(batch)
@@ -254,6 +256,8 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
         metrics = step_metrics(record, {}, lam=trainer.current_lam())
         assert ev.forms is not None and ev.forms.count("paper") == 1
         assert metrics["teacher/choice_rows"] == len(batch) - 1 and metrics["teacher/paper_rows"] == 1
+        maker = trainer.session.evidence_maker
+        teacher_ids = maker.row_prompts(batch, trajs)
         texts = ["<action>inc</action>", "<action>dec</action>"]
         choice_ids = [text_ids(trainer.session.trained.tokenizer, t) for t in texts]
         for i, row in enumerate(batch.rows):
@@ -266,10 +270,10 @@ def test_trainer_choice_evidence_matches_full_sequence_scores(tmp_path, toy_env_
             chosen = ["inc", "dec"].index(turn.action)
             by_side = [torch.log_softmax(_full_sequence_scores(trainer.session.trained.model, trainer.session.trained.tokenizer, list(p), choice_ids,
                                                                trainer.session.trained.temperature), 0)
-                       for p in (row.teacher_prompt_ids, row.prompt_ids)]
+                       for p in (teacher_ids[i], row.prompt_ids)]
             assert float(ev.evidence[i]) == pytest.approx(float(by_side[0][chosen] - by_side[1][chosen]), abs=1e-5)
         # the judged rows' replies were teacher-forced on the choice pass's cache: the teacher pass's numbers
-        for folded, full in zip(ev.teacher, trainer.session.evidence_maker.teacher_logprobs(batch, logprobs.old), strict=True):
+        for folded, full in zip(ev.teacher, maker.teacher_logprobs(batch, teacher_ids, logprobs.old), strict=True):
             torch.testing.assert_close(folded, full, atol=1e-5, rtol=0)
         lines = credit_lines(trajs, record, estimator=cfg.algorithm.estimator, step=1)
         forms = [turn["evidence_form"] for line in lines for turn in line["turns"]]

@@ -297,7 +297,7 @@ def test_turn_batch_carries_anchor_keys_turn_rewards_and_penalties():
         _turn(0, "start", "room A"), _turn(1, "p1", "room B"), _turn(2, "p2", "done", reward=1.0)])
     lost = Trajectory(env_id="toy", task_id="t", task_type="x", group_id=4, traj_id=1, seed=0, turns=[
         _turn(0, "start", "room A"), _turn(1, "p1'", "room A", valid=False), _turn(2, "p2'", "room C")])
-    batch = build_turn_batch([won, lost], encode_prompt=lambda m: [1, 2], teacher_messages=None, reward_scale=10.0,
+    batch = build_turn_batch([won, lost], encode_prompt=lambda m: [1, 2], reward_scale=10.0,
                              invalid_penalty=0.1)
     keys = batch.anchor_keys.tolist()
     assert keys[0] == keys[3]  # both first turns start from the same prompt

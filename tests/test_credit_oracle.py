@@ -17,8 +17,7 @@ from agentgym_opsd.credit import ESTIMATORS, CreditConfig, CreditInputs, estimat
 from agentgym_opsd.credit.oracle import NATS_PER_STEP, oracle_evidence
 from agentgym_opsd.evaluation import credit_quality as cq
 from agentgym_opsd.records import Trajectory, Turn
-from agentgym_opsd.trainer.phases import batch_advantages
-from agentgym_opsd.trainer.turn_batch import build_turn_batch
+from agentgym_opsd.trainer.turn_batch import batch_advantages, build_turn_batch
 from agentgym_opsd.turns import ORACLE_AFTER, ORACLE_BEFORE, PROGRESS, WASTED, oracle_progress, turn_progress
 
 
@@ -95,7 +94,7 @@ def scripted(fresh_cache_dir) -> list[Trajectory]:
 
 
 def _oracle_credit(trajs: list[Trajectory]):
-    batch = build_turn_batch(trajs, encode_prompt=lambda messages: [0], teacher_messages=None)
+    batch = build_turn_batch(trajs, encode_prompt=lambda messages: [0])
     credit = batch_advantages(batch, torch.zeros(len(batch)), [torch.zeros(2)] * len(batch),
                               estimator="agentopsd-oracle", config=CreditConfig.PAPER, return_details=True)
     return batch, credit

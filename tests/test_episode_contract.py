@@ -33,7 +33,7 @@ def test_an_errored_won_episode_is_a_failure_in_the_reward_and_the_prior() -> No
     rewards = trajectory_rewards([errored, clean], reward_scale=10.0, invalid_penalty=0.0)
     assert rewards.tolist() == [0.0, 10.0]
     assert group_success_rates([errored, clean]) == {0: pytest.approx(0.5)}
-    batch = build_turn_batch([errored, clean], encode_prompt=lambda messages: [5], teacher_messages=None,
+    batch = build_turn_batch([errored, clean], encode_prompt=lambda messages: [5],
                              reward_scale=10.0)
     assert batch.traj_rewards.tolist() == [0.0, 10.0]
     assert batch.success_rate.tolist() == [0.5, 0.5]  # the prior R̄ of both rows
@@ -66,7 +66,7 @@ def test_the_trl_tool_env_records_turns_as_our_rollout_does(tmp_path) -> None:
 
 @pytest.mark.parametrize("make", [
     lambda: SessionSettings("ALFWorld-v0:easy", penalize="most"),
-    lambda: build_turn_batch([], encode_prompt=lambda m: [1], teacher_messages=None, penalize="most"),
+    lambda: build_turn_batch([], encode_prompt=lambda m: [1], penalize="most"),
     lambda: __import__("agentgym_opsd.integrations.trl", fromlist=["AgentGymRollout"]).AgentGymRollout(
         "ALFWorld-v0:easy", penalize="most"),
 ], ids=["session", "turn-batch", "trl-rollout"])

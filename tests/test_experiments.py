@@ -166,16 +166,16 @@ def test_a_before_run_is_redone_only_when_what_decides_its_numbers_changed(tmp_p
             aside, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY])
 
 
-def test_a_before_run_saved_with_the_resolved_dtype_is_not_stale(tmp_path, monkeypatch) -> None:
-    """A run saves `model.dtype: auto` resolved (config.yaml says float32 or bfloat16), while the study's spec
+def test_a_before_run_saved_with_the_resolved_precision_is_not_stale(tmp_path, monkeypatch) -> None:
+    """A run saves `model.precision: auto` resolved (config.yaml says fp32 or bf16-mixed), while the study's spec
     still says auto: the same settings, so the before run is kept, not moved aside and run again."""
-    from agentgym_opsd.models.precision import resolve_dtype
+    from agentgym_opsd.models.precision import resolve_precision
 
-    spec = experiments.BeforeSpec("tiny", "cpu-tiny", (*TINY, "model.dtype=auto"))
+    spec = experiments.BeforeSpec("tiny", "cpu-tiny", (*TINY, "model.precision=auto"))
     runner = experiments.ExperimentRunner(tmp_path / "runs", tmp_path / "results", cores=1)
     old = tmp_path / "runs" / "before" / "tiny"
     _fake_before(old, "cpu-tiny", ["trainer.total_steps=0", "trainer.eval_at_start=true", *TINY,
-                                   f"model.dtype={resolve_dtype('auto')}"])
+                                   f"model.precision={resolve_precision('auto')}"])
     monkeypatch.setattr(runner, "_start", lambda *a, **k: pytest.fail("the before run was started again"))
     assert runner.before(spec)["val/success_rate"] == 0.5
     assert not old.with_name("tiny.stale-1").exists()

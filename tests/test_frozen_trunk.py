@@ -146,7 +146,8 @@ def test_a_trainer_update_from_the_kept_trunk_moves_the_weights_as_the_full_one(
     trainer = Trainer(cfg)
     try:
         assert trainer.session.trunk_depth == 1
-        batch = trainer.score(trainer.collect())
+        trajs = trainer.collect()
+        batch = trainer.score(trajs)
         model_state = copy.deepcopy(trainer.session.trained.model.state_dict())
         optim_state = copy.deepcopy(trainer.session.trained.engine.state_dict())
         results = {}
@@ -156,7 +157,7 @@ def test_a_trainer_update_from_the_kept_trunk_moves_the_weights_as_the_full_one(
             trainer.session.trunk_depth = depth
             logprobs = trainer.logprobs(batch)
             assert (logprobs.trunk is not None) == bool(depth)
-            advantages = trainer.credit(batch, trainer.teacher(batch, logprobs))
+            advantages = trainer.credit(batch, trainer.teacher(batch, logprobs, trajs))
             metrics = trainer.update(batch, logprobs, advantages)
             assert logprobs.trunk is None or not logprobs.trunk.rows  # released after the update
             results[depth] = metrics, {k: v.detach().clone() for k, v in trainer.session.trained.model.state_dict().items()}

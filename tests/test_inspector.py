@@ -14,8 +14,13 @@ from agentgym_opsd import credit
 from agentgym_opsd.inspector import load_step, main, render_html
 from agentgym_opsd.records import Trajectory, Turn, save_jsonl
 from agentgym_opsd.trainer.credit_file import credit_lines, write_jsonl_atomic
-from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs, StepRecord, TeacherEvidence
-from agentgym_opsd.trainer.turn_batch import build_turn_batch
+from agentgym_opsd.trainer.turn_batch import (
+    BatchAdvantages,
+    PolicyLogProbs,
+    StepRecord,
+    TeacherEvidence,
+    build_turn_batch,
+)
 from agentgym_opsd.turns import ORACLE_AFTER, ORACLE_BEFORE
 
 TESTS = Path(__file__).parent
@@ -60,7 +65,7 @@ def make_run(run_dir: Path, estimator: str = "agentopsd-token") -> dict:
                    task_text="look at the book under the lamp", turns=[
                        _turn(0, "<action>inventory</action>", "inventory", "You are not carrying anything.")]),
     ]
-    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None, invalid_penalty=0.1)
+    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], invalid_penalty=0.1)
     g = torch.Generator().manual_seed(0)
     gaps = [torch.randn(len(r.response_ids), generator=g, dtype=torch.float64) for r in batch.rows]
     evidence = torch.stack([x.sum() for x in gaps])

@@ -149,20 +149,20 @@ def test_each_trajectory_its_own_penalty(toys) -> None:
     trajs = [traj(0, 2), traj(1, 3)]
     assert all(is_penalised(t) for x in trajs for t in x.turns)
     for mode in ("trajectory", "turn"):
-        same = build_turn_batch(trajs, encode_prompt=lambda m: [1], teacher_messages=None, invalid_penalty=0.1,
+        same = build_turn_batch(trajs, encode_prompt=lambda m: [1], invalid_penalty=0.1,
                                 penalty_mode=mode)
-        listed = build_turn_batch(trajs, encode_prompt=lambda m: [1], teacher_messages=None,
+        listed = build_turn_batch(trajs, encode_prompt=lambda m: [1],
                                   invalid_penalty=[0.1, 0.1], penalty_mode=mode)
         assert same.traj_rewards.tolist() == listed.traj_rewards.tolist()
-        mixed = build_turn_batch(trajs, encode_prompt=lambda m: [1], teacher_messages=None,
+        mixed = build_turn_batch(trajs, encode_prompt=lambda m: [1],
                                  invalid_penalty=[0.1, 0.05], penalty_mode=mode)
         assert [r.turn_penalty for r in mixed.rows] == [0.1, 0.1, 0.05, 0.05, 0.05]
     assert mixed.traj_rewards.tolist() == [0.0, 0.0] and [r.penalty for r in mixed.rows][-1] == 0.05
-    trajectory_mode = build_turn_batch(trajs, encode_prompt=lambda m: [1], teacher_messages=None,
+    trajectory_mode = build_turn_batch(trajs, encode_prompt=lambda m: [1],
                                        invalid_penalty=[0.1, 0.05])
     assert trajectory_mode.traj_rewards.tolist() == pytest.approx([-0.2, -0.15])
     with pytest.raises(ValueError, match="2 trajectories"):
-        build_turn_batch(trajs, encode_prompt=lambda m: [1], teacher_messages=None, invalid_penalty=[0.1])
+        build_turn_batch(trajs, encode_prompt=lambda m: [1], invalid_penalty=[0.1])
 
 
 # ---- end to end ---------------------------------------------------------------------------------------------------

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from agentgym_opsd.credit import CreditConfig
 from agentgym_opsd.records import Trajectory, Turn
-from agentgym_opsd.trainer.phases import batch_advantages
-from agentgym_opsd.trainer.turn_batch import build_turn_batch
+from agentgym_opsd.trainer.turn_batch import batch_advantages, build_turn_batch
 
 ESTIMATORS = ("grpo", "agentopsd", "agentopsd-raw_gap", "agentopsd-unsigned", "agentopsd-no_prior", "gigpo",
               "agentopsd+gigpo")
@@ -53,7 +52,7 @@ def step_batches(draw, all_failed: bool = False):
 
 
 def _advantages(trajs, evidence, penalty, estimator, *, mode="outcome", cross_steps=False, lam=0.5, gain=False):
-    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None,
+    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3],
                              invalid_penalty=penalty, penalty_mode=mode)
     gaps = [torch.full((2,), float(e) / 2) for e in evidence]
     out = batch_advantages(batch, evidence, gaps, estimator=estimator, config=CreditConfig(lam=lam),
@@ -155,7 +154,7 @@ SIGN_PRESERVING = tuple(e for e in ESTIMATORS if "gigpo" not in e)  # sign(Ã_k)
 
 
 def _scored_advantages(trajs, evidence, penalty, estimator, lam):
-    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3], teacher_messages=None,
+    batch = build_turn_batch(trajs, encode_prompt=lambda m: [1, 2, 3],
                              invalid_penalty=penalty, penalty_mode="outcome", outcome="score")
     assert batch.traj_rewards.tolist() == [t.score for t in trajs]
     gaps = [torch.full((2,), float(e) / 2) for e in evidence]
@@ -234,11 +233,11 @@ def test_the_step_metrics_count_the_invalid_turns_of_won_rollouts() -> None:
     from types import SimpleNamespace
 
     from agentgym_opsd.trainer.metrics import step_metrics
-    from agentgym_opsd.trainer.phases import StepRecord
+    from agentgym_opsd.trainer.turn_batch import StepRecord
 
     trajs = [_traj(0, 0, True, [None, "not_admissible", "no_tag"]), _traj(1, 0, False, ["not_admissible"]),
              _traj(2, 1, True, [None]), _traj(3, 1, True, ["truncated"])]  # group 1: all won, A_seq = 0
     batch, out = _advantages(trajs, torch.zeros(6, dtype=torch.float64), 0.1, "agentopsd")
     record = StepRecord(batch, SimpleNamespace(old=[torch.tensor(r.sample_logprobs) for r in batch.rows]),
-                        SimpleNamespace(evidence=torch.zeros(6), forms=[]), out)
+                        SimpleNamespace(evidence=torch.zeros(6), forms=[], teacher_rows=0), out)
     assert step_metrics(record, {}, lam=0.5)["won_invalid_rows"] == 2.0  # the two of the won rollout above its group

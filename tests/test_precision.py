@@ -1,4 +1,5 @@
-"""bf16 on the CPU: `model.dtype: auto` resolves per machine, bf16 training keeps float32 master weights, and a
+"""bf16 on the CPU: `model.precision: auto` resolves per machine, the old precision keys are refused by name,
+bf16 training keeps float32 master weights, and a
 bf16 step gives the float32 step's log-probs (within bf16 rounding) and its advantages' signs."""
 
 from __future__ import annotations
@@ -19,16 +20,25 @@ from agentgym_opsd.trainer.config import ConfigError, OptimConfig, load_config
 from agentgym_opsd.trainer.engine import TorchEngine, dither_masters
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import START_RATIO_BOUND, StartDrift
-from agentgym_opsd.trainer.phases import PolicyLogProbs
+from agentgym_opsd.trainer.turn_batch import PolicyLogProbs
 
 
 def test_explicit_dtypes_pass_through_and_bad_names_are_refused() -> None:
     for name in ("float32", "bfloat16", "float16"):
         assert resolve_dtype(name, "cpu") == name
-    with pytest.raises(ValueError, match="model.dtype"):
+    with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("bf16", "cpu")
-    with pytest.raises(ConfigError, match="model.dtype"):
-        load_config("cpu-tiny", ["model.dtype=half"])
+    with pytest.raises(ConfigError, match="model.precision"):
+        load_config("cpu-tiny", ["model.precision=half"])
+
+
+@pytest.mark.parametrize("override", ["model.dtype=bfloat16", "model.trainable_dtype=float32", "model.autocast=on",
+                                      "warm_start.autocast=true", "deepspeed.bf16=true", "optim.dither_masters=false",
+                                      "algorithm.tis=on", "algorithm.recompute_old_logprobs=false"])
+def test_the_keys_precision_replaced_are_refused_naming_it(override) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key} was replaced by model.precision"):
+        load_config("cpu-tiny", [override])
 
 
 def _stub_probe(f32: float, bf16: float, calls: list[int]):
@@ -53,28 +63,28 @@ def test_auto_follows_the_measured_speed_not_the_flags(monkeypatch, tmp_path, f3
     assert key == precision.machine_key("cpu") and entry == {"float32_gflops": f32, "bfloat16_gflops": bf16}
 
 
-@pytest.mark.parametrize(("f32", "bf16", "expected"), [(198.0, 883.0, "on"), (309.0, 145.0, "off")])
-def test_autocast_auto_follows_the_same_measurement(monkeypatch, tmp_path, f32, bf16, expected) -> None:
-    """`model.autocast: auto` is on where bf16 measures faster and the trainable blocks are float32 over a bf16
-    model, so a bf16 forced on a CPU slow at it keeps its blocks' matmuls in float32; on / off are kept."""
+@pytest.mark.parametrize(("f32", "bf16", "expected"), [(198.0, 883.0, "bf16-mixed"), (309.0, 145.0, "fp32")])
+def test_precision_auto_is_one_recipe_chosen_by_the_measurement(monkeypatch, tmp_path, f32, bf16, expected) -> None:
+    """`model.precision: auto` is bf16-mixed where bf16 measures faster, else fp32; bf16-mixed is the whole recipe
+    (bf16 trunk, float32 trained blocks under autocast in RL, TIS and recomputed π_old), fp32 none of it."""
     calls: list[int] = []
     monkeypatch.setattr(precision, "probe_matmuls", _stub_probe(f32, bf16, calls))
     monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path))
-    top = ["model.trainable_layers=1", "model.trainable_dtype=float32"]
-    forced = load_config("cpu-tiny", ["model.dtype=bfloat16", *top]).model
-    assert forced.autocast == "auto" and not forced.trainable_autocast  # unresolved: off
-    assert forced.resolved("cpu").autocast == expected
-    assert forced.resolved("cpu").trainable_autocast == (expected == "on")
-    auto = load_config("cpu-tiny", ["model.dtype=auto", *top]).model.resolved("cpu")
-    assert (auto.dtype, auto.autocast) == (("bfloat16", "on") if expected == "on" else ("float32", "off"))
-    assert len(calls) == 1  # one probe for both, cached
-    for value, kept in (("true", "on"), ("false", "off"), ("on", "on"), ("off", "off")):
-        assert load_config("cpu-tiny", [f"model.autocast={value}", *top]).model.resolved("cpu").autocast == kept
-    assert load_config("cpu-tiny", ["model.dtype=float32", *top]).model.resolved("cpu").autocast == "off"
-    # float16's autocast would want a loss scaler: auto leaves it off
-    assert load_config("cpu-tiny", ["model.dtype=float16", *top]).model.resolved("cpu").autocast == "off"
-    with pytest.raises(ConfigError, match="model.autocast"):
-        load_config("cpu-tiny", ["model.autocast=bf16"])
+    top = ["model.trainable_layers=1"]
+    auto = load_config("cpu-tiny", ["model.precision=auto", *top]).model
+    assert auto.dtype == "auto" and auto.resolved("cpu").precision == expected
+    assert load_config("cpu-tiny", ["model.precision=auto", *top]).model.resolved("cpu").precision == expected
+    assert len(calls) == 1  # cached
+    mixed = load_config("cpu-tiny", ["model.precision=bf16-mixed", *top]).model
+    assert mixed.resolved("cpu") == mixed  # an explicit precision is kept whatever the probe says
+    n = mixed.numerics
+    assert (n.dtype, n.float32_trainable, n.rl_autocast) == ("bfloat16", True, True)
+    assert not n.sampler_is_trainer("hf") and not n.sampler_is_trainer("vllm")
+    assert not dataclasses.replace(n, trainable_layers=0).float32_trainable  # all trained: bf16 under masters
+    assert not dataclasses.replace(n, lora=True).float32_trainable  # LoRA adapters are float32 already
+    f = load_config("cpu-tiny", ["model.precision=fp32", *top]).model.numerics
+    assert (f.dtype, f.float32_trainable, f.rl_autocast) == ("float32", False, False)
+    assert f.sampler_is_trainer("hf") and not f.sampler_is_trainer("vllm")
 
 
 def test_probe_cache_is_per_machine_and_survives_damage(monkeypatch, tmp_path) -> None:
@@ -149,19 +159,10 @@ def test_tis_weights_for_a_known_gap() -> None:
         SamplerCorrection.compute(old, sampled, cap=1.0, enabled=True)
 
 
-def test_tis_is_on_where_the_sampler_differs() -> None:
-    from agentgym_opsd.trainer.tis import tis_enabled
-
-    assert not tis_enabled("auto", backend="hf", low_precision=False, reuses_sampler=False)
-    assert tis_enabled("auto", backend="hf", low_precision=True, reuses_sampler=False)
-    assert tis_enabled("auto", backend="vllm", low_precision=False, reuses_sampler=False)
-    assert not tis_enabled("on", backend="vllm", low_precision=True, reuses_sampler=True)  # weights would be 1
-    assert tis_enabled("on", backend="hf", low_precision=False, reuses_sampler=False)
-    assert not tis_enabled("off", backend="vllm", low_precision=True, reuses_sampler=False)
+def test_the_tis_cap_is_the_one_expert_key() -> None:
     with pytest.raises(ConfigError, match="algorithm.tis_cap"):
         load_config("cpu-tiny", ["algorithm.tis_cap=0.5"])
-    with pytest.raises(ConfigError, match="algorithm.tis"):
-        load_config("cpu-tiny", ["algorithm.tis=maybe"])
+    assert load_config("cpu-tiny", ["algorithm.tis_cap=5"]).algorithm.tis_cap == 5.0
 
 
 def test_tis_weights_scale_each_tokens_policy_term() -> None:
@@ -245,11 +246,10 @@ def test_dithered_masters_pass_small_updates_on_in_expectation() -> None:
     assert float((moved != 0).float().mean()) == pytest.approx(0.1, abs=0.005)
 
 
-def test_the_engines_dither_their_masters_only_when_asked() -> None:
+def test_the_engine_dithers_masters_copied_from_bf16_weights() -> None:
     on = TorchEngine(_tiny_linear(torch.bfloat16), OptimConfig())
-    off = TorchEngine(_tiny_linear(torch.bfloat16), OptimConfig(dither_masters=False))
-    (w_on, m_on), (w_off, m_off) = on._pairs[0], off._pairs[0]
-    assert torch.equal(m_off.detach(), w_off.detach().float())
+    assert not TorchEngine(_tiny_linear(torch.float32), OptimConfig()).master_weights  # float32: no masters
+    (w_on, m_on), = on._pairs
     assert not torch.equal(m_on.detach(), w_on.detach().float()) and torch.equal(m_on.detach().to(torch.bfloat16), w_on)
     on.module.weight.data.copy_(torch.ones_like(w_on))  # weights loaded from outside: masters follow, dithered
     on.refresh_masters()
@@ -287,10 +287,13 @@ def test_start_drift_metrics() -> None:
     assert m["ppo/start_ratio_max_dev"] == pytest.approx(math.expm1(0.03))
 
 
+PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16-mixed"}
+
+
 def _trainer(tmp_path, dtype: str, backend: str = "torch", *extra: str) -> Trainer:
     cfg = load_config("cpu-tiny", ["env.id=ToyCounter-v0", f"trainer.output_dir={tmp_path / dtype / backend}",
                                    f"trainer.backend={backend}", "trainer.tensorboard=false",
-                                   f"model.dtype={dtype}", *extra])
+                                   f"model.precision={PRECISION_OF[dtype]}", *extra])
     return Trainer(cfg)
 
 
@@ -307,7 +310,7 @@ def test_bf16_step_matches_float32_logprobs_and_advantage_signs(tmp_path, toy_en
         for name, trainer in (("fp32", fp32), ("bf16", bf16)):
             batch = trainer.score(trajs)
             logprobs = PolicyLogProbs(trainer.session.trained.logprobs(batch.prompt_ids, batch.response_ids))
-            out[name] = logprobs, trainer.credit(batch, trainer.teacher(batch, logprobs))
+            out[name] = logprobs, trainer.credit(batch, trainer.teacher(batch, logprobs, trajs))
         (old_a, a), (old_b, b) = out["fp32"], out["bf16"]
         gaps = torch.cat([(x - y).abs() for x, y in zip(old_a.old, old_b.old, strict=True)])
         # a random tiny model's log-probs are ~ -10.8 (uniform over 49k tokens): bf16 keeps 3 significant digits
@@ -421,78 +424,32 @@ def test_trainable_layers_in_float32_take_the_whole_update_and_come_back_from_a_
     assert all(torch.equal(p, trained[n]) for n, p in again.named_parameters())
 
 
-def test_trainable_dtype_is_checked_and_left_out_of_cache_keys_at_its_default(tmp_path) -> None:
+def test_cache_keys_of_a_precision_are_those_of_the_keys_it_replaced(tmp_path) -> None:
+    """Warm starts and start evaluations cached before `model.precision` are still found: bf16-mixed over the top
+    layers hashes as `dtype: bfloat16, trainable_dtype: float32, autocast: true` did, fp32 as `dtype: float32`;
+    the SFT's key leaves the RL autocast out (it computes in float32)."""
     from agentgym_opsd.trainer.validation import start_evaluation_key
 
-    with pytest.raises(ConfigError, match="model.trainable_dtype"):
-        load_config("cpu-tiny", ["model.trainable_dtype=float16"])
-    with pytest.raises(ConfigError, match="LoRA adapters are float32 already"):
-        load_config("cpu-tiny", ["model.trainable_dtype=float32", "model.lora=true"])
-    same = load_config("cpu-tiny", ["model.dtype=bfloat16"])
-    f32 = load_config("cpu-tiny", ["model.dtype=bfloat16", "model.trainable_dtype=float32"])
-    no_op = load_config("cpu-tiny", ["model.dtype=float32", "model.trainable_dtype=float32"])
-    assert f32.model.float32_trainable and not same.model.float32_trainable and not no_op.model.float32_trainable
-    for cfg in (same, no_op):  # where it changes nothing, the keys are those from before the field existed
-        assert "trainable_dtype" not in json.dumps(_warm_start_settings(cfg, tmp_path))
-    assert start_evaluation_key(same, threads=1, world_size=1) != start_evaluation_key(f32, threads=1, world_size=1)
-    assert _warm_start_settings(same, tmp_path) != _warm_start_settings(f32, tmp_path)
+    top = ["model.trainable_layers=2"]
+    mixed = load_config("cpu-tiny", ["model.precision=bf16-mixed", *top])
+    fp32 = load_config("cpu-tiny", ["model.precision=fp32", *top])
+    every = load_config("cpu-tiny", ["model.precision=bf16-mixed"])  # every layer trained: bf16 under masters
+    key = mixed.model.cache_key_settings()
+    assert (key["dtype"], key["trainable_dtype"], key["autocast"]) == ("bfloat16", "float32", True)
+    assert "precision" not in key
+    assert {k: fp32.model.cache_key_settings().get(k) for k in ("dtype", "trainable_dtype", "autocast")} == {
+        "dtype": "float32", "trainable_dtype": None, "autocast": None}
+    assert "trainable_dtype" not in every.model.cache_key_settings()
+    ws = _warm_start_settings(mixed, tmp_path)
+    assert "autocast" not in ws["model"] and ws["model"]["trainable_dtype"] == "float32"
+    assert start_evaluation_key(mixed, threads=1, world_size=1) != start_evaluation_key(fp32, threads=1, world_size=1)
 
 
-def test_an_autocast_warm_start_of_float32_trainable_layers_computes_in_bf16_and_updates_in_float32(tmp_path) -> None:
-    """`warm_start.autocast`: the forward in the model's bf16 (the LM head still float32), the weights and their
-    updates float32, and the warm-start key says so (the entry differs from one computed in float32)."""
-    from agentgym_opsd.models.loading import freeze_lower_layers, keep_trainable_in_float32, load_policy_model
-    from agentgym_opsd.models.precision import float32_lm_head
-    from agentgym_opsd.trainer.warm_start import Demonstration, sft_step
-
-    model, tok = load_policy_model("tiny-random", dtype="bfloat16", trainable=True)
-    freeze_lower_layers(model, 1)
-    keep_trainable_in_float32(model)
-    float32_lm_head(model)
-    computed: list[torch.dtype] = []
-    layer = model.model.layers[-1].mlp.down_proj  # a float32 weight: under autocast its matmul runs in bf16
-    layer.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
-    engine = TorchEngine(model, OptimConfig(lr=1e-6, grad_clip=0.0))
-    rows = [Demonstration(tok.encode("go to the desk"), tok.encode(" open drawer 1")) for _ in range(2)]
-    before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-    losses = [sft_step(engine, rows, [0, 1], pad_id=tok.pad_token_id, max_tokens=4096, max_rows=8, device="cpu",
-                       autocast_dtype=torch.bfloat16, packed=packed) for packed in (False, True)]
-    after = [p.detach() for p in model.parameters() if p.requires_grad]
-    assert all(math.isfinite(loss) for loss in losses) and computed == [torch.bfloat16] * 2  # padded and packed
-    assert all(p.dtype == torch.float32 for p in after)
-    moved = _share_changed(before, after)
-    assert moved > 0.9  # an update of ~1e-6 reaches the float32 weights whole
-
-    top = ["model.dtype=bfloat16", "model.trainable_layers=1"]
-    on = _warm_start_settings(load_config("cpu-tiny", [*top, "warm_start.autocast=true"]), tmp_path)
-    assert on["sft_autocast"] == "torch.bfloat16" and "autocast" not in on["warm_start"]
-    assert "sft_autocast" not in _warm_start_settings(load_config("cpu-tiny", top), tmp_path)  # off by default
-    float32 = load_config("cpu-tiny", ["model.trainable_layers=1", "warm_start.autocast=true"])
-    assert "sft_autocast" not in _warm_start_settings(float32, tmp_path)  # nothing to autocast
-
-
-def test_trainable_dtype_auto_is_float32_where_only_the_top_layers_train_in_bf16(tmp_path) -> None:
-    """The default, `auto`: float32 trainable layers over a bf16 model whose top `trainable_layers` train (the
-    frozen ones keep bf16's speed); masters where every layer trains, and LoRA's own float32 adapters. It shares
-    the cache entries of an explicit `float32`, and changes nothing in float32."""
-    top = ["model.dtype=bfloat16", "model.trainable_layers=2"]
-    auto = load_config("cpu-tiny", top)
-    assert auto.model.trainable_dtype == "auto" and auto.model.float32_trainable
-    assert not load_config("cpu-tiny", [*top, "model.trainable_dtype=same"]).model.float32_trainable
-    assert not load_config("cpu-tiny", [*top, "model.lora=true"]).model.float32_trainable
-    assert not load_config("cpu-tiny", ["model.dtype=bfloat16"]).model.float32_trainable  # every layer trains
-    assert not load_config("cpu-tiny", ["model.dtype=float32", "model.trainable_layers=2"]).model.float32_trainable
-    explicit = load_config("cpu-tiny", [*top, "model.trainable_dtype=float32"])
-    assert _warm_start_settings(auto, tmp_path) == _warm_start_settings(explicit, tmp_path)
-
-
-def test_model_autocast_runs_the_float32_blocks_matmuls_in_bf16_in_every_phase(tmp_path, toy_env_ids) -> None:
-    """`model.autocast`: the float32 trainable blocks compute their matmuls in bf16 under autocast wherever the
-    model runs (sampler, pi_old, update), so the PPO ratio still starts at 1; their weights and updates stay
-    float32, a copy of the model (the KL reference) autocasts too, and the cache keys name it only where it
-    applies."""
-    top = ("model.trainable_layers=1", "model.trainable_dtype=float32", "model.autocast=true", "trainer.total_steps=1")
-    trainer = _trainer(tmp_path, "bfloat16", "torch", *top)
+def test_bf16_mixed_runs_the_float32_blocks_matmuls_in_bf16_in_every_rl_phase(tmp_path, toy_env_ids) -> None:
+    """bf16-mixed over the top layers: the float32 trained blocks compute their matmuls in bf16 under autocast
+    wherever the model runs in RL (sampler, pi_old, update), so the PPO ratio still starts at 1; their weights and
+    updates stay float32, and a copy of the model (the KL reference) autocasts too."""
+    trainer = _trainer(tmp_path, "bfloat16", "torch", "model.trainable_layers=1", "trainer.total_steps=1")
     try:
         model = trainer.session.trained.model
         block = model.model.layers[-1]
@@ -505,45 +462,42 @@ def test_model_autocast_runs_the_float32_blocks_matmuls_in_bf16_in_every_phase(t
         metrics, _ = trainer.step_on(trajs)
         after = [p.detach() for p in model.parameters() if p.requires_grad]
         assert computed and set(computed) == {torch.bfloat16}
-        assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND
+        assert metrics["ppo/start_ratio_max_dev"] <= START_RATIO_BOUND and metrics["tis/on"] == 1.0
         assert all(p.dtype == torch.float32 for p in after) and _share_changed(before, after) > 0.5
         trainer.session.reference.setup()
         assert type(trainer.session.reference.frozen_copy.model.layers[-1]).__name__.startswith("Autocast")
     finally:
         trainer.close()
 
-    on = load_config("cpu-tiny", ["model.dtype=bfloat16", *top])
-    off = load_config("cpu-tiny", ["model.dtype=bfloat16", *top[:2], "model.autocast=off"])
-    float32 = load_config("cpu-tiny", ["model.dtype=float32", *top])
-    assert on.model.trainable_autocast and not float32.model.trainable_autocast
-    assert on.model.cache_key_settings()["autocast"] is True
-    assert "autocast" not in off.model.cache_key_settings() and "autocast" not in float32.model.cache_key_settings()
-    assert _warm_start_settings(on, tmp_path) == _warm_start_settings(off, tmp_path)  # the SFT computes in float32
 
+def test_a_resumed_run_keeps_the_precision_it_started_with_where_auto(tmp_path, toy_env_ids, monkeypatch) -> None:
+    """A run checkpointed in fp32 and resumed with `model.precision: auto` on a machine where auto means bf16-mixed
+    keeps computing in fp32: the numerics do not change halfway through a run. A precision given by hand wins; a
+    checkpoint from before the key tells its precision by its `model.dtype`."""
+    from agentgym_opsd.trainer.checkpoint import saved_precision
 
-def test_a_resumed_run_keeps_the_autocast_it_started_with_where_auto(tmp_path, toy_env_ids, monkeypatch) -> None:
-    """A run checkpointed with the blocks in float32 (autocast off, or from before the field) and resumed with
-    `model.autocast: auto` on a machine where auto means on keeps computing them in float32: the numerics do not
-    change halfway through a run. `on` / `off` given by hand still win."""
     monkeypatch.setattr(precision, "probe_matmuls", _stub_probe(100.0, 400.0, []))
     monkeypatch.setenv("AGENTGYM_OPSD_CACHE", str(tmp_path / "cache"))
-    top = ("model.trainable_layers=1", "model.trainable_dtype=float32", "trainer.save_every=1")
-    first = _trainer(tmp_path, "bfloat16", "torch", *top, "model.autocast=off", "trainer.total_steps=1")
+    top = ("model.trainable_layers=1", "trainer.save_every=1")
+    first = _trainer(tmp_path, "float32", "torch", *top, "trainer.total_steps=1")
     try:
         first.train()
     finally:
         first.close()
     cfg = first.session.cfg
-    for asked, expected in (("auto", "off"), ("on", "on")):
+    for asked, expected in (("auto", "fp32"), ("bf16-mixed", "bf16-mixed")):
         resumed = Trainer(dataclasses.replace(
-            cfg, model=dataclasses.replace(cfg.model, autocast=asked),
+            cfg, model=dataclasses.replace(cfg.model, precision=asked),
             trainer=dataclasses.replace(cfg.trainer, total_steps=2)), resume="auto")
         try:
-            assert resumed.session.state is not None and resumed.session.cfg.model.autocast == expected
-            assert type(resumed.session.trained.model.model.layers[-1]).__name__.startswith("Autocast") == (
-                expected == "on")
+            assert resumed.session.state is not None and resumed.session.cfg.model.precision == expected
         finally:
             resumed.close()
+    old = tmp_path / "old"
+    old.mkdir()
+    for dtype, expected in (("bfloat16", "bf16-mixed"), ("float32", "fp32")):
+        (old / "config.yaml").write_text(f"model:\n  dtype: {dtype}\n")
+        assert saved_precision(old) == expected
 
 
 def test_blocks_autocast_off_computes_the_autocast_blocks_in_float32_and_restores_them() -> None:
@@ -584,7 +538,7 @@ def _warm_start_settings(cfg, tmp_path) -> dict:
 
 @pytest.mark.parametrize("backend", ["torch", "deepspeed"])
 def test_bf16_trainer_with_float32_trainable_layers_steps_and_resumes(tmp_path, toy_env_ids, backend) -> None:
-    extra = ("model.trainable_layers=1", "model.trainable_dtype=float32", "trainer.total_steps=1",
+    extra = ("model.trainable_layers=1", "trainer.total_steps=1",
              "trainer.save_every=1", f"trainer.backend={backend}")
     trainer = _trainer(tmp_path, "bfloat16", backend, *extra)
     try:
@@ -607,7 +561,7 @@ def test_bf16_trainer_with_float32_trainable_layers_steps_and_resumes(tmp_path, 
         trainer.close()
     resumed = Trainer(load_config("cpu-tiny", ["env.id=ToyCounter-v0", "trainer.tensorboard=false",
                                                f"trainer.output_dir={tmp_path / 'bfloat16' / backend}",
-                                               "model.dtype=bfloat16", *extra]), resume="auto")
+                                               "model.precision=bf16-mixed", *extra]), resume="auto")
     try:
         params = dict(resumed.session.trained.model.named_parameters())
         assert all(torch.equal(params[n], p) for n, p in saved.items())  # float32 layers exact, not rounded

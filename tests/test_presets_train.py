@@ -13,10 +13,10 @@ from agentgym_opsd.trainer.cli import main
 from agentgym_opsd.trainer.config import available_presets, load_config
 
 SHRINK = [
-    "model.name_or_path=tiny-random", "model.dtype=float32", "model.trainable_layers=0",
+    "model.name_or_path=tiny-random", "model.precision=fp32", "model.trainable_layers=0",
     "model.gradient_checkpointing=false", "rollout.backend=hf", "rollout.tasks_per_step=1", "rollout.group_size=2",
     "rollout.max_new_tokens=8", "rollout.batch_size=2", "env.max_turns=2", "algorithm.ppo_mini_batch_rows=0",
-    "optim.micro_batch_tokens=8192", "deepspeed.zero_stage=0", "deepspeed.bf16=false", "trainer.backend=torch",
+    "optim.micro_batch_tokens=8192", "deepspeed.zero_stage=0", "trainer.backend=torch",
     "trainer.device=cpu", "trainer.total_steps=1", "trainer.eval_every=0", "trainer.eval_at_start=false",
     "trainer.eval_pool_rollouts=0", "trainer.tensorboard=false", "trainer.progress=false", "trainer.save_every=1",
     "warm_start.steps=0", "warm_start.epochs=0",

@@ -58,7 +58,7 @@ def test_an_errored_episode_counts_the_same_in_training_validation_pool_and_eval
     monkeypatch.setattr(eval_runner, "evaluate_policy", lambda policy, spec, **_: evaluated)
     validation = Validation(cfg, {"ToyCounter-v0": _Runner()}, lambda spec, n: _Runner(), contextlib.nullcontext)
     val, pool = validation.held_out(policy=None), validation.pool(policy=None)
-    step = build_turn_batch(EPISODES, encode_prompt=lambda m: [1], teacher_messages=None, invalid_penalty=0.1).stats
+    step = build_turn_batch(EPISODES, encode_prompt=lambda m: [1], invalid_penalty=0.1).stats
     stats = group_stats(EPISODES)
 
     for success, errors, invalid in [

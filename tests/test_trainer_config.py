@@ -115,7 +115,7 @@ def test_help_config_lists_every_key_with_its_help(capsys):
 def test_print_config_carries_help_comments_and_loads_back(tmp_path, capsys):
     assert main(["--config", "cpu-tiny", "--print-config", "algorithm.lam=0.3"]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"\n  # parameter dtype: auto \| float32 \| bfloat16 \| float16;[^\n]*\n  dtype: float32\n", text)
+    assert re.search(r"\n  # auto \| fp32 \| bf16-mixed\. bf16-mixed:[^\n]*\n  precision: fp32\n", text)
     (tmp_path / "resolved.yaml").write_text(text)
     assert load_config(str(tmp_path / "resolved.yaml")).to_dict() == load_config("cpu-tiny", ["algorithm.lam=0.3"]).to_dict()
 

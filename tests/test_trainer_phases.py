@@ -18,7 +18,7 @@ from agentgym_opsd.trainer.logprobs import batched_response_logprobs, bucket_mic
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss, kl_k3, policy_objective
 from agentgym_opsd.trainer.metrics import METRIC_KEYS
-from agentgym_opsd.trainer.phases import TeacherEvidence
+from agentgym_opsd.trainer.turn_batch import TeacherEvidence
 
 TOY_SKILL_SNIPPET = "Count carefully"  # a line of tests/data/skills_small/general.md
 
@@ -43,9 +43,10 @@ def test_one_row_per_turn_and_teacher_prompt_contains_skills(trainer_and_trajs) 
     assert len(batch) == sum(t.num_turns for t in trajs)
     keys = {(r.traj_id, r.turn_id) for r in batch.rows}
     assert len(keys) == len(batch)  # no duplicates
-    for row, traj in zip(batch.rows, [t for t in trajs for _ in t.turns], strict=True):
+    teacher_ids = trainer.session.evidence_maker.row_prompts(batch, trajs)
+    for row, traj, ids in zip(batch.rows, [t for t in trajs for _ in t.turns], teacher_ids, strict=True):
         assert traj.skill_context and TOY_SKILL_SNIPPET in traj.skill_context
-        teacher_text = trainer.session.trained.tokenizer.decode(row.teacher_prompt_ids)
+        teacher_text = trainer.session.trained.tokenizer.decode(ids)
         student_text = trainer.session.trained.tokenizer.decode(row.prompt_ids)
         assert TOY_SKILL_SNIPPET in teacher_text and TOY_SKILL_SNIPPET not in student_text
         # The c+ block sits in the system message: the task and observation are intact after it.
@@ -82,7 +83,7 @@ def test_evidence_is_zero_without_skills(tmp_path, toy_env_ids) -> None:
         trajs = trainer.collect()
         assert all(t.skill_context == "" for t in trajs)
         batch = trainer.score(trajs)
-        assert all(r.teacher_prompt_ids is None for r in batch.rows)
+        assert all(p is None for p in trainer.session.evidence_maker.row_prompts(batch, trajs))
         metrics, _ = trainer.step_on(trajs)
         assert metrics["evidence_mean"] == 0.0 and metrics["evidence_std"] == 0.0 and metrics["teacher_rows"] == 0
     finally:
@@ -94,7 +95,8 @@ def test_evidence_nonzero_with_skills(trainer_and_trajs) -> None:
     batch = trainer.score(trajs)
     student = batched_response_logprobs(trainer.session.trained.model, [r.prompt_ids for r in batch.rows],
                                         [r.response_ids for r in batch.rows], pad_id=trainer.session.trained.tokenizer.pad_token_id)
-    teacher = trainer.session.evidence_maker.teacher_logprobs(batch, student)
+    maker = trainer.session.evidence_maker
+    teacher = maker.teacher_logprobs(batch, maker.row_prompts(batch, trajs), student)
     evidence = torch.tensor([float((t - s).sum()) for t, s in zip(teacher, student, strict=True)])
     assert evidence.abs().max() > 0  # the c+ prompt changes the log-probs of the same response
 

@@ -23,7 +23,7 @@ from agentgym_opsd.trainer.logprobs import (
     supports_packing,
 )
 from agentgym_opsd.trainer.loop import Trainer
-from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs
+from agentgym_opsd.trainer.turn_batch import BatchAdvantages, PolicyLogProbs
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -20,8 +20,12 @@ from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs
 from agentgym_opsd.trainer.loop import Trainer
 from agentgym_opsd.trainer.losses import clipped_policy_loss
-from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs, TeacherEvidence
-from agentgym_opsd.trainer.turn_batch import build_turn_batch
+from agentgym_opsd.trainer.turn_batch import (
+    BatchAdvantages,
+    PolicyLogProbs,
+    TeacherEvidence,
+    build_turn_batch,
+)
 from agentgym_opsd.trainer.warm_start import sft_schedule
 
 
@@ -150,23 +154,23 @@ def test_invalid_rates_split_the_invalid_action_rate() -> None:
     trajs = [_traj(0, True, [None, "no_tag", "not_admissible"]), _traj(1, False, ["truncated", None])]
     rates = invalid_rates(trajs)
     assert rates == pytest.approx({"invalid/no_tag": 0.2, "invalid/not_admissible": 0.2, "invalid/truncated": 0.2})
-    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None)
+    batch = build_turn_batch(trajs, encode_prompt=_encode)
     assert sum(rates.values()) == pytest.approx(batch.stats["invalid_action_rate"])
 
 
 def test_trajectory_penalty_by_hand() -> None:
     trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, ["not_admissible"])]
-    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1)
+    batch = build_turn_batch(trajs, encode_prompt=_encode, invalid_penalty=0.1)
     assert batch.traj_rewards.tolist() == pytest.approx([0.9, -0.1])
     assert batch.row_penalties.tolist() == [0.0, 0.0, 0.0]
-    fmt = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1, penalize="format")
+    fmt = build_turn_batch(trajs, encode_prompt=_encode, invalid_penalty=0.1, penalize="format")
     assert fmt.traj_rewards.tolist() == pytest.approx([0.9, 0.0])  # a refused but well-formed action is free
 
 
 def test_turn_penalty_and_cross_step_statistics_by_hand() -> None:
     # Group 0: trajectory 0 won in two turns, the second one invalid; trajectory 1 lost in one valid turn.
     trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, [None])]
-    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1,
+    batch = build_turn_batch(trajs, encode_prompt=_encode, invalid_penalty=0.1,
                              penalty_mode="turn")
     assert batch.traj_rewards.tolist() == [1.0, 0.0]
     assert batch.row_penalties.tolist() == [0.0, 0.1, 0.0]
@@ -190,7 +194,7 @@ def test_turn_penalty_and_cross_step_statistics_by_hand() -> None:
 
 def test_turn_penalty_without_any_signal_is_zero() -> None:
     trajs = [_traj(0, True, [None]), _traj(1, True, [None])]
-    batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, penalty_mode="turn",
+    batch = build_turn_batch(trajs, encode_prompt=_encode, penalty_mode="turn",
                              invalid_penalty=0.1)
     seq, pen = credit.grpo_turn_penalty_advantages(batch.traj_rewards, batch.traj_group_ids, batch.traj_index,
                                                    batch.row_penalties)
@@ -202,7 +206,7 @@ def test_trainer_adds_the_row_penalty_after_the_reshaping(tmp_path, toy_env_ids)
                            "algorithm.estimator=grpo")
     try:
         trajs = [_traj(0, True, [None, "no_tag"]), _traj(1, False, [None])]
-        batch = build_turn_batch(trajs, encode_prompt=_encode, teacher_messages=None, invalid_penalty=0.1,
+        batch = build_turn_batch(trajs, encode_prompt=_encode, invalid_penalty=0.1,
                                  penalty_mode="turn")
         adv = trainer.credit(batch, TeacherEvidence.none([torch.zeros(2)] * 3)).tokens
         scores = np.array([1.0, 0.9, 0.0])
@@ -219,7 +223,7 @@ def test_an_empty_reply_is_a_trainable_row() -> None:
     traj.turns[0].response_text = ""
     traj.turns[0].response_token_ids = [2]
     traj.turns[0].response_logprobs = [-0.1]
-    batch = build_turn_batch([traj], encode_prompt=_encode, teacher_messages=None)
+    batch = build_turn_batch([traj], encode_prompt=_encode)
     assert len(batch.rows) == 1 and batch.rows[0].response_ids == [2]
 
 

@@ -274,7 +274,7 @@ def test_two_cpu_ranks_under_torchrun_each_run_a_colocated_engine(tmp_path, tiny
 
 
 def test_a_bf16_engine_takes_the_float32_trainable_layers_at_each_sync(tmp_path, tiny_folder, toy_env_ids):
-    """bf16 with the top layer trained in float32 (`model.trainable_dtype=auto` with `trainable_layers`): the
+    """bf16-mixed with the top layer trained in float32 (`trainable_layers`): the
     engine starts from, and each sync pushes, those weights rounded to bf16 on the way (as its loader would round
     them, without a warning per tensor), so every step samples from the weights its update left, within bf16's own
     gap; TIS is on, as for any bf16 sampler."""
@@ -284,7 +284,7 @@ def test_a_bf16_engine_takes_the_float32_trainable_layers_at_each_sync(tmp_path,
     args = ["--config", "cpu-tiny", f"env.id={toy_env_ids[0]}", f"model.name_or_path={tiny_folder}",
             "rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.backend=torch",
             "trainer.report_to=none", "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_max_model_len=2048",
-            "rollout.vllm_enforce_eager=true", "model.dtype=bfloat16", "model.trainable_layers=1", "optim.lr=1e-3"]
+            "rollout.vllm_enforce_eager=true", "model.precision=bf16-mixed", "model.trainable_layers=1", "optim.lr=1e-3"]
     assert main(args) == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert [line["step"] for line in lines] == [1, 2]

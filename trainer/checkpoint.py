@@ -1,46 +1,14 @@
-"""Atomic, resumable checkpoints.
+"""Atomic, resumable checkpoints: `save_checkpoint`, `resume_point`, `verify_manifest`, `prune_checkpoints`.
 
-Layout of one checkpoint (`<output_dir>/checkpoints/step_000010/`)::
-
-    model/               save_pretrained: safetensors weights (or the LoRA adapter) + config + tokenizer
-    trainer_state.pt     optimiser state, RNG states (python, numpy, torch, sampler), step, task cursor: tensors
-                         and plain data only, read with torch.load(weights_only=True)
-    deepspeed/           the DeepSpeed engine checkpoint (only with ZeRO stage > 0; every rank writes its shards)
-    config.yaml          the resolved run config
-    MANIFEST.json        every other file with its size and SHA-256
-    COMPLETE             written last; a folder without it is not a checkpoint
-
-A checkpoint is written into a hidden temporary folder, every file is fsync'ed, and the folder is renamed
-into place: a crash (even kill -9) mid-write leaves the previous checkpoint untouched and at most a stray
-temporary folder, which the next save removes. `latest_checkpoint` picks the highest complete step.
-A save that runs out of space removes its temporary folder and raises `OSError(ENOSPC)` naming the folder,
-whatever the writing library raised (safetensors and torch.save wrap or lose the errno).
-
-Several processes (data parallel): `save_checkpoint` is collective. Rank 0 picks the temporary folder and
-tells the others, every rank writes its part (`save_model` gathers ZeRO-3 weights, `save_extra` writes the
-DeepSpeed shards; rank 0 also the trainer state, with every rank's RNG state) and reports how it went on
-a status board (`Ranks.board`; the trainer's is the rendezvous store, outside the sequence of collectives).
-Only when every rank reported success does rank 0 write the manifest and the marker and rename, then it
-reports that too; the others wait for that report before moving on. When any rank fails, every rank
-raises the same `CheckpointSaveError`, naming the rank that failed first and why, and nothing is put in
-place: the latest complete checkpoint stays what `--resume auto` picks. A rank that stays silent is named
-after `Ranks.timeout_s`. A rank whose own part failed raises after at most `REPORT_GRACE_S` (the trainer
-then exits): a rank blocked in a collective with it (DeepSpeed's, inside `save_extra`) is released only
-when its process exits (gloo: "Connection closed by peer"), or else at the process group's timeout, and
-then reads its report. (Destroying or aborting the process group does not release it: DeepSpeed holds
-references to the groups, and gloo closes its connections only when the last one goes.) The output
-folder must be one filesystem that all ranks see.
-
-What is trusted on resume: the manifest lists every file of the checkpoint with its size and SHA-256, and every
-resume (one process or many) checks them before anything is read (`verify_manifest`): a file that changed, went
-missing, or is not listed, or a missing manifest, makes the checkpoint corrupt. `--resume auto` then names it and
-takes the newest intact one (`resume_point`); an explicit `--resume PATH` is refused. Our own `trainer_state.pt` is
-read with `torch.load(weights_only=True)` (tensors and plain data; anything else is refused) and the weights are
-safetensors, checked finite once loaded. DeepSpeed's ZeRO > 0 files (`deepspeed/`) are full pickles that
-DeepSpeed loads with `weights_only=False`, i.e. loading one can run code: the check comes before DeepSpeed reads
-them. The manifest is no signature: a checkpoint folder is trusted exactly as much as whoever can write to it.
-Pruning deletes a checkpoint only below the `keep` newest that verify (`prune_checkpoints`), so an intact
-checkpoint never goes while a newer one is unverified.
+`checkpoints/step_NNNNNN/` holds `model/` (save_pretrained), `trainer_state.pt` (optimiser and RNG states, step,
+task cursor), `deepspeed/` (ZeRO > 0 only), `config.yaml`, `MANIFEST.json` (every other file's size and SHA-256)
+and `COMPLETE`, written last. It is written in a hidden temporary folder, fsync'ed and renamed into place, so a
+crash leaves the previous checkpoint intact; a full disk is raised as `OSError(ENOSPC)` naming the checkpoint.
+With several ranks (one filesystem all of them see) the save is collective: each rank writes its part and reports
+on a status board (`Ranks.board`); rank 0 commits only when all succeeded, else every rank raises the same
+`CheckpointSaveError` and nothing is put in place. Every resume verifies the manifest before anything is read, as
+DeepSpeed's files are pickles that can run code (`trainer_state.pt` is read with `weights_only=True`); the manifest
+is no signature. `--resume auto` takes the newest intact checkpoint; pruning keeps the `keep` newest that verify.
 """
 
 from __future__ import annotations
@@ -168,16 +136,18 @@ class CheckpointSaveError(RuntimeError):
         self.failed = failed
 
 
-def saved_autocast(checkpoint: Path) -> str | None:
-    """The `model.autocast` a checkpoint's run computed with (its config.yaml: `on` / `off`; a run from before the
-    field, or with it `false`, is `off`), None where the checkpoint has no config.yaml."""
+def saved_precision(checkpoint: Path) -> str | None:
+    """The `model.precision` a checkpoint's run computed with (its config.yaml; a run from before the field:
+    `bf16-mixed` where its `model.dtype` was bfloat16, else `fp32`), None where the checkpoint has no config.yaml."""
     import yaml
 
     path = checkpoint / "config.yaml"
     if not path.is_file():
         return None
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return "on" if (data.get("model") or {}).get("autocast", False) in (True, "on") else "off"
+    model = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("model") or {}
+    if "precision" in model:
+        return str(model["precision"])
+    return "bf16-mixed" if model.get("dtype") == "bfloat16" else "fp32"
 
 
 RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "metrics.[0-9]*-[0-9]*.jsonl", "training_curves.png", "checkpoints",

@@ -1,26 +1,12 @@
 """Sequence log-probs of a turn's choices: every admissible action scored as a continuation of one prompt.
 
-The choice-level self-teacher (`agentgym_opsd.credit.agentopsd`, `teacher.evidence=choice`) needs, per turn
-and per branch (student prompt, teacher prompt), log π(choice text | prompt) for every choice the turn had —
-tens of short continuations of the same long prompt. Scoring each (prompt, choice) pair alone would run the
-prompt once per choice; here the prompt runs once and every choice is scored against its KV cache:
-
-1. prompts that start alike (the system message, with its skill block `c+` on the teacher side) are grouped
-   (`shared_prefix_groups`, as in the teacher pass) and the common prefix runs once into a KV cache;
-2. per row, the rest of its prompt runs on that cache; the last prompt position's distribution scores each
-   choice's first token;
-3. the row's choices are laid end to end in one sequence on top of the cache, with a 4-D attention mask:
-   a choice token sees the whole prompt and the earlier tokens of its own choice only, and its position id
-   continues after the prompt, so each choice sees exactly the sequence it would see alone (one forward
-   pass for the whole choice set, no copy of the cache per choice);
-4. the cache is cropped back after each step, so the next row (or choice chunk) starts from the prefix.
-
-Same numbers as scoring each full sequence on its own (`tests/test_choice_evidence.py`, to 1e-5), at the
-cost of one prompt pass plus the choices' own tokens.
-
-The teacher side of a turn also needs its sampled reply teacher-forced under the c+ prompt (the paper's e_k,
-recorded beside the choice evidence). `score_continuations` takes the reply as one more continuation of the
-same cache, so for those rows the teacher pass does not run the long prompt a second time.
+The choice-level self-teacher (`teacher.evidence=choice`) needs log π(choice | prompt) for every choice of a turn,
+per branch (student prompt, teacher prompt): tens of short continuations of one long prompt, so the prompt runs
+once. Prompts that share a prefix (`shared_prefix_groups`) run it once into a KV cache; each row runs the rest of
+its prompt on it, and its choices are laid end to end on top (`pack_choices`) with a 4-D mask and position ids that
+let each choice see exactly the prompt and its own earlier tokens; the cache is cropped back after each chunk. The
+numbers equal scoring each full sequence alone. `score_continuations` also takes a row's sampled reply as one more
+continuation, so the teacher pass gets the reply's teacher-forced log-probs without running the prompt again.
 """
 
 from __future__ import annotations

@@ -28,12 +28,9 @@ from agentgym_opsd.credit.config import RANGES as CREDIT_RANGES
 from agentgym_opsd.envpool import ENV_WORKERS
 from agentgym_opsd.models.backends import BACKEND_CHOICES
 from agentgym_opsd.models.precision import (
-    AUTOCAST_CHOICES,
-    DTYPE_CHOICES,
-    TRAINABLE_DTYPE_CHOICES,
-    is_low_precision,
-    resolve_autocast,
-    resolve_dtype,
+    PRECISIONS,
+    Precision,
+    resolve_precision,
 )
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
@@ -142,10 +139,12 @@ class ModelConfig:
     name_or_path: str = _f("embedded:smollm2-135m-instruct",
                            "policy model: 'embedded:smollm2-135m-instruct', 'tiny-random', a local HF folder, a "
                            "hub name (offline cache), or a trainer checkpoint dir")
-    dtype: str = _f("float32", "parameter dtype: auto | float32 | bfloat16 | float16; auto = bfloat16 where a "
-                               "probe of the model's matmul shapes measures it >= 1.3x faster than float32 "
-                               "(cached per machine), else float32. Training in bf16 keeps float32 master "
-                               "weights and AdamW moments; the LM head computes in float32")
+    precision: str = _f("fp32", "auto | fp32 | bf16-mixed. bf16-mixed: the frozen layers in bf16; the trained "
+                                "layers, their master weights and the LM head in float32, their matmuls under bf16 "
+                                "autocast in the RL phases (the warm start's SFT in float32); importance-sampling "
+                                "correction wherever the sampler is not the trainer's own pass (algorithm.tis_cap). "
+                                "auto = bf16-mixed where a probe of the model's matmuls measures bf16 faster "
+                                "(cached per machine), else fp32; the run's config.yaml records the choice")
     lora: bool = _f(False, "train a LoRA adapter instead of all weights (peft)")
     lora_r: int = _f(16, "LoRA rank", Range(1, 65_536, "wider than any model's hidden size"))
     lora_alpha: int = _f(32, "LoRA alpha", Range(1, 65_536, "the LoRA scale is alpha / r; recipes use alpha = r or 2r"))
@@ -156,75 +155,36 @@ class ModelConfig:
                                   "layers below are frozen, so the backward pass stops there (0 = train all)",
                                   Range(0, 4_096, "more layers than any model has"))
 
-    trainable_dtype: str = _f("auto", "dtype of the trainable layers' weights when model.dtype is bfloat16 / "
-                                      "float16: auto | same | float32. float32 keeps them, and the forward through "
-                                      "them, in float32 while the frozen layers below compute in model.dtype: the "
-                                      "update reaches the model exactly instead of being rounded into bf16's grid. "
-                                      "auto = float32 where only the top model.trainable_layers train (the frozen "
-                                      "layers keep bf16's speed), same with every layer trainable (float32 masters "
-                                      "instead) or LoRA (its adapters are float32 already)")
-    autocast: str = _f("auto", "auto | on | off. on: with float32 trainable layers over a bf16 / fp16 model "
-                               "(model.trainable_dtype), their blocks compute their matmuls in model.dtype under "
-                               "torch.autocast in the RL phases, mixed precision as on a GPU, while their weights, "
-                               "gradients and updates stay float32 and the residual stream, norms and LM head "
-                               "float32. Every RL phase computes alike (sampler, evaluation, pi_old, teacher, "
-                               "update), so the PPO ratio still starts at 1; the warm start's SFT keeps float32 "
-                               "(warm_start.autocast is its own switch). auto = on over bf16 where it pays (a GPU, "
-                               "or model.dtype=auto's probe >= 1.3x), off elsewhere. No effect where the trainable "
-                               "layers are not float32 over a low-precision model")
-
     def __post_init__(self) -> None:
         _check_ranges(self)
-        _check_choice("model.dtype", self.dtype, DTYPE_CHOICES)
-        _check_choice("model.trainable_dtype", self.trainable_dtype, TRAINABLE_DTYPE_CHOICES)
-        _check_choice("model.autocast", self.autocast, AUTOCAST_CHOICES)
-        if self.trainable_dtype == "float32" and self.lora:
-            raise ConfigError("model.trainable_dtype=float32: LoRA adapters are float32 already (peft); "
-                              "leave it at 'auto' or 'same' with model.lora=true")
+        _check_choice("model.precision", self.precision, PRECISIONS)
         if self.lora and (not isinstance(self.lora_target_modules, list) or not self.lora_target_modules
                           or not all(isinstance(m, str) and m for m in self.lora_target_modules)):
             raise ConfigError(f"model.lora_target_modules: with model.lora=true it must name at least one module "
                               f"(e.g. [q_proj, v_proj]), got {self.lora_target_modules!r}")
 
     @property
-    def float32_trainable(self) -> bool:
-        """Whether the trainable layers are float32 over a bf16 / fp16 model (`dtype: auto` resolved): asked for,
-        or `trainable_dtype: auto` with the top `trainable_layers` trained in full (not LoRA)."""
-        if not is_low_precision(self.dtype):
-            return False
-        if self.trainable_dtype == "auto":
-            return self.trainable_layers > 0 and not self.lora
-        return self.trainable_dtype == "float32"
-
-    def cache_key_settings(self) -> dict[str, Any]:
-        """The fields as the warm-start and start-evaluation cache keys hash them: `trainable_dtype` as resolved
-        (`auto` and `float32` that make the same model share entries), and it and `autocast` only where they change
-        the model, so keys from before those fields existed still match."""
-        settings = dataclasses.asdict(self)
-        if self.float32_trainable:
-            settings["trainable_dtype"] = "float32"
-        else:
-            del settings["trainable_dtype"]
-        if self.trainable_autocast:
-            settings["autocast"] = True  # as the field's keys were when it was a bool
-        else:
-            del settings["autocast"]
-        return settings
-
-    def resolved(self, device: Any) -> ModelConfig:
-        """This config with `dtype: auto` and then `autocast: auto` as this machine decides them (a probe of the
-        model's matmul shapes, cached per machine): the model, the reference, the rollout engine, the cache keys
-        and a run's config.yaml all see the result."""
-        model = dataclasses.replace(self, dtype=resolve_dtype(self.dtype, device))
-        return dataclasses.replace(model, autocast=resolve_autocast(model.autocast, dtype=model.dtype, device=device,
-                                                                    float32_trainable=model.float32_trainable))
+    def numerics(self) -> Precision:
+        """What `precision` decides for this model (`models/precision.py`); `auto` until `resolved`."""
+        return Precision(self.precision, self.trainable_layers, self.lora)
 
     @property
-    def trainable_autocast(self) -> bool:
-        """Whether the float32 trainable blocks compute under autocast in `dtype` (`model.autocast` where it
-        applies: float32 trainable layers over a bf16 / fp16 model). `auto` is the session's to resolve
-        (`precision.resolve_autocast`, with `dtype: auto`); unresolved, it is off."""
-        return self.autocast == "on" and self.float32_trainable
+    def dtype(self) -> str:
+        """The weights' dtype name as loaded: "float32", "bfloat16", or "auto" before `resolved`."""
+        return self.numerics.dtype
+
+    def cache_key_settings(self) -> dict[str, Any]:
+        """The fields as the warm-start and start-evaluation cache keys hash them, the precision as the fields it
+        replaced did (`Precision.cache_key`), so entries cached before it still match."""
+        settings = dataclasses.asdict(self)
+        del settings["precision"]
+        return {**settings, **self.numerics.cache_key()}
+
+    def resolved(self, device: Any) -> ModelConfig:
+        """This config with `precision: auto` as this machine decides it (a probe of the model's matmul shapes,
+        cached per machine): the model, the reference, the rollout engine, the cache keys and a run's config.yaml
+        all see the result."""
+        return dataclasses.replace(self, precision=resolve_precision(self.precision, device))
 
 
 def _check_prompt_template(path: str) -> None:
@@ -440,14 +400,8 @@ class AlgorithmConfig:
                                        "(released compute_mean_std_cross_steps=True) instead of one score per "
                                        "trajectory")
     lam_warmdown_steps: int = _f(0, "λ decays linearly to 0 over the last N RL steps (0 = constant λ)", _STEPS_RANGE)
-    recompute_old_logprobs: bool = _f(True, "recompute the old log-probs with the trainer model (needed for vLLM, "
-                                            "whose numerics differ); False reuses the HF sampler's own where "
-                                            "they are the same numbers (float32) and saves one forward pass; "
-                                            "a bf16 / fp16 model always recomputes")
-    tis: str = _f("auto", "truncated importance sampling on the policy term, min(pi_old / pi_sampler, tis_cap) "
-                          "per token: auto = on where the sampler and the trainer are different computations "
-                          "(vLLM, bf16 / fp16), on, off; the mismatch is logged either way (tis/*)")
-    tis_cap: float = _f(2.0, "TIS truncation C: the largest importance weight a token gets",
+    tis_cap: float = _f(2.0, "truncated importance sampling (bf16-mixed, or a sampler other than the trainer's HF "
+                             "pass): the largest weight min(pi_old / pi_sampler, C) a token's policy term gets",
                         Range(1, 1_000, "verl and the TIS paper use 2-5; a larger cap is no truncation", lo_open=True))
 
     def __post_init__(self) -> None:
@@ -462,7 +416,6 @@ class AlgorithmConfig:
         _check_choice("algorithm.success_source", self.success_source, ("won", "reward"))
         _check_choice("algorithm.penalty_mode", self.penalty_mode, PENALTY_MODES)
         _check_choice("algorithm.penalize", self.penalize, ("any", "format"))
-        _check_choice("algorithm.tis", self.tis, ("auto", "on", "off"))
 
     def credit_config(self, lam: float | None = None) -> CreditConfig:
         """The credit hyper-parameters (λ overridden by `lam`, e.g. the warm-down's value of this step)."""
@@ -490,9 +443,6 @@ class OptimConfig:
                              Range(0, 1 << 20, "a MiB budget; 1 << 20 is a TiB"))
     teacher_prefix_cache: bool = _f(True, "teacher pass: run each shared prompt prefix (system prompt + skill "
                                           "block c+) once into a KV cache instead of once per row")
-    dither_masters: bool = _f(True, "a bf16 / fp16 model: float32 master weights copied from the low-precision "
-                                    "ones start at a random point of each weight's rounding cell, so updates "
-                                    "smaller than a cell still reach the model in expectation (docs/training.md)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -504,7 +454,6 @@ class OptimConfig:
 @dataclass
 class DeepSpeedConfig:
     zero_stage: int = _f(0, "ZeRO stage 0-3 (0 = plain data parallel)", Range(0, 3, "ZeRO has stages 0-3"))
-    bf16: bool = _f(False, "bf16 mixed precision (GPU)")
     offload_optimizer: bool = _f(False, "ZeRO-Offload: keep optimiser states on the CPU")
     extra: dict = _f({}, "merged into the generated DeepSpeed config dict")
 
@@ -560,10 +509,6 @@ class WarmStartConfig:
     seed: int = _f(-1, "seed of the demonstration order and the SFT shuffle (-1 = trainer.seed); fix it to share "
                        "one cached warm start between RL runs of different trainer.seed",
                    Range(0, _SEED, "numpy's seed range", special=((-1, "trainer.seed"),)))
-    autocast: bool = _f(False, "with float32 trainable layers over a bf16 / fp16 model (model.trainable_dtype): "
-                               "compute the SFT under autocast in model.dtype, the weights and updates still "
-                               "float32: a faster SFT whose policies chose more inadmissible actions where it was "
-                               "measured (docs/results.md)")
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -777,11 +722,36 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return _build(OmegaConf.create(data))
 
 
+RETIRED_KEYS: dict[str, str] = {
+    "model.dtype": "model.precision (auto | fp32 | bf16-mixed; bfloat16 is bf16-mixed, float32 is fp32)",
+    "model.trainable_dtype": "model.precision (bf16-mixed keeps the trained layers in float32 over a bf16 trunk)",
+    "model.autocast": "model.precision (bf16-mixed computes the trained layers under bf16 autocast in the RL phases)",
+    "warm_start.autocast": "model.precision (the warm start's SFT computes in float32 under every precision)",
+    "deepspeed.bf16": "model.precision (bf16-mixed gives DeepSpeed's bf16 mode)",
+    "optim.dither_masters": "model.precision (bf16-mixed dithers master weights copied from bf16 ones)",
+    "algorithm.tis": "model.precision and algorithm.tis_cap (TIS is on wherever the sampler is not the trainer's "
+                     "own pass)",
+    "algorithm.recompute_old_logprobs": "model.precision (fp32 with the HF sampler reuses its log-probs, every "
+                                        "other sampler is recomputed)",
+}
+"""Settings that `model.precision` replaced: a config naming one is refused with the key to use."""
+
+
+def _refuse_retired(data: DictConfig) -> None:
+    for key, use in RETIRED_KEYS.items():
+        if OmegaConf.select(data, key, default=_MISSING) is not _MISSING:
+            raise ConfigError(f"{key} was replaced by {use}")
+
+
+_MISSING = object()
+
+
 def _build(data: DictConfig) -> Config:
     """`data` merged over the dataclasses' defaults as an OmegaConf structured config (unknown keys and values
     that do not convert to the field's type are refused), then instantiated: each section's `__post_init__`
     checks its ranges and choices."""
     try:
+        _refuse_retired(data)
         _check_scalars(data, Config, "")
         typed = OmegaConf.merge(_schema(), data)
         _check_finite(typed, data)

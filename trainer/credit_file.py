@@ -11,7 +11,7 @@ from typing import Any
 
 from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import Trajectory
-from agentgym_opsd.trainer.phases import StepRecord
+from agentgym_opsd.trainer.turn_batch import StepRecord
 
 __all__ = ["credit_lines", "write_jsonl_atomic"]
 

@@ -1,27 +1,14 @@
 """Optimiser backends behind one small interface: DeepSpeed (default) and plain torch.
 
-`make_engine(model, optim_cfg, ds_cfg, backend=...)` returns an `Engine` with `backward(loss, is_last)` per
-micro-batch, `step()` once per update, `state_dict()` / `load_state_dict()` for checkpoints, and `module`
-(the model to call). The trainer sums micro-batch losses that are already divided by the step's token
-count, so neither backend rescales by the number of micro-batches.
-
-DeepSpeed on a CPU-only machine: a single process works with the gloo backend once the usual launcher
-variables exist, so we set MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK when they are absent (the
-`deepspeed` launcher and torchrun set them for multi-process runs). `init_distributed` picks the process
-group backend from the training device: nccl on CUDA, gloo on the CPU. Torch's AdamW is passed in as the
-optimiser so DeepSpeed never compiles its fused CPU/GPU Adam ops (ZeRO supports torch Adam/AdamW).
-
-Data parallel: every rank holds its own engine; DeepSpeed averages the gradients over the ranks. The small
-collective helpers below (`rank`, `world_size`, `barrier`, `all_reduce`, `all_gather_objects`,
-`broadcast_object`) are no-ops in a single process, so the trainer calls them unconditionally.
-`checkpoint_ranks()` is how a checkpoint save reaches the other ranks: reports on the rendezvous store, so
-a rank that fails mid-save is named on every rank instead of leaving them at a barrier.
-
-ZeRO-3 partitions every parameter: a forward pass is then collective (each layer is all-gathered), and
-`module.state_dict()` holds empty shards. `full_weights()` gathers the parameters once (DeepSpeed's
-`unwrap_model_for_generation`) for passes whose length differs by rank (generation, no-grad log-probs);
-`full_state_dict()` consolidates the weights on rank 0 for saving; `load_full_state_dict()` writes full
-weights back into the shards.
+`make_engine(model, optim, ds, backend=...)` returns an `Engine`: `backward(loss, is_last=...)` per micro-batch,
+`step()` per update, `state_dict()` / `load_state_dict()` for checkpoints, and `module` (the model to call).
+Micro-batch losses come already divided by the step's token count, so neither backend rescales by the number of
+micro-batches. Torch's AdamW is passed to DeepSpeed, so it never compiles its fused Adam ops. `init_distributed`
+fills in single-process launcher variables when none are set and picks nccl on CUDA, gloo on the CPU. Data
+parallel: each rank holds its own engine and DeepSpeed averages the gradients; the collective helpers (`rank`,
+`barrier`, `all_reduce`, ...) are no-ops in one process, so callers use them unconditionally. `checkpoint_ranks()`
+reports a save on the rendezvous store, so a rank that fails mid-save is named on every rank instead of hanging
+them at a barrier. Under ZeRO-3, `full_weights()` gathers the parameters for passes whose length differs by rank.
 """
 
 from __future__ import annotations
@@ -167,7 +154,7 @@ class TorchEngine:
     A bf16 / fp16 model trains against float32 master weights (as DeepSpeed's bf16 optimiser does): each
     micro-batch's gradient is added into the masters' float32 `.grad`, AdamW steps the masters, and the
     model's low-precision weights are rounded from them. Without the masters, lr 2e-5 updates vanish below
-    bf16's resolution; masters copied from the model are dithered (`dither_masters`, `optim.dither_masters`)."""
+    bf16's resolution; masters copied from the model are dithered (`dither_masters`)."""
 
     def __init__(self, model: torch.nn.Module, cfg: OptimConfig, lr: float | None = None) -> None:
         self.module = model
@@ -178,8 +165,7 @@ class TorchEngine:
         if any(is_low_precision(p.dtype) for p in trainable):
             self._pairs = [(p, torch.nn.Parameter(p.detach().float().clone())) for p in trainable]
             self.optimizer = _adamw_over([m for _, m in self._pairs], cfg, lr)
-            if cfg.dither_masters:
-                dither_masters(self._pairs)
+            dither_masters(self._pairs)
         else:
             self.optimizer = _adamw(model, cfg, lr)
 
@@ -223,7 +209,7 @@ class TorchEngine:
         """The model's weights were loaded from outside: the masters start from them (dithered)."""
         for param, master in self._pairs:
             master.copy_(param.float())
-        if self._pairs and self.cfg.dither_masters:
+        if self._pairs:
             dither_masters(self._pairs)
 
     def state_dict(self) -> dict[str, Any]:
@@ -302,13 +288,13 @@ def init_distributed(device: torch.device | str = "cpu") -> None:
 
 SHM_OP_NAME = "deepspeed_shm_comm"
 STALE_BUILD_S = 30 * 60.0
-"""A build that wrote nothing for this long is dead (the op builds in ~35 s idle, ~14 min on a loaded 2-core
-machine, and every compile step writes its object file into the build folder)."""
+"""A build that wrote nothing for this long is dead (a build on a loaded machine takes minutes, and every compile
+step writes its object file into the build folder)."""
 
 
 def skip_cpu_shm_op() -> None:
     """One CPU process has no peer to share memory with: tell DeepSpeed its CPU shared-memory all-reduce op
-    is unavailable, so its first init does not JIT-compile it (35 s idle, minutes under load) and no killed
+    is unavailable, so its first init does not JIT-compile it (minutes under load) and no killed
     run can leave that build's lock behind for every later run to wait on."""
     import deepspeed.ops
 
@@ -432,14 +418,14 @@ def checkpoint_ranks(timeout_s: float = ckpt.SAVE_TIMEOUT_S) -> ckpt.Ranks:
 
 def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig, *, bf16: bool = False) -> dict[str, Any]:
     """The DeepSpeed config dict. Micro-batch size 1 / accumulation 1 are nominal: the trainer owns the
-    micro-batching and marks the accumulation boundary itself. `bf16`: the model is bf16 (bf16 mode on
-    whatever `deepspeed.bf16` says)."""
+    micro-batching and marks the accumulation boundary itself. `bf16`: the model is bf16 (DeepSpeed's bf16 mode:
+    float32 master weights and moments)."""
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": {"stage": ds.zero_stage},
-        "bf16": {"enabled": ds.bf16 or bf16},
+        "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
@@ -469,7 +455,6 @@ class DeepSpeedEngineAdapter:
         self.optimizer = optimizer
         self.module = engine.module
         self.zero_stage = ds.zero_stage
-        self.dither = optim.dither_masters
         self._tally = RoundingTally()
         self._dither_masters()
 
@@ -592,13 +577,11 @@ class DeepSpeedEngineAdapter:
                 for low, high in zip(low_group, high_group, strict=True) if is_low_precision(low.dtype)]
 
     def _dither_masters(self) -> None:
-        if not self.dither:
-            return
         pairs = self.master_pairs()
         if pairs:
             dither_masters(pairs)
         elif any(is_low_precision(p.dtype) for p in self.module.parameters() if p.requires_grad):
-            log.info("optim.dither_masters: DeepSpeed keeps this run's master weights in flat partitions "
+            log.info("master weights are not dithered: DeepSpeed keeps this run's master weights in flat partitions "
                        "(ZeRO >= 1); they stay where DeepSpeed copied them")
 
 

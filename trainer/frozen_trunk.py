@@ -1,21 +1,14 @@
 """The frozen trunk's output, kept from the π_old pass and reused by the update (and by the warm start's later
-epochs).
+epochs): `TrunkCache`, `trunk_depth`, `capturing_trunk`.
 
-With `model.trainable_layers` = n of L decoder blocks, the embeddings and the bottom L − n blocks are frozen:
-the hidden state leaving them (the trunk's output) depends on a row's tokens alone. The π_old pass computes it
-anyway. Kept per row, it lets the update run only the trained blocks, forward and backward, from it: per
-token n forward + 2n backward block passes instead of L + 2n (30 + 24 → 12 + 24 on the `cpu-*` presets, a third
-of the update). The numbers are the same: the tensor that enters the lowest trained block is the one the full
-forward would give it (`tests/test_frozen_trunk.py`).
-
-The warm start's SFT does the same across epochs: the first computes each demonstration row's trunk output, the
-later ones run only the trained blocks from it (2 epochs on `cpu-learn`: 108 → 90 block passes per token).
-
-Kept where it is exact and affordable (`trunk_depth`): a frozen input embedding, no dropout in the trunk (the
-π_old pass runs in eval mode, the update in train mode, and two SFT epochs draw other masks), not under ZeRO-3
-(whose hooks gather parameters module by module in a traced order), and up to `optim.trunk_cache_mb` of memory
-(per RL step; for the warm start's rows): rows beyond it run the whole model. The update reuses it only in the
-packed layout, the one it shares with the π_old pass.
+With `model.trainable_layers` = n of L decoder blocks, the embeddings and the bottom L − n blocks are frozen, so
+the hidden state leaving them depends on a row's tokens alone. The π_old pass computes it anyway; kept per row, it
+lets the update run only the n trained blocks, forward and backward, with the numbers the full forward would give.
+The warm start's SFT does the same: its first epoch keeps each row's trunk output, later epochs start from it.
+Kept only where exact and affordable (`trunk_depth`): a frozen input embedding, no dropout in the trunk (the π_old
+pass runs in eval mode, the update in train mode), not under ZeRO-3 (its hooks gather parameters in a traced
+order), and up to `optim.trunk_cache_mb` (rows beyond it run the whole model). Outputs are kept in the layout the
+pass and the update share: packed (a shared prompt prefix kept once) or left-padded.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `Trainer(cfg).train()` runs the job: an optional supervised warm start on oracle demonstrations, then
 `trainer.total_steps` RL steps. One RL step (`Trainer.step`) is one call per phase in that order, each handing
-the next a frozen value (`trainer/phases.py`), so the order is checked by the types. Everything of the run but
+the next a frozen value (`trainer/turn_batch.py`), so the order is checked by the types. Everything of the run but
 the step (ranks, resume, the model, environments, rollout backend, validation, metrics, checkpoints) is its
 `RunSession` (`trainer/session.py`), reached as `trainer.session`; the Trainer owns only the run's progress.
 
@@ -25,23 +25,23 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.dynamic_sampling import collect_informative, group_diversity
 from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.trainer.metrics import env_metrics, reduce_step_metrics, step_metrics
-from agentgym_opsd.trainer.phases import (
+from agentgym_opsd.trainer.session import RunSession
+from agentgym_opsd.trainer.task_stream import mixed_task_specs
+from agentgym_opsd.trainer.turn_batch import (
     BatchAdvantages,
     PolicyLogProbs,
     StepRecord,
     TeacherEvidence,
+    TurnBatch,
     batch_advantages,
+    build_turn_batch,
 )
-from agentgym_opsd.trainer.session import RunSession
-from agentgym_opsd.trainer.task_stream import mixed_task_specs
-from agentgym_opsd.trainer.turn_batch import TurnBatch, build_turn_batch
 from agentgym_opsd.trainer.update import PPOUpdate
 from agentgym_opsd.trainer.validation import (
     StartEvaluationCache,
@@ -124,7 +124,7 @@ class Trainer:
         total = time.perf_counter() - self.started
         parts = [f"{name} {seconds / 60:.1f}" for name, seconds in self.phase_seconds.items() if seconds >= 0.05]
         other = total - sum(self.phase_seconds.values())
-        return (f"time: {total / 60:.1f} min in all ({self.session.cfg.model.dtype}, {torch.get_num_threads()} threads): "
+        return (f"time: {total / 60:.1f} min in all ({self.session.cfg.model.precision}, {torch.get_num_threads()} threads): "
                 + ", ".join(parts + [f"other {max(other, 0.0) / 60:.1f}"]) + " min")
 
     def warm_start(self) -> dict[str, Any]:
@@ -225,16 +225,9 @@ class Trainer:
         a = s.cfg.algorithm
         penalty = ([s.env_of(t).invalid_penalty for t in trajs] if len(s.envs) > 1  # each row its env's
                    else s.envs[0].invalid_penalty)
-        return build_turn_batch(trajs, encode_prompt=s.trained.encode,
-                                teacher_messages=self._teacher_messages if a.needs_teacher else None,
-                                reward_scale=s.cfg.env.reward_scale, invalid_penalty=penalty,
-                                success_source=a.success_source, penalty_mode=a.penalty_mode, penalize=a.penalize,
-                                outcome=s.cfg.env.outcome)
-
-    def _teacher_messages(self, traj: Trajectory, turn: Any) -> list[dict[str, str]]:
-        """The turn's privileged prompt, rendered by its own environment's runner."""
-        context = self.session.cfg.teacher.context
-        return self.session.env_of(traj).runner.teacher_messages(traj, turn, context=context)
+        return build_turn_batch(trajs, encode_prompt=s.trained.encode, reward_scale=s.cfg.env.reward_scale,
+                                invalid_penalty=penalty, success_source=a.success_source, penalty_mode=a.penalty_mode,
+                                penalize=a.penalize, outcome=s.cfg.env.outcome)
 
     def logprobs(self, batch: TurnBatch) -> PolicyLogProbs:
         """The log-prob phase: π_old of every response token and the KL reference's."""
@@ -244,13 +237,12 @@ class Trainer:
 
     def old_logprobs(self, batch: TurnBatch) -> tuple[list[Tensor], bool, TrunkCache | None]:
         """π_old of every response token, whether it is the sampler's own numbers, and the frozen-trunk outputs
-        the pass kept for the update. The sampler's numbers where they are the trainer's numbers too (HF backend
-        in float32, `recompute_old_logprobs=False`), else a teacher-forced pass of the trainer model in the
-        update's layout (in bf16 the update's first forward then rounds exactly alike, and TIS corrects for the
-        sampler), which keeps each row's frozen-trunk output (`trainer/frozen_trunk.py`)."""
+        the pass kept for the update. The sampler's numbers where they are the trainer's numbers too
+        (`Precision.sampler_is_trainer`: the HF sampler in fp32), else a teacher-forced pass of the trainer model
+        in the update's layout (under bf16-mixed the update's first forward then rounds exactly alike, and TIS
+        corrects for the sampler), which keeps each row's frozen-trunk output (`trainer/frozen_trunk.py`)."""
         cfg = self.session.cfg
-        reuse = (not cfg.algorithm.recompute_old_logprobs and cfg.rollout.backend == "hf"
-                 and not is_low_precision(cfg.model.dtype)
+        reuse = (cfg.model.numerics.sampler_is_trainer(cfg.rollout.backend)
                  and all(len(r.sample_logprobs) == len(r.response_ids) for r in batch.rows))
         if reuse:
             return [torch.tensor(r.sample_logprobs, dtype=torch.float32) for r in batch.rows], True, None
@@ -258,11 +250,10 @@ class Trainer:
         return self.session.trained.logprobs(batch.prompt_ids, batch.response_ids, packed=self.session.packed_update,
                                              trunk_cache=trunk), False, trunk
 
-    def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs,
-                trajs: list[Trajectory] | None = None) -> TeacherEvidence:
-        """The teacher phase (`RunSession.evidence_maker`): the same responses under the privileged prompt and
-        the evidence they give, in the form `teacher.evidence` (the choice and argument forms read each row's
-        turn in `trajs`). GRPO reads no evidence: its teacher is the student itself, so every e_k is exactly 0."""
+    def teacher(self, batch: TurnBatch, logprobs: PolicyLogProbs, trajs: list[Trajectory]) -> TeacherEvidence:
+        """The teacher phase (`RunSession.evidence_maker`, `trainer/teacher_evidence.py`): each turn's privileged
+        prompt, the same responses under it and the evidence they give, in the form `teacher.evidence`. GRPO
+        reads no evidence: its teacher is the student itself, so every e_k is exactly 0."""
         if not self.session.cfg.algorithm.needs_teacher:
             return TeacherEvidence.none(logprobs.old)
         return self.session.evidence_maker(batch, trajs, logprobs.old)

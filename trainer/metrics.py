@@ -25,9 +25,8 @@ from agentgym_opsd.credit.agentopsd import form_counts
 from agentgym_opsd.files import atomic_write_lines, to_json
 from agentgym_opsd.records import Trajectory, summarize
 from agentgym_opsd.trainer import engine as dist
-from agentgym_opsd.trainer.phases import StepRecord
 from agentgym_opsd.trainer.trackers import Tracker
-from agentgym_opsd.trainer.turn_batch import TurnBatch
+from agentgym_opsd.trainer.turn_batch import StepRecord, TurnBatch
 
 __all__ = ["METRIC_KEYS", "MetricsLog", "env_metrics", "reduce_step_metrics", "step_metrics", "sampling_gap"]
 
@@ -60,7 +59,7 @@ def step_metrics(record: StepRecord, update: dict[str, float], *, lam: float) ->
         "advantage_mean": float(tok_adv.mean()) if tok_adv.numel() else 0.0,
         "advantage_abs_mean": float(tok_adv.abs().mean()) if tok_adv.numel() else 0.0,
         "seq_advantage_std": float(seq_adv.std(unbiased=False)) if seq_adv.numel() else 0.0,
-        "teacher_rows": float(sum(r.teacher_prompt_ids is not None for r in batch.rows)),
+        "teacher_rows": float(record.evidence.teacher_rows),
         # penalised turns of won rollouts: where penalty_mode=outcome keeps a win from pushing an invalid turn up
         "won_invalid_rows": float(((record.credit.penalty < 0) & (seq_adv[batch.traj_index] > 0)).sum())
         if len(batch.rows) else 0.0,

@@ -50,8 +50,8 @@ class ReferencePolicy:
         self.frozen_copy = copy.to(self.policy.device)
 
     def _float32_where_the_policy_is(self, copy: torch.nn.Module, source: Path | None) -> None:
-        """`model.trainable_dtype=float32`: the copy's blocks the policy trains in float32 are float32 too (with the
-        warm start's exact values), and under autocast where the policy's are (`model.autocast`), so the reference
+        """bf16-mixed: the copy's blocks the policy trains in float32 are float32 too (with the warm start's exact
+        values), and under autocast where the policy's are, so the reference
         computes as the policy did where RL started."""
         from agentgym_opsd.models.loading import (
             autocast_dtype,
@@ -70,7 +70,7 @@ class ReferencePolicy:
         for name, p in copy.named_parameters():
             p.requires_grad_(name in float32)
         keep_trainable_in_float32(copy)
-        if (dtype := autocast_dtype(self.policy.model)) is not None:  # model.autocast: as the policy's blocks do
+        if (dtype := autocast_dtype(self.policy.model)) is not None:  # as the policy's blocks do
             autocast_trainable_blocks(copy, dtype)
         if source is not None:
             restore_float32_weights(copy, source)

@@ -39,7 +39,7 @@ from agentgym_opsd.cpu_runtime import LOG_PREFIX, describe_preloads
 from agentgym_opsd.models.backends import RolloutBackend, choose_rollout_backend
 from agentgym_opsd.models.loading import torch_dtype_of
 from agentgym_opsd.models.precision import resolve_device
-from agentgym_opsd.records import Trajectory, save_jsonl
+from agentgym_opsd.records import ChatMessage, Trajectory, Turn, save_jsonl
 from agentgym_opsd.rollout import RolloutRunner
 from agentgym_opsd.trainer import checkpoint as ckpt
 from agentgym_opsd.trainer import engine as dist
@@ -51,10 +51,10 @@ from agentgym_opsd.trainer.frozen_trunk import trunk_depth
 from agentgym_opsd.trainer.logprobs import TrainedModel, supports_packing
 from agentgym_opsd.trainer.metrics import MetricsLog
 from agentgym_opsd.trainer.model_card import write_model_card
-from agentgym_opsd.trainer.phases import StepRecord
 from agentgym_opsd.trainer.reference import ReferencePolicy
 from agentgym_opsd.trainer.teacher_evidence import EvidenceMaker
 from agentgym_opsd.trainer.trackers import check_trackers, make_trackers
+from agentgym_opsd.trainer.turn_batch import StepRecord
 from agentgym_opsd.trainer.validation import Validation
 from agentgym_opsd.trainer.warm_start import WarmStart
 
@@ -124,17 +124,17 @@ def load_model(cfg: Config, resume_from: Path | None) -> tuple[Any, Any]:
     if m.trainable_layers:
         trainable = freeze_lower_layers(model, m.trainable_layers)
         log.info("training the top %d layers: %.1fM trainable parameters", m.trainable_layers, trainable / 1e6)
-    if m.float32_trainable:
+    numerics = m.numerics
+    if numerics.float32_trainable:
         cast = keep_trainable_in_float32(model)
         if resume_from is not None:  # loaded in m.dtype: the checkpoint's float32 layers back exactly, not rounded
             restore_float32_weights(model, resume_from / "model")
-        log.info("model.trainable_dtype=%s: %.1fM trainable weights and their blocks compute in float32, "
-                 "the frozen layers in %s%s", m.trainable_dtype, cast / 1e6, m.dtype,
-                 "" if m.trainable_layers else " (every layer is trainable: this is a float32 model)")
-    if m.trainable_autocast:
+        log.info("model.precision=%s: %.1fM trained weights in float32 over %s frozen layers", m.precision,
+                 cast / 1e6, m.dtype)
+    if numerics.rl_autocast:
         blocks = autocast_trainable_blocks(model, torch_dtype_of(m.dtype))
-        log.info("model.autocast: the %d trainable blocks compute their matmuls in %s under autocast, their "
-                 "weights and updates float32", blocks, m.dtype)
+        log.info("model.precision=%s: the %d trained blocks compute their matmuls in %s under autocast in the RL "
+                 "phases, their weights and updates float32", m.precision, blocks, m.dtype)
     if resume_from is not None:  # a checkpoint of an earlier version (weights hashed by size only) meets this
         try:
             require_finite_weights(model.named_parameters(), f"checkpoint {resume_from} is corrupt")
@@ -162,10 +162,9 @@ class RunSession:
         self.out.mkdir(parents=True, exist_ok=True)
         self.ckpt_dir = self.out / "checkpoints"
         device = resolve_device(cfg.trainer.device)
-        # `model.dtype: auto` becomes what this machine computes fastest in (bf16 where it measures faster), and
-        # `model.autocast: auto` follows it, once, here: the model, the reference, the rollout engine, the cache
-        # keys and config.yaml all see the result.
-        requested_autocast = cfg.model.autocast
+        # `model.precision: auto` becomes what this machine computes fastest in (bf16-mixed where bf16 measures
+        # faster), once, here: the model, the reference, the rollout engine, the cache keys and config.yaml see it.
+        requested_precision = cfg.model.precision
         if (model := cfg.model.resolved(device)) != cfg.model:
             cfg = self.cfg = dataclasses.replace(cfg, model=model)
         # `rollout.backend: auto` likewise, once: TIS, the checkpoint and config.yaml see the backend that sampled.
@@ -186,11 +185,11 @@ class RunSession:
             self.state = ckpt.load_trainer_state(resume_from)
             self._check_resumable(resume_from, self.state)
             log.info("resuming from %s (step %d)", resume_from, self.state.step)
-            # a resumed run keeps the numerics it started with where `model.autocast` was left to `auto`
-            kept = ckpt.saved_autocast(resume_from)
-            if requested_autocast == "auto" and kept is not None and kept != cfg.model.autocast:
-                log.info("model.autocast=auto -> %s: as the checkpoint's run computed", kept)
-                cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, autocast=kept))
+            # a resumed run keeps the numerics it started with where `model.precision` was left to `auto`
+            kept = ckpt.saved_precision(resume_from)
+            if requested_precision == "auto" and kept is not None and kept != cfg.model.precision:
+                log.info("model.precision=auto -> %s: as the checkpoint's run computed", kept)
+                cfg = self.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, precision=kept))
         seed_everything(cfg.trainer.seed)
 
         model, tokenizer = load_model(cfg, resume_from)
@@ -325,7 +324,11 @@ class RunSession:
         model: choices (and, on the teacher side, the sampled reply) are scored at the rollout temperature with
         each prompt's KV cache shared by them."""
         t = self.cfg.teacher
-        return EvidenceMaker(t.evidence, self.trained, lambda traj: self.env_of(traj).runner.parser,
+
+        def teacher_messages(traj: Trajectory, turn: Turn) -> list[ChatMessage]:
+            return self.env_of(traj).runner.teacher_messages(traj, turn, context=t.context)
+
+        return EvidenceMaker(t.evidence, self.trained, teacher_messages, lambda traj: self.env_of(traj).runner.parser,
                              choice_norm=t.choice_norm, shared_prefix=self.cfg.optim.teacher_prefix_cache)
 
     def env_of(self, traj: Trajectory) -> TrainEnv:

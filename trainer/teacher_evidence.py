@@ -1,6 +1,7 @@
-"""The teacher phase: the same responses under the privileged prompt, run on the trained model, and the
-evidence they give in the configured form (`teacher.evidence`; the arithmetic of each form, the paper's sum
-included, is `agentgym_opsd.credit.agentopsd`). This module turns turn rows into what the forms read:
+"""The teacher phase, prompt to e_k: each turn's privileged prompt (its environment's `teacher_messages`, the
+student's prompt with `c+`), the same responses under it on the trained model, and the evidence they give in the
+configured form (`teacher.evidence`; the arithmetic of each form is `agentgym_opsd.credit.agentopsd`). What the
+forms read:
 
 - argument masks (`args`): which response tokens spell the action's argument — the parser's `span` of the
   argument in the decoded response, mapped onto the tokens that overlap it;
@@ -35,11 +36,10 @@ from agentgym_opsd.credit.agentopsd import (
 )
 from agentgym_opsd.models.hf_policy import text_ids
 from agentgym_opsd.parsers import ActionParser
-from agentgym_opsd.records import Trajectory, Turn
+from agentgym_opsd.records import ChatMessage, Trajectory, Turn
 from agentgym_opsd.trainer.choice_logprobs import ChoicePass, score_continuations
 from agentgym_opsd.trainer.logprobs import TrainedModel
-from agentgym_opsd.trainer.phases import TeacherEvidence
-from agentgym_opsd.trainer.turn_batch import TurnBatch
+from agentgym_opsd.trainer.turn_batch import TeacherEvidence, TurnBatch
 
 __all__ = ["ChoiceSet", "EvidenceMaker", "argument_token_mask", "row_turns", "turn_choice_set"]
 
@@ -121,54 +121,69 @@ def row_turns(batch: TurnBatch, trajectories: Sequence[Trajectory]) -> list[tupl
     return out
 
 
+TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
+"""(trajectory, turn) -> the turn's privileged prompt (the environment runner's `teacher_messages`)."""
+
+
 @dataclass
 class EvidenceMaker:
     """The teacher phase of one run: e_k of every row in `form` (`EVIDENCE_FORMS`), by the teacher passes on
     `model` (the trained one; `shared_prefix`: the teacher prompts' common c+ prefix is encoded once).
-    `parser_of` is the action parser of a trajectory's environment; `choice_norm` how a choice's token
-    log-probs make its score (`CHOICE_NORMS`)."""
+    `teacher_messages` builds a turn's privileged prompt, `parser_of` is the action parser of a trajectory's
+    environment; `choice_norm` how a choice's token log-probs make its score (`CHOICE_NORMS`)."""
 
     form: str
     model: TrainedModel
+    teacher_messages: TeacherMessages
     parser_of: Callable[[Trajectory], ActionParser]
     choice_norm: str = "sum"
     shared_prefix: bool = False
 
-    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory] | None,
-                 student: list[Tensor]) -> TeacherEvidence:
+    def __call__(self, batch: TurnBatch, trajectories: Sequence[Trajectory], student: list[Tensor]) -> TeacherEvidence:
         """The rows' evidence in this form. The choice form scores each judged turn's sampled reply on the
         teacher's choice-pass cache too, so the teacher pass runs only the rows the choice pass did not cover."""
         spec = evidence_form(self.form)
+        turns = row_turns(batch, trajectories)
+        prompts = self.teacher_prompts(turns)
         masks: list[Tensor | None] | None = None
         choices: list[ChoiceScores | None] | None = None
         folded: dict[int, Tensor] = {}
-        if spec.needs_arguments or spec.needs_choices:
-            if trajectories is None:
-                raise ValueError(f"teacher.evidence={self.form} reads each row's turn: pass the step's trajectories")
-            turns = row_turns(batch, trajectories)
-            if spec.needs_arguments:
-                masks = [argument_token_mask(self.model.tokenizer, self.parser_of(traj), row.response_ids)
-                         for row, (traj, _) in zip(batch.rows, turns, strict=True)]
-            if spec.needs_choices:
-                choices, folded = self._choice_pass(batch, turns, fold_replies=True)
-        teacher = self.teacher_logprobs(batch, student, folded)
+        if spec.needs_arguments:
+            masks = [argument_token_mask(self.model.tokenizer, self.parser_of(traj), row.response_ids)
+                     for row, (traj, _) in zip(batch.rows, turns, strict=True)]
+        if spec.needs_choices:
+            choices, folded = self._choice_pass(batch, turns, prompts, fold_replies=True)
+        teacher = self.teacher_logprobs(batch, prompts, student, folded)
         gaps = [t - s for t, s in zip(teacher, student, strict=True)]
         result = compute_evidence(self.form, EvidenceInputs(gaps, masks, choices), choice_norm=self.choice_norm)
-        return TeacherEvidence(teacher, gaps, result.evidence, result.forms)
+        return TeacherEvidence(teacher, gaps, result.evidence, result.forms,
+                               teacher_rows=sum(p is not None for p in prompts))
 
-    def teacher_logprobs(self, batch: TurnBatch, student: list[Tensor],
+    def row_prompts(self, batch: TurnBatch, trajectories: Sequence[Trajectory]) -> list[list[int] | None]:
+        """Each row's teacher prompt ids (`teacher_prompts` of the rows' turns)."""
+        return self.teacher_prompts(row_turns(batch, trajectories))
+
+    def teacher_prompts(self, turns: Sequence[tuple[Trajectory, Turn]]) -> list[list[int] | None]:
+        """Each row's privileged prompt ids, None where it equals the student's prompt (no skill text, no hint):
+        that row is its own teacher and its evidence is exactly 0."""
+        out: list[list[int] | None] = []
+        for traj, turn in turns:
+            messages = self.teacher_messages(traj, turn)
+            out.append(None if messages == turn.prompt else list(self.model.encode(messages)))
+        return out
+
+    def teacher_logprobs(self, batch: TurnBatch, prompts: Sequence[list[int] | None], student: list[Tensor],
                          given: dict[int, Tensor] | None = None) -> list[Tensor]:
-        """The paper's teacher pass: every row's response teacher-forced under its c+ prompt (no grad). Rows
-        without c+ reuse the student's log-probs (gap 0); rows in `given` (scored by the choice pass on its own
-        cache) are not run again."""
+        """The paper's teacher pass: every row's response teacher-forced under its c+ prompt `prompts[row]` (no
+        grad). Rows without one reuse the student's log-probs (gap 0); rows in `given` (scored by the choice pass
+        on its own cache) are not run again."""
         given = given or {}
-        idx = [i for i, r in enumerate(batch.rows) if r.teacher_prompt_ids is not None and i not in given]
+        idx = [i for i, p in enumerate(prompts) if p is not None and i not in given]
         out = list(student)
         for i, t in given.items():
             out[i] = t
         if idx:
-            prompts = [list(batch.rows[i].teacher_prompt_ids or []) for i in idx]
-            got = self.model.logprobs(prompts, [batch.rows[i].response_ids for i in idx],
+            got = self.model.logprobs([list(prompts[i] or []) for i in idx], [batch.rows[i].response_ids for i in idx],
                                       shared_prefix=self.shared_prefix)
             for i, t in zip(idx, got, strict=True):
                 out[i] = t
@@ -176,9 +191,10 @@ class EvidenceMaker:
 
     def choice_scores(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]]) -> list[ChoiceScores | None]:
         """Per row, its choices scored under the student's and the teacher's prompt (None: no choice set)."""
-        return self._choice_pass(batch, turns, fold_replies=False)[0]
+        return self._choice_pass(batch, turns, self.teacher_prompts(turns), fold_replies=False)[0]
 
-    def _choice_pass(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]], *, fold_replies: bool,
+    def _choice_pass(self, batch: TurnBatch, turns: Sequence[tuple[Trajectory, Turn]],
+                     prompts: Sequence[list[int] | None], *, fold_replies: bool,
                      ) -> tuple[list[ChoiceScores | None], dict[int, Tensor]]:
         """The rows' choice scores and, with `fold_replies`, the teacher's per-token log-probs of each judged
         row's reply (row -> tensor). One scorer call per side, so each side's prompts share their own prefix
@@ -186,10 +202,10 @@ class EvidenceMaker:
         evidence 0."""
         sets = [turn_choice_set(turn, self.parser_of(traj)) for traj, turn in turns]
         ids = {i: [text_ids(self.model.tokenizer, text) for text in s.texts] for i, s in enumerate(sets) if s is not None}
-        judged = [i for i in ids if batch.rows[i].teacher_prompt_ids is not None]
+        judged = [i for i in ids if prompts[i] is not None]
         replies = [list(batch.rows[i].response_ids) or None for i in judged] if fold_replies else None
         student = self._score([batch.rows[i].prompt_ids for i in ids], [ids[i] for i in ids], None)
-        teacher = self._score([batch.rows[i].teacher_prompt_ids or [] for i in judged], [ids[i] for i in judged],
+        teacher = self._score([prompts[i] or [] for i in judged], [ids[i] for i in judged],
                               replies)
         by_row = dict(zip(ids, student.choices, strict=True))
         teacher_by_row = dict(zip(judged, teacher.choices, strict=True))

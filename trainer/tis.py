@@ -1,21 +1,14 @@
 """Truncated importance sampling (TIS): the correction for a sampler that is not quite the trained policy.
 
-The rollout's tokens are drawn from the sampler's distribution π_sampler (vLLM, or the HF sampler in bf16:
-one decode step at a time on a KV cache), while the PPO ratio is taken against the trainer's own π_old (the
-same weights in a teacher-forced pass). Where the two are different computations they disagree by rounding
-(in bf16 a few hundredths of a nat per token on average; docs/results.md has the measurements), so the
-gradient is that of a slightly different policy. TIS (Yao et al., "On the Rollout-Training Mismatch in Modern
-RL Systems"; verl's `rollout_is`, slime, SkyRL, OpenRLHF) weights each token's policy-gradient term by
+Rollout tokens come from π_sampler (vLLM, or the HF sampler in bf16) and the PPO ratio from the trainer's π_old
+(a teacher-forced pass); as different computations they disagree by rounding, so the gradient is that of a
+slightly different policy. TIS weights each token's policy-gradient term by
 
     w_t = min(π_old(y_t) / π_sampler(y_t), C)
 
-which makes the expectation over the sampler's tokens that over π_old's, and the cap C bounds the variance a
-rare token with a tiny sampler probability would bring. The weight is a constant (no gradient) and touches the
-policy term only; the KL and entropy terms are the trainer's own.
-
-`SamplerCorrection` also measures the mismatch every step, used or not: `tis/mismatch_k3` (the k3 estimate
-of KL(π_sampler ‖ π_old) on the sampled tokens, ~0 where the two are one computation), `tis/weight_mean`,
-`tis/weight_max` (before the cap) and `tis/clipped_fraction` (tokens whose weight the cap cut).
+(Yao et al., "On the Rollout-Training Mismatch in Modern RL Systems"): the expectation over the sampler's tokens
+becomes one over π_old's, and the cap C bounds the variance a rare token would bring. The weight is a constant (no
+gradient) on the policy term only. `SamplerCorrection` also reports the mismatch every step, used or not.
 """
 
 from __future__ import annotations
@@ -27,22 +20,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TIS_KEYS", "SamplerCorrection", "tis_enabled"]
+__all__ = ["TIS_KEYS", "SamplerCorrection"]
 
 TIS_KEYS = ("tis/mismatch_k3", "tis/weight_mean", "tis/weight_max", "tis/clipped_fraction", "tis/on")
 
 _LOG_RATIO_LIMIT = 20.0  # exp() guard: a token the sampler gave e^-20 of π_old's probability is a bug, not noise
-
-
-def tis_enabled(mode: str, *, backend: str, low_precision: bool, reuses_sampler: bool) -> bool:
-    """Whether the correction applies: `on` / `off`, or `auto` = on wherever the sampler and the trainer are
-    different computations (the vLLM backend, a bf16 / fp16 model) and π_old is the trainer's own pass (when
-    π_old *is* the sampler's numbers every weight is 1)."""
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"algorithm.tis: expected auto | on | off, got {mode!r}")
-    if reuses_sampler or mode == "off":
-        return False
-    return mode == "on" or backend != "hf" or low_precision
 
 
 @dataclass(frozen=True)

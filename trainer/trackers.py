@@ -1,21 +1,14 @@
 """Experiment trackers: where a run's config, per-step metrics, validation tables and learning curve go besides
-`metrics.jsonl`. `trainer.report_to` names them as TRL does: `tensorboard`, `wandb`, `mlflow`, `none`, several
-comma-separated.
+`metrics.jsonl`. `trainer.report_to` names them as TRL does: `tensorboard`, `wandb`, `mlflow`, `none`, or several.
 
 - `tensorboard`: event files in `RUN/tensorboard` (the default).
-- `wandb`: Weights & Biases. Offline unless `WANDB_MODE` says otherwise: the run is written under `RUN/wandb`
-  with no account and no network, and `wandb sync RUN/wandb/offline-run-*` uploads it later.
-- `mlflow`: an MLflow run in the local file store `RUN/mlruns` (`mlflow ui --backend-store-uri RUN/mlruns`),
-  or wherever `MLFLOW_TRACKING_URI` points.
+- `wandb`: offline unless `WANDB_MODE` says otherwise, under `RUN/wandb` (`wandb sync RUN/wandb/offline-run-*`).
+- `mlflow`: the local file store `RUN/mlruns`, or wherever `MLFLOW_TRACKING_URI` points.
 
-wandb and mlflow are optional extras (`pip install agentgym-opsd[trackers]`), imported only when named.
-`check_trackers` checks each one's set-up (package, store) before the trainer loads the model.
-
-A resumed run replays the steps after its checkpoint, and every sink shows each step once, as metrics.jsonl
-does: TensorBoard's event files lose their events from the first replayed step on (rewritten, and the writer's
-`purge_step` tells TensorBoard the same); wandb and MLflow cannot delete what they were sent, so the steps the
-attempt before the kill logged (`logged_through`: the last step of its metrics.jsonl) are not sent again; the
-replay is exact, so what they hold is what the replay would send.
+wandb and mlflow are optional (`pip install agentgym-opsd[trackers]`), imported only when named; `check_trackers`
+checks their set-up before the trainer loads the model. A resumed run replays the steps after its checkpoint and
+every sink shows each step once: TensorBoard drops its events from the first replayed step on (`purge_step`);
+wandb and MLflow cannot delete, so the steps the previous attempt logged (`logged_through`) are not sent again.
 """
 
 from __future__ import annotations

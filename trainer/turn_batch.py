@@ -1,28 +1,15 @@
-"""Turn rows: the unit the trainer computes log-probs, evidence and advantages on.
+"""The values one RL step's phases hand each other, each made once by its phase and never changed.
 
-Every turn of every trajectory becomes exactly one `TurnRow` (no padding duplicates): the student prompt
-token ids (what the policy saw), the teacher prompt token ids (the same prompt with `c+` in the system
-message; None when the task has no skill text, so the evidence is exactly zero and the teacher pass skips
-the row), the sampled response ids and their sampling log-probs. `build_turn_batch` also scores each
-trajectory (reward, group success rate) so that the credit estimator gets everything as flat tensors.
+    score    -> TurnBatch          (`build_turn_batch`: one row per turn, rewards, group success rates R̄)
+    logprobs -> PolicyLogProbs     (π_old of every response token; the KL reference's)
+    teacher  -> TeacherEvidence    (`trainer/teacher_evidence.py`: the teacher's prompts and log-probs, e_k)
+    credit   -> BatchAdvantages    (`batch_advantages`: A_seq, the penalty bookkeeping, the registered estimator)
+    update   -> metrics, from a StepRecord of all four.
 
-Reward of a trajectory: `reward_scale * outcome`, the outcome being `won` (binary success, paper;
-reward_scale 10 reproduces the released code's 0/10 scale) or `score` (the environment's partial credit in
-[0, 1]: WebShop's R, which WebShop's own RL baseline trained on; `Trajectory.outcome`). The invalid-action penalty goes either into that reward once per penalised turn
-(`penalty_mode="trajectory"`, every turn of the trajectory shares it) or onto the penalised turn's own row
-(`penalty_mode="turn"`, the released code, and `penalty_mode="outcome"`, where the trainer keeps it apart
-from the outcome advantage; `row_penalties`). `penalize="any"` penalises every invalid turn,
-`"format"` only replies without a parsable action (the released code lets a well-formed but inadmissible
-action waste its turn unpunished). The penalty is one number, or one per trajectory (a mixed-environment
-step: each row is penalised by its own environment's value). The group success rate R̄ (the belief's prior) is the group mean of
-the outcome (`success_source="won"`: the fraction won, paper; with `outcome="score"` the mean score), or the
-group mean of the raw reward without the penalty (`success_source="reward"`, released code — saturates B_0 when the scale is 10).
-
-For GiGPO each row also carries its turn's own reward (`reward_scale * turn.reward`), its invalid-action
-penalty in either penalty mode (`turn_penalty`; GiGPO subtracts it from the turn's step return), and an
-`anchor_key`: a 63-bit hash of the state the turn acted on — the previous turn's observation, or for the
-first turn its prompt (the task and the initial observation, which every rollout of a task shares). Anchor
-groups never cross task groups, so equal observations of different tasks are never compared.
+A phase takes the values it reads as arguments, so running one before the phase it needs is a type error where
+it is written. Reward of a trajectory: `reward_scale * outcome` (won, or the environment's score) less the
+invalid-action penalty, charged on the trajectory or on the penalised turn's own row (`PENALTY_MODES`). The
+credit phase is pure tensor math (no model), shared by the trainer and the property tests.
 """
 
 from __future__ import annotations
@@ -36,26 +23,32 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from agentgym_opsd.records import ChatMessage, Trajectory, Turn, invalid_rates, summarize
+from agentgym_opsd.credit.config import CreditConfig
+from agentgym_opsd.credit.grpo import (
+    grpo_advantages,
+    grpo_turn_penalty_advantages,
+    outcome_penalty_advantages,
+)
+from agentgym_opsd.credit.registry import CreditInputs, CreditResult, estimate, pad_ragged
+from agentgym_opsd.records import ChatMessage, Trajectory, invalid_rates, summarize
+from agentgym_opsd.trainer.frozen_trunk import TrunkCache
 from agentgym_opsd.turns import check_penalize, is_penalised, num_penalised, oracle_progress
 
-__all__ = ["PENALTY_MODES", "TurnRow", "TurnBatch", "build_turn_batch", "trajectory_rewards", "group_success_rates",
-           "anchor_key"]
+__all__ = ["PENALTY_MODES", "BatchAdvantages", "PolicyLogProbs", "StepRecord", "TeacherEvidence", "TurnBatch",
+           "TurnRow", "anchor_key", "batch_advantages", "build_turn_batch", "group_success_rates", "trajectory_rewards"]
 
 PromptEncoder = Callable[[list[ChatMessage]], list[int]]
-TeacherMessages = Callable[[Trajectory, Turn], list[ChatMessage]]
 
 
 @dataclass
 class TurnRow:
-    """One turn: the student's and the teacher's prompt ids, the sampled response ids with their sampling
-    log-probs, and the per-turn values the credit estimators read."""
+    """One turn: the student's prompt ids, the sampled response ids with their sampling log-probs, and the
+    per-turn values the credit estimators read (the teacher's prompt is the teacher phase's)."""
 
     group_id: int
     traj_id: int
     turn_id: int
     prompt_ids: list[int]
-    teacher_prompt_ids: list[int] | None
     response_ids: list[int]
     sample_logprobs: list[float]
     action_valid: bool
@@ -69,8 +62,8 @@ class TurnRow:
 @dataclass(frozen=True)
 class TurnBatch:
     """One training step's scored batch (the score phase's value): all turn rows plus per-row
-    trajectory-level values (1-D tensors, row order). The later phases' values are their own
-    (`trainer/phases.py`); the batch is frozen and its rows never change after `build_turn_batch`, so the
+    trajectory-level values (1-D tensors, row order). The later phases' values are their own (below);
+    the batch is frozen and its rows never change after `build_turn_batch`, so the
     per-row tensors derived from them are built once, on first use (`cached_property` writes the instance's
     `__dict__`, which a frozen dataclass allows)."""
 
@@ -196,7 +189,6 @@ def build_turn_batch(
     trajectories: Sequence[Trajectory],
     *,
     encode_prompt: PromptEncoder,
-    teacher_messages: TeacherMessages | None,
     reward_scale: float = 1.0,
     invalid_penalty: Penalty = 0.0,
     success_source: str = "won",
@@ -207,9 +199,7 @@ def build_turn_batch(
     """One row per turn that produced tokens; trajectories keep their order, turns their index.
 
     `encode_prompt(messages)` must return the exact prompt ids generation used (the HF policy's
-    `prompt_ids`). `teacher_messages(traj, turn)` builds the privileged prompt; with None (or when it equals
-    the student's prompt: no skill text, no hint) the row has no teacher prompt and its evidence is zero.
-    `invalid_penalty`: one value, or one per trajectory (each row gets its trajectory's).
+    `prompt_ids`). `invalid_penalty`: one value, or one per trajectory (each row gets its trajectory's).
     """
     if penalty_mode not in PENALTY_MODES:
         raise ValueError(f"penalty_mode must be one of {PENALTY_MODES}, got {penalty_mode!r}")
@@ -225,18 +215,11 @@ def build_turn_batch(
         for position, turn in enumerate(traj.turns):
             if not turn.response_token_ids:
                 continue  # nothing was sampled (e.g. a scripted policy or an env failure): nothing to train
-            prompt_ids = list(encode_prompt(turn.prompt))
-            teacher_ids: list[int] | None = None
-            if teacher_messages is not None:
-                t_messages = teacher_messages(traj, turn)
-                if t_messages != turn.prompt:
-                    teacher_ids = list(encode_prompt(t_messages))
             rows.append(TurnRow(
                 group_id=traj.group_id,
                 traj_id=traj.traj_id,
                 turn_id=turn.index,
-                prompt_ids=prompt_ids,
-                teacher_prompt_ids=teacher_ids,
+                prompt_ids=list(encode_prompt(turn.prompt)),
                 response_ids=list(turn.response_token_ids),
                 sample_logprobs=list(turn.response_logprobs),
                 action_valid=turn.action_valid,
@@ -269,3 +252,124 @@ def build_turn_batch(
         stats=stats,
         penalty_mode=penalty_mode,
     )
+
+
+# ---- the later phases' values, and the credit phase ------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicyLogProbs:
+    """Per row, the log-prob of each response token under π_old (the rollout policy) and under the KL
+    reference (None when the KL term is off). `from_sampler`: π_old is the sampler's own numbers (no
+    recomputation), so there is no sampler/trainer mismatch left to correct (`trainer/tis.py`)."""
+
+    old: list[Tensor]
+    reference: list[Tensor] | None = None
+    from_sampler: bool = False
+    trunk: TrunkCache | None = None  # the π_old pass's frozen-trunk outputs, for the update (`trainer/frozen_trunk.py`)
+
+
+@dataclass(frozen=True)
+class TeacherEvidence:
+    """Per row, the teacher's log-prob of each response token (under the prompt with `c+`; the student's own
+    where a row has no teacher prompt), the gaps teacher − student, e_k (rows,), and per row the evidence
+    form e_k was computed with (`teacher.evidence`, or "paper" where a row fell back; None: all "paper").
+    `judged` is False where no teacher ran (`none`): its zeros are not evidence and are not recorded as such."""
+
+    teacher: list[Tensor]
+    gaps: list[Tensor]
+    evidence: Tensor
+    forms: tuple[str, ...] | None = None
+    judged: bool = True
+    teacher_rows: int = 0  # rows whose teacher prompt differed from the student's (the rest have e_k = 0)
+
+    @classmethod
+    def none(cls, student: list[Tensor]) -> TeacherEvidence:
+        """No teacher pass (GRPO reads no evidence): the teacher is the student, every gap and e_k exactly 0."""
+        return cls(list(student), [torch.zeros_like(s) for s in student],
+                   torch.zeros(len(student), dtype=torch.float64), judged=False)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Everything one step computed on its turn rows, for its metrics and its saved credit file."""
+
+    batch: TurnBatch
+    logprobs: PolicyLogProbs
+    evidence: TeacherEvidence
+    credit: BatchAdvantages
+
+    @property
+    def token_advantages(self) -> Tensor:
+        """Every response token's advantage, rows concatenated."""
+        return self.credit.token_values
+
+
+# ---- the credit phase --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchAdvantages:
+    """The credit phase's value. `tokens`: one 1-D tensor per row, the advantage of each response token
+    (penalty term included); `seq`: (trajectories,) A_seq; `penalty`: (rows,) the penalty term added after
+    the estimator; `result`: the estimator's output (None for an empty batch)."""
+
+    tokens: list[Tensor]
+    seq: Tensor
+    penalty: Tensor
+    result: CreditResult | None
+
+    @property
+    def token_values(self) -> Tensor:
+        """Every response token's advantage, rows concatenated (what the update's tokens are weighted by)."""
+        return torch.cat([a.flatten() for a in self.tokens]) if self.tokens else torch.zeros(0)
+
+
+def batch_advantages(
+    batch: TurnBatch,
+    evidence: Tensor,
+    gaps: list[Tensor],
+    *,
+    estimator: str,
+    config: CreditConfig,
+    cross_steps: bool = False,
+    normalize_std: bool = True,
+    penalised_turns_gain: bool = False,
+    return_details: bool = False,
+) -> BatchAdvantages:
+    """Advantages of every row of `batch` (`evidence` (rows,) e_k, `gaps` per-row token gaps).
+
+    `penalty_mode` of the batch: "trajectory" (the penalty is inside each trajectory's reward), "turn" (the
+    released code: row score R − p normalised by the group's statistics, split into A_seq and a row term,
+    `credit.grpo_turn_penalty_advantages`), "outcome" (A_seq from outcomes alone and −p on the invalid row,
+    `credit.outcome_penalty_advantages`). The estimator reshapes A_seq; the row term is added after it.
+
+    In "outcome" mode a penalised turn never gains (unless `penalised_turns_gain`): its row is min(Ã_k, 0) − p.
+    An invalid action changes nothing in the environment, so a won rollout's outcome is none of its doing; left
+    positive, a win carried its invalid turns up with it (ALFWorld `cpu-small`, seed 0: 21 of 56 invalid turns,
+    among them made-up receptacles, were pushed up, and held-out invalid actions rose from 18% to 33%).
+    """
+    eps = config.eps
+    if batch.penalty_mode == "turn":
+        seq, penalty = grpo_turn_penalty_advantages(
+            batch.traj_rewards, batch.traj_group_ids, batch.traj_index, batch.row_penalties,
+            cross_steps=cross_steps, eps=eps, normalize_std=normalize_std)
+    elif batch.penalty_mode == "outcome":
+        seq, penalty = outcome_penalty_advantages(
+            batch.traj_rewards, batch.traj_group_ids, batch.row_penalties, eps=eps, normalize_std=normalize_std)
+    else:
+        seq = grpo_advantages(batch.traj_rewards, batch.traj_group_ids, eps=eps, normalize_std=normalize_std)
+        penalty = torch.zeros(len(batch.rows), dtype=torch.float64)
+    if not batch.rows:
+        return BatchAdvantages([], seq, penalty, None)
+    gap_grid, mask = pad_ragged(gaps, torch.float64)
+    inputs = CreditInputs(
+        seq[batch.traj_index], batch.traj_ids, batch.turn_ids, batch.success_rate, evidence=evidence,
+        token_gaps=gap_grid, token_mask=mask, group_ids=batch.group_ids, anchor_keys=batch.anchor_keys,
+        turn_rewards=batch.turn_rewards, oracle_progress=batch.oracle_progress,
+        # outcome mode: the penalty is the separate row push only, never part of GiGPO's step returns
+        turn_penalties=None if batch.penalty_mode == "outcome" else batch.turn_penalties)
+    result = estimate(estimator, inputs, config, return_details=return_details)
+    row_max = None
+    if batch.penalty_mode == "outcome" and not penalised_turns_gain:
+        row_max = torch.where(batch.row_penalties > 0, 0.0, math.inf).to(torch.float64)
+    tokens = result.token_advantages(mask, row_offset=penalty, row_max=row_max, dtype=torch.float32)
+    return BatchAdvantages(tokens, seq, penalty, result)

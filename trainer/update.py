@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentgym_opsd.models.precision import is_low_precision
 from agentgym_opsd.trainer import engine as dist
 from agentgym_opsd.trainer.config import Config
 from agentgym_opsd.trainer.finite import NonFiniteError, require_finite
@@ -33,9 +32,8 @@ from agentgym_opsd.trainer.logprobs import (
     shared_prompt_prefix,
 )
 from agentgym_opsd.trainer.losses import StartDrift, policy_objective
-from agentgym_opsd.trainer.phases import BatchAdvantages, PolicyLogProbs
-from agentgym_opsd.trainer.tis import TIS_KEYS, SamplerCorrection, tis_enabled
-from agentgym_opsd.trainer.turn_batch import TurnBatch
+from agentgym_opsd.trainer.tis import TIS_KEYS, SamplerCorrection
+from agentgym_opsd.trainer.turn_batch import BatchAdvantages, PolicyLogProbs, TurnBatch
 
 __all__ = ["PPOUpdate", "UPDATE_KEYS", "pad_left"]
 
@@ -97,8 +95,8 @@ class PPOUpdate:
             return {**dict.fromkeys(UPDATE_KEYS, 0.0), **StartDrift().metrics(), **dict.fromkeys(TIS_KEYS, 0.0)}
         correction = SamplerCorrection.compute(
             old, [r.sample_logprobs for r in rows], cap=a.tis_cap,
-            enabled=tis_enabled(a.tis, backend=self.cfg.rollout.backend, low_precision=is_low_precision(
-                self.cfg.model.dtype), reuses_sampler=logprobs.from_sampler))
+            # on wherever π_old is not the sampler's own computation (`Precision.sampler_is_trainer`)
+            enabled=not (logprobs.from_sampler or self.cfg.model.numerics.sampler_is_trainer(self.cfg.rollout.backend)))
         prompts, responses = batch.prompt_ids, batch.response_ids
         # the packed layout lays the prompts' shared prefix once per micro-batch, as the π_old pass over the same
         # prompts did (its trunk outputs follow that layout)

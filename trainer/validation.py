@@ -1,20 +1,13 @@
-"""Validation during training: held-out episodes through the evaluation suite, and sampled success on the
-fixed training pool.
+"""Validation during training (`Validation`): held-out episodes through the evaluation suite, and sampled success
+on the fixed training pool.
 
-Held-out episodes use reset seeds from 10_000 on (never a training seed) at the validation temperature; the
-pool check plays every pool game `eval_pool_rollouts` times at the rollout temperature with seeds above
-the training range, so no training episode repeats. Every rank plays the same episodes with the same seeds
-(same numbers on every rank).
-
-Every validation point samples from the same sampler seed (common random numbers): the one before RL and the
-one after it play the same episodes with the same random stream, so the two differ by what the weights changed,
-not by another draw of the sampler (until the first token the new weights sample otherwise). Each held-out
-episode's outcome is kept (`episodes`, written by the loop to `validation/step_<step>.jsonl`), so before and
-after can be compared episode by episode (`evaluation.paired.paired_episodes`).
-
-Several environments (a mixed `env.id`, or `env.val_id` listing several): each validation environment plays
-`eval_episodes` episodes and writes its `val/<spec>/...` keys; `val/success_rate` and the other plain keys are
-over all episodes. The pool check plays every training environment's pool and adds `pool/<spec>/...` keys.
+Held-out episodes use reset seeds from 10_000 on (never a training seed) at the validation temperature; the pool
+check plays every pool game `eval_pool_rollouts` times at the rollout temperature with seeds above the training
+range. Every rank plays the same episodes with the same seeds. Every validation point samples from the same sampler
+seed (common random numbers), so the points before and after RL differ by what the weights changed, not by another
+draw of the sampler. Each held-out episode's outcome is kept (`validation/step_<step>.jsonl`) for comparison episode
+by episode (`evaluation.paired.paired_episodes`). With several environments, each validation environment writes
+`val/<spec>/...` keys and the pool check `pool/<spec>/...`; the plain keys are over all episodes.
 """
 
 from __future__ import annotations
@@ -60,7 +53,7 @@ Generating = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 class Validation:
-    """`run(sampler_at, step)` -> the `val/...` (and `pool/...`) metrics of one validation point.
+    """`run(sampler_at)` -> the `val/...` (and `pool/...`) metrics of one validation point.
 
     `sampler_at(temperature, seed)` gives a policy over the current weights; `generating()` is the context
     every generation phase runs in (the vLLM engine woken and synced). `train_runners`: the training

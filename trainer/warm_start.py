@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.files import cache_dir, make_tmp_dir, publish_dir, to_json
 from agentgym_opsd.models.hf_policy import text_ids
-from agentgym_opsd.models.loading import torch_dtype_of
 from agentgym_opsd.policies import OraclePolicy, PolicyOutput, PolicyRequest
 from agentgym_opsd.records import Trajectory
 from agentgym_opsd.rollout import RolloutRunner
@@ -135,14 +134,12 @@ def sft_step(
     max_tokens: int,
     max_rows: int,
     device: torch.device | str,
-    autocast_dtype: torch.dtype | None = None,
     trunk: TrunkCache | None = None,
     packed: bool = False,
     prefix_len: int = 0,
 ) -> float:
-    """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL. With
-    `autocast_dtype` the forward computes in it under `torch.autocast` while the weights and their gradients stay
-    as they are (float32 trainable layers: `WarmStart.autocast_dtype`). `trunk` (keyed by index into `rows`):
+    """One optimiser step on the demonstrations `pick`; returns their mean response-token NLL. `trunk` (keyed by
+    index into `rows`):
     a micro-batch whose rows it holds runs only the trained blocks from their frozen-trunk output, one it does
     not runs the whole model and leaves theirs there (`trainer/frozen_trunk.py`). `packed`: the micro-batches
     lay their rows end to end without padding (`logprobs.pack`, the update's layout, where `supports_packing`):
@@ -159,10 +156,9 @@ def sft_step(
     model.train()
     total = 0.0
     for k, idx in enumerate(batches):
-        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logp, _, mask = micro_batch_logprobs(model, idx, prompts, responses, packed=packed, device=device,
-                                                 pad_id=pad_id, trunk=trunk, rows=[pick[i] for i in idx], keep=True,
-                                                 prefix_len=prefix_len)
+        logp, _, mask = micro_batch_logprobs(model, idx, prompts, responses, packed=packed, device=device,
+                                             pad_id=pad_id, trunk=trunk, rows=[pick[i] for i in idx], keep=True,
+                                             prefix_len=prefix_len)
         loss = -(logp * mask).sum() / num_tokens
         value = float(loss.detach())
         if dist.world_size() == 1:  # several ranks: a rank's NaN reaches every rank's gradient norm, checked alike
@@ -216,15 +212,6 @@ class WarmStart:
         ws = self.cfg.warm_start
         return ws.seed if ws.seed >= 0 else self.cfg.trainer.seed
 
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        """`warm_start.autocast` over float32 trainable layers on a bf16 / fp16 model: the SFT computes in the
-        model's dtype under autocast while the weights, and so every update, stay float32. Off by default: it
-        cost the policy admissible actions where it was measured (docs/results.md). The RL phases have their own switch,
-        `model.autocast`."""
-        m = self.cfg.model
-        return torch_dtype_of(m.dtype) if self.cfg.warm_start.autocast and m.float32_trainable else None
-
     def settings(self) -> dict[str, Any]:
         """Everything that determines the warm-started weights (hashed by `warm_start_key`)."""
         c = self.cfg
@@ -243,13 +230,10 @@ class WarmStart:
         return {"model": model, "env": env,
                 "system_prompt": self.system_prompt,
                 # `seed` enters once, as the effective seed, so keys from before the field existed still match
-                # `autocast` enters as `sft_autocast`, only where it changes the SFT: older keys still match
-                "warm_start": {k: v for k, v in asdict(c.warm_start).items()
-                               if k not in ("cache", "seed", "autocast")},
+                "warm_start": {k: v for k, v in asdict(c.warm_start).items() if k not in ("cache", "seed")},
                 "optim": {k: getattr(c.optim, k) for k in ("betas", "weight_decay", "grad_clip")},
                 "env_num_tasks": self.env_num_tasks, "seed": self.seed,
-                **({"demonstrator": self.demonstrator} if self.demonstrator else {}),
-                **({"sft_autocast": str(self.autocast_dtype)} if self.autocast_dtype is not None else {})}
+                **({"demonstrator": self.demonstrator} if self.demonstrator else {})}
 
     def cache_dir(self) -> Path | None:
         """The shared cache entry of these settings (None with `warm_start.cache=off`)."""
@@ -284,8 +268,8 @@ class WarmStart:
         else:
             from agentgym_opsd.models.loading import blocks_autocast
 
-            # model.autocast is for the RL phases: the SFT under it matched the exact match but left a weaker
-            # policy (more inadmissible actions; docs/training.md); warm_start.autocast is the SFT's own switch
+            # bf16-mixed's autocast is for the RL phases: the SFT under it matched the exact match but left a
+            # weaker policy (more inadmissible actions; docs/training.md)
             with blocks_autocast(policy.model, enabled=False):
                 summary = self._train(policy, runner, cached)
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
@@ -337,7 +321,7 @@ class WarmStart:
             try:
                 losses.append(sft_step(policy.engine, rows, pick, pad_id=policy.pad_id,
                                        max_tokens=cfg.optim.micro_batch_tokens, max_rows=cfg.optim.micro_batch_rows,
-                                       device=policy.device, autocast_dtype=self.autocast_dtype, trunk=trunk,
+                                       device=policy.device, trunk=trunk,
                                        packed=packed, prefix_len=prefix_len))
             except NonFiniteError as exc:
                 raise NonFiniteError(f"warm start, SFT step {k} of {len(schedule)}: {exc}") from None

@@ -22,6 +22,7 @@ The package, one concern a module (everything public is re-exported here):
                        belief and the bounded re-weighting, the discounted scan
   ``agentopsd_token``  AgentOPSD at token level (the released WebShop / Search-QA variant)
   ``gigpo``            GiGPO's step advantage and AgentOPSD + GiGPO
+  ``oracle``           the oracle's progress as e_k (a diagnostic bound: privileged state)
   ``registry``         named estimators; the trainer picks one by name through :func:`estimate`
   ``reference``        the slow, obvious loops the tests and the benchmark check the fast paths against
   ``_checks``          input validation

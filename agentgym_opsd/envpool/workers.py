@@ -1,21 +1,14 @@
 """Environments out of this process: the worker protocol (`WorkerEnvs`, `RemoteEnvPool`) and the
 `processes` backend (`ProcessEnvPool`; `ray_actors` places the same workers as Ray actors).
 
-`processes` and `ray` host the environments in
-worker processes (multiprocessing, spawn) or Ray actors: worker w holds a contiguous block of the pool's
-indices, so the G copies of a task (GRPO group) share a worker and its caches (ALFWorld's plan cache), and
-runs its share of a reset/step one environment after another; the workers run side by side. CPU-bound
-environments (ALFWorld's engine holds one lock per process) then use as many cores as there are workers.
-
-Failures end trajectories flagged, as with threads: an environment that raises is answered
-`environment raised during step: ...` by its worker. A worker that dies (killed, segfault) or does not answer
-within `step_timeout_s` is killed and replaced by a fresh one; every environment it hosted ends its episode
-flagged with the reason (its state died with the worker), the others go on, and the pool keeps working.
-
-Workers are started with `spawn`: a script that makes a `processes` pool at import time, outside
-`if __name__ == "__main__":`, makes every worker run it again and fail to start (multiprocessing's rule).
-Environments must be picklable recipes (`EnvFactory`); an environment registered from a `.py` file by path
-(`--import my_env.py`) is not importable in a worker — register it from an installed module instead.
+Worker w holds a contiguous block of the pool's indices, so the G copies of a task (a GRPO group) share a worker
+and its caches; it steps its environments one after another while the workers run side by side, so CPU-bound
+environments (ALFWorld's engine holds one lock per process) use as many cores as there are workers. An
+environment that raises ends its trajectory flagged (`environment raised during step: ...`). A worker that dies or
+does not answer within `step_timeout_s` is killed and replaced; its environments end their episodes flagged, the
+others go on. Workers start with `spawn` (the trainer's torch, CUDA and threads do not survive a fork), so a
+script must make a `processes` pool under `if __name__ == "__main__":`, and environments travel as picklable
+`EnvFactory` recipes: one registered from a `.py` file by path (`--import my_env.py`) cannot be made in a worker.
 """
 
 from __future__ import annotations

@@ -2,21 +2,13 @@
 
     python -m agentgym_opsd.inspector RUN_DIR [--step N] [--out FILE.html]
 
-reads `RUN_DIR/trajectories/step_N.jsonl` and, when the trainer wrote it, `RUN_DIR/credit/step_N.jsonl`
-(joined by trajectory id and turn index), and writes one self-contained page (inline CSS, JS and SVG; no
-server, no network): task groups → trajectories → turns. Each turn shows the state it acted on, the
-response (tokens shaded by teacher − student log-prob gap when the gaps were saved), validity, the oracle
-distance when the rollout recorded one, and its credit numbers (e_k, B_k, ΔB_k, w_k, Ã_k, GiGPO's step
-numbers). Each trajectory has a sparkline of its belief B_0 … B_K. Filters (outcome, estimator, task type)
-and sorting run in the page. Every piece of text from the run is HTML-escaped. Default output:
-`RUN_DIR/credit/step_N.html`.
-
-Both files are checked line by line as they are read, the way trajectory records are (`records.check_fields`):
-a line of the wrong shape, missing a field every line has (`_LINE_REQUIRED`, `_TURN_REQUIRED`, one field of a
-group an estimator writes together), holding a number JSON cannot hold (NaN, Infinity, 1e999, an integer of
-over 4,300 digits) or a string over `MAX_STRING_CHARS` is one error line naming the file, the line and the
-field (exit 2), and the page is written atomically, so a failure leaves no file behind. Keys a credit line has beyond those below are ignored
-(a newer trainer's extra numbers do not break an older inspector).
+reads `RUN_DIR/trajectories/step_N.jsonl` and, when the trainer wrote it, `RUN_DIR/credit/step_N.jsonl` (joined by
+trajectory id and turn), and writes one self-contained page (default `RUN_DIR/credit/step_N.html`; no server, no
+network): task groups, trajectories and turns with state, response (shaded by teacher − student gap), validity,
+oracle distance and credit numbers, a belief sparkline per trajectory, filters and sorting. All run text is
+HTML-escaped. Both files are checked line by line (`records.check_fields`): a malformed line, a missing field, a
+number JSON cannot hold or a string over `MAX_STRING_CHARS` is one error naming file, line and field (exit 2). The
+page is written atomically. Unknown keys in a credit line are ignored, so newer trainer output still loads.
 """
 
 from __future__ import annotations

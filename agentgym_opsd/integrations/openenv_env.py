@@ -1,20 +1,14 @@
 """Our environments as OpenEnv environments (`openenv-core` 0.3): `AgentGymEnvironment`, one per session, over
 one registered environment (`Env-v0` or `Env-v0:split`), with typed action, observation and state.
 
-The action is the agent's reply as it wrote it (`AgentAction.text`, e.g. `"<action>go to desk 1</action>"`).
-The session parses it with the environment's own parser (`EnvProfile.parser`), as our rollout does, so a
-reply without a usable action is an invalid action, never an error: the environment answers it, the reward
-carries the profile's invalid-action penalty where `SessionSettings.penalize` says, and the episode goes on.
-Each turn is judged by the core's one per-turn rule (`agentgym_opsd.turns`), so an episode played here is the
-episode our rollout would have recorded.
-
-The observation (`AgentObservation`) carries the environment's text and our `info`: task, admissible actions,
-whether the action was valid and why not, won / score, terminated / truncated apart (OpenEnv's `done` is
-either), the oracle's distance to the goal where the environment reports one, and `prompt`, the chat our
-own policies would be shown next (`PromptRenderer`: system prompt, task, last-k turns, admissible actions).
-Privileged fields stay empty unless the server opts in (`SessionSettings`): the task's skill context `c+`
-(`skill_context`) and the expert's next action (`oracle_action`, for demonstrations and tests). Other info
-keys (a WebShop goal's ASIN, privileged hints) are never sent.
+The action (`AgentAction.text`) is the agent's reply as written, parsed with the environment's own parser as our
+rollout does: a reply without a usable action is an invalid action, never an error; the reward carries the
+profile's penalty where `SessionSettings.penalize` says, and the episode goes on. Each turn is judged by the
+core's one per-turn rule (`agentgym_opsd.turns`), so an episode played here is the one our rollout would record.
+`AgentObservation` carries the text and our info (task, admissible actions, validity and why not, won / score,
+terminated / truncated apart, the oracle distance where reported) and `prompt`, the chat our own policies would
+see next. Privileged fields stay empty unless the server opts in (`SessionSettings`): the skill context `c+` and
+the expert's next action. Other info keys (a WebShop goal's ASIN, privileged hints) are never sent.
 """
 
 from __future__ import annotations

@@ -3,17 +3,12 @@
     agentgym-opsd openenv-package ALFWorld-v0 envs/alfworld --extra alfworld   # one folder
     agentgym-opsd openenv-package --builtin examples/openenv                   # ALFWorld, WebShop, Search-QA
 
-OpenEnv's CLI (`openenv validate`, `build`, `push`, openenv-core 0.3) expects a folder with `openenv.yaml`,
-`pyproject.toml` (a `server` script, openenv-core among the dependencies), `uv.lock` and `server/app.py` (an ASGI
-`app` and a `main()`). This writes them: `server/app.py` serves the environment with `serve-openenv`'s app and
-limits (`openenv_server`), OpenEnv's web playground on, and this folder's README.md in it. The folder depends
-on agentgym-opsd from `--source` (default: this checkout, when agentgym-opsd runs from one) and is locked with
-`uv lock` for Linux x86-64 (what OpenEnv's images run on; the lock is a fifth of an all-platform one) when `uv`
-is found; without it, run `uv lock` there.
-
-The folders of our three environments are committed under examples/openenv/ (`--builtin`), so that `cd
-examples/openenv/alfworld && uv run server` works from a clone; tests/test_openenv_package.py checks that they
-are what this module writes and that `openenv validate` passes on each.
+OpenEnv's CLI (`openenv validate`, `build`, `push`; openenv-core 0.3) expects `openenv.yaml`, `pyproject.toml`
+(a `server` script, openenv-core among the dependencies), `uv.lock` and `server/app.py` (an ASGI `app` and a
+`main()`). This writes them: `server/app.py` serves the environment with `serve-openenv`'s app and limits, with
+OpenEnv's web playground. The folder installs agentgym-opsd from `--source` (default: this checkout, when it runs
+from one) and is locked with `uv lock` for Linux x86-64 (what OpenEnv's images run on) when `uv` is found; else run
+`uv lock` there. `--builtin` writes the folders committed under examples/openenv/, where `uv run server` works.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
-"""TRL's environment mode for our environments: a `rollout_func` for `trl.GRPOTrainer` (trl 1.16.0).
+"""TRL's environment mode for our environments: a `rollout_func` for `trl.GRPOTrainer` (trl 1.16).
 
-    from trl import GRPOConfig, GRPOTrainer
-    from agentgym_opsd.integrations.trl import AgentGymRollout, episode_won, task_dataset
-
-    trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, reward_funcs=[episode_won],
-        args=GRPOConfig(output_dir="out", num_generations=4, max_completion_length=24,
-                        generation_kwargs={"stop_strings": ["</action>"]}),
-        train_dataset=task_dataset(range(16)),                    # one row per task: its reset seed and index
-        rollout_func=AgentGymRollout("ALFWorld-v0:easy", record_path="episodes.jsonl"))
-    trainer.train()
-
-TRL 1.16 takes multi-turn environments two ways. `environment_factory` (our `trl_tools.AgentGymToolEnvFactory`)
-makes an environment's methods tools called in one growing conversation: TRL's agent. `rollout_func` is this
-module's `AgentGymRollout`: our agent, prompted afresh each turn (`PromptRenderer`) and answering in text the
-environment's parser reads. A dataset prompt names a task (`task_dataset`); the copies of a task are played as
-one group of our episodes by `RolloutRunner` (a group that straddles processes is played in part on each, under
-its global group id), so prompts, parsing, invalid actions and records are exactly our trainer's. Each episode
-goes back as one row (turn 1's prompt as `prompt_ids`, then action 1, turn 2's prompt with `env_mask` 0, action
-2, ...), with `won`, `score`, `num_turns`, `invalid_actions` and `invalid_penalty` for the reward functions
-(`episode_won`, `episode_score`, `invalid_action_penalty`), and is appended to `record_path` in our JSONL format.
-How TRL's update on such rows differs from ours, and what to leave off (`mask_truncated_completions`,
-`use_vllm`), is in docs/integrations.md.
+TRL takes multi-turn environments two ways: `environment_factory` (`trl_tools`: TRL's agent, calling tools in one
+growing conversation) and `rollout_func`, this module's `AgentGymRollout`: our agent, prompted afresh each turn
+(`PromptRenderer`) and answering in text the environment's parser reads. A dataset prompt names a task
+(`task_dataset`); the copies of a task are played as one group by `RolloutRunner` (a group split across processes
+keeps its global group id), so prompts, parsing, invalid actions and records are exactly our trainer's. Each
+episode goes back as one row (`pack_episode`: turn 1's prompt, then the actions with the later prompts between
+them at `env_mask` 0) with `won`, `score`, `num_turns`, `invalid_actions` and `invalid_penalty` for the reward
+functions (`episode_won`, `episode_score`, `invalid_action_penalty`), and is appended to `record_path` in our JSONL.
+docs/integrations.md has a full example, how TRL's update on such rows differs from ours, and what to leave off.
 """
 
 from __future__ import annotations

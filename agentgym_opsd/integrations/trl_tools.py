@@ -1,33 +1,14 @@
-"""TRL's `environment_factory` for our environments: the model plays an episode by calling one tool.
+"""TRL's `environment_factory` for our environments: the model plays an episode by calling one tool, `act`.
 
-    from trl import GRPOConfig, GRPOTrainer
-    from agentgym_opsd.integrations.trl_tools import AgentGymToolEnvFactory, tool_task_dataset
-
-    trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer,                       # a chat template that renders tool calls
-        args=GRPOConfig(output_dir="out", num_generations=4, max_tool_calling_iterations=10),
-        train_dataset=tool_task_dataset(range(16)),                    # one row per task: its seed and index
-        environment_factory=AgentGymToolEnvFactory("ALFWorld-v0:easy", record_path="episodes.jsonl"))
-    trainer.train()
-
-TRL (1.16, `GRPOTrainer.__init__`) calls the factory with no arguments for each rollout it runs at once, calls
-`reset(**row)` with the dataset row and appends the string it returns to the prompt, exposes every public
-method other than `reset` and `get_reward` as a tool, and calls `get_reward()` once per finished rollout (with
-weight 1, logged as `rewards/AgentGymToolEnv/mean`). So `AgentGymToolEnv` has exactly one tool, `act`.
-
-An episode is an OpenEnv session (`openenv_session`): our `AgentGymEnvironment` in this process, or a
-`serve-openenv` server (`server_url`). The tool's argument is the action; one that the environment's parser
-does not read as it stands is first put in the parser's own reply form (`ActionParser.format`: ALFWorld's
-`go to desk 1` becomes `<action>go to desk 1</action>`), so a model may write either. The session parses,
-validates and answers it as it does every reply; an invalid action is answered and the episode goes on.
-
-Every episode is appended to `record_path` in our trajectory JSONL when TRL asks for its reward: one `Turn`
-per tool call, recorded by `turns.record_turn` as our rollout records (the prompt our renderer would have shown
-at that turn, the argument as `response_text`, the parsed action, validity and invalid kind, observation and the
-environment's reward: penalties are charged by whoever reads the record, honouring its `penalize`), the outcome, and `c+` when the session sends it (in-process:
-`use_skills=True`; a server: `--skill-context`). Token ids are not recorded: TRL keeps them, the tool never
-sees them. Rollouts of the same task that follow each other on one process (TRL's sampler repeats a row
-`num_generations` times in a row) share a `group_id`.
+`AgentGymToolEnvFactory(env_spec, ...)` goes to `GRPOTrainer(environment_factory=...)` with a dataset from
+`tool_task_dataset` (docs/integrations.md has the full example). TRL (1.16) calls the factory once per rollout it
+runs at once, calls `reset(**row)` and appends its text to the prompt, exposes every public method other than
+`reset` and `get_reward` as a tool, and calls `get_reward()` once per finished rollout: hence one tool. An episode
+is an OpenEnv session, in this process or on a `serve-openenv` server (`server_url`). An argument the parser cannot
+read as it stands is first put in the parser's reply form (`ActionParser.format`), so a model may write either; an
+invalid action is answered and the episode goes on. At `get_reward` the episode is appended to `record_path` in our
+trajectory JSONL, one `Turn` per tool call as our rollout records it (`turns.record_turn`), without token ids (TRL
+keeps those); consecutive rollouts of one task on a process share a `group_id`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
-"""The one HTTP server every server we ship runs on: uvicorn, as OpenEnv's server, vLLM's OpenAI server and TRL's
-`vllm-serve` do, with its limits set and our guards around the app.
+"""The one HTTP server every server we ship runs on: uvicorn with its limits set and our guards around the app.
 
-- `connection_protocol`: uvicorn's h11 protocol with a deadline on each request head (an idle or trickling client
-  gets a JSON 408 and is closed: uvicorn has none), a cap on open connections answered with a JSON 503 (uvicorn's
-  own is plain text), a 413 at once for a chunk declared over the body limit, and JSON for h11's refusals of a
-  malformed request (a bad request line, conflicting Content-Length headers: a 400 with a status line);
-- `GuardedHTTP`: the ASGI app around the real one. Each guarded request's body is read whole on the event loop,
-  under its deadline (408) and the size limit (413, a declared length refused before a byte is read), before the
-  app sees it, so a client that stalls mid-body holds a coroutine and a socket, never a worker thread; at most
-  `max_in_progress` requests are in the app (one more: a JSON 503 with Retry-After); a stop drains (below);
-- `wsgi_host`: a WSGI app (Flask) behind the guard, run on a fixed pool of `limits.workers` threads (a2wsgi);
-- `serve` runs a guarded app in the foreground until SIGINT or SIGTERM; `BackgroundServer` on a thread (tests,
-  the browser mode of WebShop, benchmarks).
-
-A stop (SIGINT or SIGTERM) has two stages. First the server drains: every new request gets a JSON 503 with
-Retry-After, the requests in progress end; once none has been in progress for `DRAIN_QUIET_S` (or the shutdown
-grace is spent, when the app's `cancel_in_flight` is called) uvicorn's own shutdown closes the listening socket
-and waits for the rest. Closing the socket at once would reset whatever connections the kernel had queued but the
-server not yet accepted: requests lost, not refused; drained, the clients told to retry are waiting when it closes.
-A second signal stops it at once. The process then waits for the worker threads, so none is inside the app (a
-torch call, say) when the interpreter exits.
+- `connection_protocol`: uvicorn's h11 protocol with a deadline on each request head (JSON 408), a cap on open
+  connections (JSON 503), a 413 at once for a body declared over the limit, and JSON for h11's refusals (400);
+- `GuardedHTTP`: each guarded body is read whole on the event loop, under its deadline and size limit, so a stalled
+  client holds a coroutine, never a worker thread; at most `max_in_progress` requests are in the app (then 503);
+- `wsgi_host`: a WSGI app (Flask) behind the guard on `limits.workers` threads; `serve` runs a guarded app until
+  SIGINT or SIGTERM, `BackgroundServer` on a thread.
+A stop drains first: new requests get 503 with Retry-After, and the listening socket closes once none has been in
+progress for `DRAIN_QUIET_S` (or the grace is spent: `cancel_in_flight`), as closing it at once would drop the
+queued connections unanswered. A second signal stops at once; the process waits for its worker threads to exit.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """`ALFWorld-v0`: ALFWorld's text games behind the turn API.
 
-Observations, admissible commands and "Nothing happens." are ALFWorld's own (TextWorld's PDDL engine on
-ALFWorld's domain and grammar). Reward: 1.0 on the step where the goal first holds, else 0.0 (ALFWorld's
-`won`; the trainer subtracts the invalid-action penalty itself). An action is valid when, stripped of
-surrounding whitespace, it is one of the admissible commands; anything else is answered "Nothing happens."
-without changing the state, exactly as the engine would answer it. `lowercase_actions=True` matches as the
-released AgentOPSD / verl-agent trainer does (the action lower-cased first, so "Go to Desk 1" is "go to desk
-1"); the default is exact matching (ALFWorld's commands are all lower case, so this only decides whether an
-upper-case reply counts).
-
-`info["oracle_distance"]` (reset and every step): the length of the planner's shortest plan from the current
-state, 0 once the goal holds, None if no plan exists. The expert's plan is kept up to date after every step
-(popped while the agent stays on it, replanned when it leaves it, through `PLAN_CACHE`, so a state the
-group has already visited is not planned again).
-
-`info["privileged_hints"]` (reset), for the self-teacher only: `goal` — where the expert takes each goal
-object from, what it heats / cools / cleans it with or which lamp it uses, and the receptacle it puts it in /
-on (read off the expert's shortest plan from the start); `plan` — that whole plan, action by action.
+Observations, admissible commands and "Nothing happens." are ALFWorld's own (TextWorld's PDDL engine). Reward: 1.0
+on the step where the goal first holds, else 0.0 (the trainer subtracts the invalid-action penalty itself). An
+action is valid when, stripped, it is an admissible command; anything else gets "Nothing happens." and leaves the
+state unchanged, as the engine would. `lowercase_actions=True` lower-cases the action first, as the released
+AgentOPSD / verl-agent trainer does; the default matches exactly. `info["oracle_distance"]` (reset and every
+step): the length of the planner's shortest plan from the current state, 0 once the goal holds, None if no plan
+exists; the plan is popped while the agent follows it and replanned (`PLAN_CACHE`) when it leaves it.
+`info["privileged_hints"]` (reset), for the self-teacher only: `goal`, facts read off the expert's shortest plan
+(where each goal object is, what heats / cools / cleans it or which lamp to use, where it goes); `plan`, that plan.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """`SearchQA-v0`: answer a question by searching a corpus, Search-R1 style.
 
-Each turn the agent sends `<search>query</search>` (the observation is the top-k passages inside
-`<information>...</information>`) or `<answer>text</answer>` (the episode ends; reward 1 when the answer
-matches a gold answer after normalisation, else 0). As in Search-R1, the first complete tag of the response
-is acted on, an empty tag is an action (an empty query is searched, an empty answer is scored); a response
-with no complete tag is an invalid action: a fixed message, `action_valid=False`, the episode goes on.
-`max_turns` (4) means what it means in Search-R1: that many search turns, then one final turn for the answer,
-in which a search is not run (its `<information>` block is empty) — at most `max_turns + 1` turns.
-
-`info["oracle_distance"]` (reset and every step): the expert actions still needed, i.e. the gold hops not yet
-retrieved (a hop counts as done once its passage was seen or its query was tried, as the expert skips it
-then; a question without a hop chain needs one search) plus 1 for the answer. 0 after a correct answer, None
-after a wrong one (the episode is over without the goal).
-
-`info["privileged_hints"]` (reset), for the self-teacher only: `goal` — the titles of the gold supporting
-passages in hop order (empty for a question without a hop chain); `answer` — those titles and the answer.
+Each turn the agent sends `<search>query</search>` (observation: the top-k passages inside
+`<information>...</information>`) or `<answer>text</answer>` (the episode ends; reward 1 when the answer matches a
+gold answer after normalisation, else 0). As in Search-R1, the first complete tag is acted on and an empty tag is
+an action; a response without a complete tag is invalid (a fixed message, `action_valid=False`, the episode goes
+on). `max_turns` (4) counts search turns as in Search-R1, plus one final turn for the answer, in which a search is
+not run. `info["oracle_distance"]`: the gold hops not yet retrieved (a hop is done once its passage was seen or its
+query tried; a question without a hop chain needs one search) plus 1 for the answer; 0 after a correct answer,
+None after a wrong one. `info["privileged_hints"]` (reset), for the self-teacher only: `goal`, the titles of the
+gold supporting passages in hop order; `answer`, those titles and the answer.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """`WebShop-v0`: the shop behind the turn API, in `text` mode (pages rendered in-process) or `browser`
 mode (headless Chromium on the running site, observations read from the DOM).
 
-Observation: the page's visible strings joined by " [SEP] " (the instruction is on every page, as in the
-original). Actions: `search[query]` (on any page, as in the original) and `click[name]` (a current
-clickable; the argument is lower-cased); `think[...]` is valid and changes nothing. `admissible_actions`: the current clickables as `click[...]` strings, plus the
-literal hint `search[<your query>]` when the search bar is shown (the agent writes its own query there).
-Only `click[buy now]` ends the episode (terminated), with reward = the WebShop score in [0, 1];
-`info["won"]` iff the score is 1. Everything else gives reward 0; invalid actions change nothing and set
-`info["action_valid"] = False` (the rollout subtracts the profile's penalty).
-
-`info["oracle_distance"]` (reset and every step, text mode): how many expert actions are still needed from
-the current state (`oracle.oracle_distance`), 0 after a purchase that scored 1, None after one that scored
-less. Browser mode reports None: its session lives in the browser, out of reach of the simulation.
-
-`info["privileged_hints"]` (reset), for the self-teacher only: `goal` — the target product's title and
-ASIN, the instruction's attributes, the options to choose and the price cap.
+Observation: the page's visible strings joined by " [SEP] " (the instruction on every page, as in the original).
+Actions: `search[query]` (on any page, as in the original) and `click[name]` (a current clickable,
+lower-cased); `think[...]` is valid and changes nothing. `admissible_actions`: the clickables as `click[...]`, plus
+the literal hint `search[<your query>]` when the search bar shows. Only `click[buy now]` ends the episode, with
+reward the WebShop score in [0, 1] and `info["won"]` iff it is 1; invalid actions change nothing and set
+`info["action_valid"] = False`. `info["oracle_distance"]` (reset and every step; None in browser mode): expert
+actions still needed, 0 after a purchase that scored 1, None after one that scored less. `info["privileged_hints"]`
+(reset), for the self-teacher only: `goal`, the target's title and ASIN, attributes, options and price cap.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """Loaders for the real WebShop files, for users who have them (they cannot be downloaded here).
 
-- `items_shuffle*.json`: a list of products {asin, name, full_description, small_description (a list, or
-  one string), pricing ("$12.99" or "$10.00 - $20.00"), customization_options {group: [{value, image}]} or
-  null, category, query, product_category ("A › B › C"), optional average_rating}.
-- `items_ins_v2*.json`: {asin: {attributes: [...], instruction?, instruction_attributes?}}.
-- `items_human_ins.json` (optional): {asin: [{instruction, instruction_attributes, instruction_options}]}.
-
-Read as the original WebShop reads them: an asin "nan" or longer than 10 characters is skipped, a repeated
-asin keeps its first record; a product without a price costs $100; option values are stripped, lower-cased
-and "/" becomes " | "; a string `small_description` is one bullet point. Human goals are made in catalogue
-order (each product's instructions in file order), skipping those with no `instruction_attributes`; the
-instruction loses its surrounding "." and gets the price text of the original rule (`original_price_cap`).
-The split is the original's: the goals are shuffled with seed 233 and the first 500 are the test goals (the
-original's baselines use 500-1500 for development and the rest for training; here 500 onwards is `train`).
-Without the human file, goals come from `items_ins_v2`'s synthetic instructions, one per product (the
-original makes one per option combination), split the same way.
+- `items_shuffle*.json`: a list of products {asin, name, full_description, small_description (a list or one
+  string), pricing ("$12.99" or "$10.00 - $20.00"), customization_options {group: [{value, image}]} or null,
+  category, query, product_category ("A › B › C"), optional average_rating};
+- `items_ins_v2*.json`: {asin: {attributes, instruction?, instruction_attributes?}}; optional
+  `items_human_ins*.json`: {asin: [{instruction, instruction_attributes, instruction_options}]}.
+Read as the original reads them: an asin "nan" or over 10 characters is skipped, a repeated one keeps its first
+record, a product without a price costs $100, option values are stripped, lower-cased and "/" becomes " | ". Goals
+come in catalogue order (human ones without attributes skipped; without the human file, one synthetic goal per
+product), with the original's price cap (`original_price_cap`) and split: seed-233 shuffle, first 500 `test`.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
-"""WebShop's reward for buying a product with some chosen options, against a goal — the original's rule.
+"""WebShop's reward for buying a product with some chosen options, against a goal: the original's rule.
 
-    R = (attributes matched + options matched + price term) / (|A| + |O| + 1) × r_type
+    R = (attributes matched + options matched + [paid price <= goal's price cap]) / (|A| + |O| + 1) × r_type
 
-- attribute matched: some product attribute has fuzzy token-set ratio > 85 with it, else the goal attribute
-  (as written, not lower-cased) is a substring of the lower-cased title, of the lower-cased bullet points
-  joined by spaces, or of the lower-cased description — each field on its own;
-- option matched: some chosen option value, colour-normalised, has token-set ratio > 85 with the
-  colour-normalised goal value;
-- price term: 1 if the paid price is <= the goal's price cap;
-- r_type (product-type factor) from the nouns of the two titles, the search query and the breadcrumb levels
-  (see `type_factor`).
-Success iff R = 1.
-
-Fuzzy matching reproduces the scorer the original pins (thefuzz 0.19 without python-Levenshtein): both
-texts are preprocessed (non-strings turned into their `str`, code points 128-255 dropped, every non-word
-character replaced by a space, lower-cased, stripped), split into token sets, and the best of three
-`difflib` ratios between "intersection" and "intersection + rest" strings is rounded to an integer. So
-"x-large" vs "large", "6.5" vs "6" and "small | medium" vs "Small/Medium" all score 100.
-
-Nouns. The original keeps the tokens that spaCy's `en_core_web_sm` tags NOUN or PROPN. We do the same when
-spaCy and that model can be loaded (`pip install "agentgym-opsd[webshop-spacy]"` plus the model, see the
-README), and otherwise use `heuristic_nouns`: a deterministic stand-in (lower-case word tokens of the title
-that are (a) a known product-type head noun from our generator's vocabulary, or (b) alphabetic, at least 3
-letters, not in a list of function words, colours, sizes and common title adjectives
-(vocabulary.NON_NOUN_WORDS), and not ending in a typical adjective/adverb suffix). Product titles are noun
-phrases whose non-adjective content words are mostly nouns, so this is close to a tagger with no model. The
-choice: `nouns=` argument, else `$AGENTGYM_OPSD_WEBSHOP_NOUNS` (`auto` (default: spaCy when loadable),
-`spacy` (required), `heuristic`); the model name: `$AGENTGYM_OPSD_WEBSHOP_SPACY_MODEL` (`en_core_web_sm`).
-
-`get_reward(purchased_product, goal, price, options)` takes the original's dictionaries, so users can check
-scores against theirs; the environment's `score_purchase` feeds the same functions from our dataclasses.
+An attribute matches when a product attribute has fuzzy token-set ratio > 85 with it, else when it (not lower-cased)
+is a substring of the lower-cased title, joined bullet points or description; an option, when a chosen value has
+ratio > 85 with the goal value, both colour-normalised. r_type: `type_factor`; success iff R = 1. Fuzzy scores are
+thefuzz 0.19's (`preprocess`: code points 128-255 dropped, non-word characters to spaces, lower-cased). Nouns: spaCy
+`en_core_web_sm` NOUN/PROPN when loadable, as the original, else `heuristic_nouns` (known product-type nouns, or
+alphabetic words of 3+ letters outside `NON_NOUN_WORDS` and without an adjective suffix), as `nouns=` or
+`$AGENTGYM_OPSD_WEBSHOP_NOUNS` (auto | spacy | heuristic) picks. `get_reward` takes the original's dictionaries.
 """
 
 from __future__ import annotations
