@@ -68,6 +68,8 @@ STUDY_ARMS: list[tuple[str, str]] = [
     ("alfworld/agentopsd-lam1.0", "ALFWorld / AgentOPSD λ 1.0"),
     ("alfworld/grpo-lr5e-5", "ALFWorld / GRPO, lr 5e-5"),
     ("alfworld/agentopsd-lr5e-5", "ALFWorld / AgentOPSD, lr 5e-5"),
+    ("alfworld/grpo@epyc-f26", "ALFWorld / GRPO, rerun beside the oracle (AMD EPYC family 26, bf16-mixed)"),
+    ("alfworld/agentopsd-oracle@epyc-f26", "ALFWorld / AgentOPSD on oracle evidence (diagnostic bound; the same CPU)"),
     ("searchqa/grpo", "Search-QA / GRPO"),
     ("searchqa/agentopsd-hint", "Search-QA / AgentOPSD (`hint`)"),
     ("webshop/grpo", "WebShop / GRPO (`outcome=score`), action history, title-aware expert (10 steps)"),
@@ -139,10 +141,11 @@ def _seeds(n: int) -> str:
 
 
 def _teacher_auc(arm: dict) -> str:
-    """The self-teacher's raw e_k AUC won / lost; "no teacher" for an estimator without one."""
+    """The raw e_k AUC won / lost (the self-teacher's, or the oracle's where its distance is the evidence);
+    "no teacher" for an estimator that records none."""
     auc = arm.get("evidence_auc") or {}
     if not arm.get("teacher"):
-        return "no teacher"
+        return "no teacher" if auc.get("success") is None else f"oracle {_auc(auc['success'])} / {_auc(auc.get('failure'))}"
     return "not recorded" if auc.get("success") is None else f"{_auc(auc['success'])} / {_auc(auc.get('failure'))}"
 
 
@@ -182,7 +185,7 @@ def render_study_answer() -> str:
         f"seeds that excludes 0). The largest held-out difference is {best[0]}, {_diff_ci(best[1])} points on "
         f"{_seeds(len(best[1]['seeds']))} of {best[1]['episodes']} episodes; the lowest {worst[0]}, "
         f"{_diff_ci(worst[1])} on {_seeds(len(worst[1]['seeds']))}. "
-        + (f"Where the self-teacher's raw e_k AUC (won / lost) is recorded: {auc_text}. " if teacher else "")
+        + (f"Where the raw e_k AUC (won / lost) is recorded: {auc_text}. " if teacher else "")
         + f"The intervals run from ±{100 * widths[0][1]['half_width']:.1f} points ({widths[0][0]}) to "
         f"±{100 * widths[-1][1]['half_width']:.1f} ({widths[-1][0]}); a ±3-point answer needs "
         f"{min(seeds_needed)}–{max(seeds_needed)} seeds per arm at the episodes used where a spread is measured, "
@@ -253,7 +256,7 @@ def render_precision() -> str:
                  f"float32 {probe['float32_gflops']:.0f} GFLOP/s, {probe['speedup']:.2f}×)" if probe else
                  "recorded before the probe: `model.dtype=auto` picks **float32** here")
         bf16 = "bf16_skipped" not in data
-        note = (" The bf16 column trains its top layers in float32 (`model.trainable_dtype`)."
+        note = (" The bf16 column trains its top layers in float32 (`model.precision=bf16-mixed`)."
                 if data.get("bf16_float32_trainable") else "") if bf16 else f" bfloat16 {data['bf16_skipped']}."
         lines += [f"**{cpu}**: {picks}.{note}", "",
                   "| phase | float32 s | bfloat16 s | bf16 speed vs fp32 |" if bf16 else "| phase | float32 s |",
@@ -341,7 +344,7 @@ def render_main_job_time() -> str:
     lines: list[str] = []
     phases = ("warm start", "evaluation", "rollout", "logprobs", "teacher", "update")
     for cpu, data in _load("main_job_time.json")["machines"].items():
-        lines += [f"**{cpu}**:", "", "| environment | cache | dtype | sampler | warm-start weights | minutes in all | "
+        lines += [f"**{cpu}**:", "", "| environment | cache | precision | sampler | warm-start weights | minutes in all | "
                   + " | ".join(phases) + " | held-out success |",
                   "|---|---|---|---|---|---:|" + "---:|" * len(phases) + "---|"]
         for run in data["runs"]:
@@ -355,7 +358,7 @@ def render_main_job_time() -> str:
             cells = [f"{run['phases_min'].get(p, 0.0):.1f}" for p in phases]
             said = [f"`{o}`" for o in run.get("overrides", [])] + ([run["note"]] if run.get("note") else [])
             cache = run["pass"] + (f" ({'; '.join(said)})" if said else "")
-            lines.append(f"| `{run['python']}` | {cache} | {run['dtype']} | {run['rollout_backend']} | {trained} | "
+            lines.append(f"| `{run['python']}` | {cache} | {run.get('precision') or run['dtype']} | {run['rollout_backend']} | {trained} | "
                          f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} |")
         lines.append("")
     return "\n".join(lines).rstrip()

@@ -7,7 +7,7 @@ One row per environment × arm with a paired difference (`render_results.paired_
 resolution table): the held-out success minus its GRPO baseline's on the same seeds, mean over seeds, with its
 95% interval (filled: a t interval over three or more seeds; open: the pooled-episode interval of fewer seeds,
 episode noise only; `agentgym_opsd.evaluation.paired`). Beside each row: the self-teacher's raw e_k AUC (won /
-lost) where the arm has a teacher that records it, the seeds × held-out episodes, and the conclusion. The PNG
+lost) where the arm records one (a teacher's, or the oracle's), the seeds × held-out episodes, and the conclusion. The PNG
 carries a digest of the numbers it drew (`stamp`), so the docs test can tell a stale figure from its JSON.
 """
 
@@ -55,7 +55,7 @@ def read_stamp(path: Path = FOREST) -> str | None:
 
 
 def _side_text(row: dict) -> str:
-    auc = ("" if not row["teacher"] else "e_k AUC not recorded · " if row["auc_won"] is None
+    auc = ("" if not row["teacher"] and row["auc_won"] is None else "e_k AUC not recorded · " if row["auc_won"] is None
            else f"e_k AUC {row['auc_won']:.2f} / {row['auc_lost']:.2f} · ")
     seeds = "1 seed" if row["seeds"] == 1 else f"{row['seeds']} seeds"
     return f"{row['mean']:+.1f} [{row['low']:+.0f}, {row['high']:+.0f}] · {auc}{seeds} × {row['episodes']} ep · " \
