@@ -40,7 +40,7 @@ def test_runs_once_shares_the_before_and_skips_finished_runs(tmp_path, monkeypat
         assert r["before"]["pool"]["success"] is not None and r["after"]["pool"]["success"] is not None
         assert r["failed_rows_positive"] == 0  # the cpu-tiny recipe never rewards a lost rollout either
         # where and how it computed: `auto` settings as the run resolved them (2 episodes never pay for vLLM)
-        assert r["dtype"] in ("float32", "bfloat16") and r["rollout_backend"] == "hf" and r["cpu"]
+        assert r["dtype"] in ("fp32", "bf16-mixed") and r["rollout_backend"] == "hf" and r["cpu"]
     # a second call finds every result file: nothing starts again, not even the before run
     started.clear()
     assert runner.run(specs) == [] and started == []

@@ -28,6 +28,7 @@ from agentgym_opsd.trainer.logprobs import (
     shared_prompt_prefix,
 )
 from agentgym_opsd.trainer.loop import Trainer
+from agentgym_opsd.trainer.turn_batch import PolicyLogProbs
 
 
 def _model(dtype: str = "float32", *, layers: int = 3, trained: int = 1):
@@ -155,7 +156,12 @@ def test_a_trainer_update_from_the_kept_trunk_moves_the_weights_as_the_full_one(
             trainer.session.trained.model.load_state_dict(model_state)
             trainer.session.trained.engine.load_state_dict(copy.deepcopy(optim_state))
             trainer.session.trunk_depth = depth
-            logprobs = trainer.logprobs(batch)
+            # the teacher-forced π_old pass (what a bf16-mixed or vLLM run takes; an fp32 HF run reuses the
+            # sampler's numbers and keeps no trunk), here in float32 so both depths can be compared exactly
+            trunk = TrunkCache.within(depth, cfg.optim.trunk_cache_mb)
+            old = trainer.session.trained.logprobs(batch.prompt_ids, batch.response_ids,
+                                                   packed=trainer.session.packed_update, trunk_cache=trunk)
+            logprobs = PolicyLogProbs(old, None, False, trunk)
             assert (logprobs.trunk is not None) == bool(depth)
             advantages = trainer.credit(batch, trainer.teacher(batch, logprobs, trajs))
             metrics = trainer.update(batch, logprobs, advantages)

@@ -457,9 +457,14 @@ def test_a_short_request_is_answered_while_long_prompts_are_generated(temperatur
 
         policy.generate_ids = held_generate  # type: ignore[method-assign]  # the main lane's policy only
         try:
-            longs = [pool.submit(requests.post, url, json=chat(_long_prompt(i), max_tokens=64, temperature=0),
-                                 timeout=TIMEOUT) for i in range(3)]
+            def send_long(i: int) -> Any:
+                return pool.submit(requests.post, url, json=chat(_long_prompt(i), max_tokens=64, temperature=0),
+                                   timeout=TIMEOUT)
+
+            # the first alone into generation, then the others: sent together, two could share its batch
+            longs = [send_long(0)]
             assert entered.wait(TIMEOUT)
+            longs += [send_long(i) for i in (1, 2)]
             wait_until(lambda: batcher.queued() == 2, "the other long prompts to queue behind the first")
             started = time.monotonic()
             short = requests.post(url, json=chat("Say hi.", max_tokens=16, temperature=temperature), timeout=TIMEOUT)
