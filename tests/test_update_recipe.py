@@ -366,6 +366,30 @@ def test_learning_summary_gives_intervals_and_warns_when_worse_beyond_chance(tmp
     assert len(out) == 3 and not out[2].startswith("WARNING")  # the pool did not move: no warning
 
 
+def test_learning_summary_compares_the_held_out_episodes_one_by_one(tmp_path) -> None:
+    import json
+
+    from agentgym_opsd.trainer.cli import learning_summary
+    from agentgym_opsd.trainer.validation import validation_file, write_episode_outcomes
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 0, "val/success_rate": 0.5, "val/episodes": 40}, {"step": 6, "val/success_rate": 0.3,
+                                                                         "val/episodes": 40}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    # 40 episodes: 12 won both times, 8 won before only, 0 won after only, 20 lost both times
+    won = {0: [True] * 20 + [False] * 20, 6: [True] * 12 + [False] * 28}
+    for step, outcomes in won.items():
+        write_episode_outcomes(validation_file(tmp_path, step),
+                               [{"env_spec": "ALFWorld-v0", "seed": 10_000 + i, "won": w} for i, w in enumerate(outcomes)])
+    out = learning_summary(path)
+    assert out[1].startswith("held-out episodes: 0 won that were lost, 8 lost that were won, of 40 (change -20.0 "
+                             "points, paired 95% interval [")
+    # the two 40-episode intervals overlap, the paired comparison of the same episodes does not reach 0
+    assert out[2].startswith("WARNING: held-out success after training is lower on the same episodes beyond chance")
+    (tmp_path / "validation" / "step_000006.jsonl").unlink()  # episodes not kept: the plain lines only
+    assert len(learning_summary(path)) == 1
+
+
 def test_warm_start_can_leave_the_rl_pool_to_rl(tmp_path, toy_env_ids, monkeypatch) -> None:
     import agentgym_opsd.trainer.warm_start as warm_start
 

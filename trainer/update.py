@@ -95,8 +95,9 @@ class PPOUpdate:
             return {**dict.fromkeys(UPDATE_KEYS, 0.0), **StartDrift().metrics(), **dict.fromkeys(TIS_KEYS, 0.0)}
         correction = SamplerCorrection.compute(
             old, [r.sample_logprobs for r in rows], cap=a.tis_cap,
-            # on wherever π_old is not the sampler's own computation (`Precision.sampler_is_trainer`)
-            enabled=not (logprobs.from_sampler or self.cfg.model.numerics.sampler_is_trainer(self.cfg.rollout.backend)))
+            # on wherever the sampler's numbers are not the trainer's (`Precision.sampler_is_trainer`); where they
+            # are, π_old is the sampler's own log-probs or the same computation again
+            enabled=not self.cfg.model.numerics.sampler_is_trainer(self.cfg.rollout.backend))
         prompts, responses = batch.prompt_ids, batch.response_ids
         # the packed layout lays the prompts' shared prefix once per micro-batch, as the π_old pass over the same
         # prompts did (its trunk outputs follow that layout)

@@ -36,10 +36,11 @@ __all__ = ["MAX_ID_CHARS", "MAX_REPLY_CHARS", "RESET_FIELDS", "AgentAction", "Ag
 MAX_REPLY_CHARS = 100_000
 """The longest reply accepted (422 beyond): far more than any model turn, far less than a body limit's worth."""
 RESET_FIELDS = ("seed", "episode_id", "task_index", "task_id")
+"""What a reset may carry: OpenEnv's seed and episode id, and our task choice (`reset(options=...)`)."""
 MAX_ID_CHARS = 255
 """The longest episode or task id a reset may carry (OpenEnv's own bound on episode ids)."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
-"""What a reset may carry: OpenEnv's seed and episode id, and our task choice (`reset(options=...)`)."""
+"""A lone UTF-16 surrogate: text with one cannot be encoded, so ids holding one are refused and replies mended."""
 
 
 class BadRequest(ValueError):

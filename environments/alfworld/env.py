@@ -39,8 +39,6 @@ __all__ = ["ALFWorldEnv", "DATA_ENV_VAR", "ORACLE_DISTANCE"]
 DATA_ENV_VAR = "ALFWORLD_DATA"
 """Folder of downloaded ALFWorld data (holding `json_2.1.1/`), used when `data_source="real"`."""
 
-"""Info key: the oracle's distance to the goal (see the module docstring)."""
-
 _TASK_LINE = re.compile(r"Your task is to: (.*?)\.?\s*$", re.MULTILINE)
 # ALFWorld 0.4 commands that reveal where things are (the rest, go to / open / examine, only move the agent).
 _HINT_FACTS = (

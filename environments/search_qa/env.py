@@ -50,7 +50,6 @@ INVALID_ACTION_MESSAGE = (
     "Your previous action is invalid. Write exactly one <search>query</search> to search, or "
     "<answer>text</answer> to give your final answer, then try again."
 )
-"""Info key: expert actions still needed (see the module docstring)."""
 _PARSER = make_parser("tag:search,answer")  # Search-R1: the first complete <search> or <answer> is the action
 
 

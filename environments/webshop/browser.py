@@ -141,7 +141,7 @@ class BrowserShopper:
 
         parsed = parse_action(action)
         if parsed is None:
-            return ActionResult(False, "expected search[query] or click[name]")
+            return ActionResult(False, "expected search[query], click[name] or think[thought]")
         verb, argument = parsed
         if verb == THINK:  # as in text mode: a reasoning step, valid, nothing on the site changes
             return ActionResult(True, "thought noted; nothing changes")

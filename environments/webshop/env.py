@@ -36,7 +36,7 @@ from agentgym_opsd.environments.webshop.shop import DEFAULT_NUM_PRODUCTS, Shop, 
 __all__ = ["WebShopEnv", "MODES", "ORACLE_DISTANCE"]
 
 MODES = ("text", "browser")
-"""Info key: expert actions still needed (see the module docstring)."""
+"""`text`: pages rendered in-process; `browser`: the same shop served over HTTP and driven by Selenium (headless Chromium)."""
 
 
 def goal_hint(goal: Goal, title: str) -> str:
