@@ -6,10 +6,10 @@ dependency) loaded ahead of glibc's malloc and torch's GNU OpenMP; its start-up 
 `LD_PRELOAD`. So `train` and `eval`, run as commands (never when called as functions), re-execute themselves
 once with both preloaded, where vLLM's CPU build is installed and the libraries are found:
 
-    ./.ci/setup.sh --vllm                 # .venv-vllm; setup also installs libtcmalloc-minimal4 (apt)
-    .venv-vllm/bin/python -m agentgym_opsd.train --config cpu-small   # starts again, preloaded, at once
+    ./.ci/setup.sh                        # vLLM's CPU build in .venv, and libtcmalloc-minimal4 (apt)
+    .venv/bin/python -m agentgym_opsd.train --config cpu-small   # starts again, preloaded, at once
 
-What it gains is measured in the documentation's benchmarks page. Nothing changes where vLLM's CPU build is absent (`.venv`, a GPU machine) or a library is missing, or with
+What it gains is measured in the documentation's benchmarks page. Nothing changes where vLLM's CPU build is absent (`SKIP_VLLM=1` setup, a GPU machine) or a library is missing, or with
 `AGENTGYM_OPSD_PRELOAD=0`. A run on vLLM's CPU build logs what it was preloaded with (`LOG_PREFIX`).
 """
 

@@ -2,11 +2,12 @@
 cpu-small`) run cold (an empty cache: the dtype probe, the generated games, the warm start, the start
 evaluation and vLLM's compiled graphs are all made) and then warm (the same cache again), once per interpreter.
 
-    python benchmarks/bench_main_job_time.py                      # .venv, and .venv-vllm where it exists
-    python benchmarks/bench_main_job_time.py --python .venv-vllm/bin/python --passes cold
+    python benchmarks/bench_main_job_time.py                      # .venv, cold then warm
+    python benchmarks/bench_main_job_time.py --passes cold --threads 1 --out runs/seed1 --set trainer.seed=1
 
-`.venv` samples with transformers; from `.venv-vllm`, `rollout.backend=auto` picks vLLM's CPU engine where its
-start pays for the run's episodes. Each run's own `time:` line gives the minutes per phase. Run it on idle
+`rollout.backend=auto` picks vLLM's CPU engine where it is installed (`.venv`) and its start pays for the run's
+episodes. Each record keeps what the run printed of its learning: held-out and pool success before -> after, and
+the held-out episodes gained and lost one by one. Each run's own `time:` line gives the minutes per phase. Run it on idle
 cores: the figures are the machine's, and the record says which CPU (one record per CPU, as `precision.json`).
 
 Writes `benchmarks/results/main_job_time.json`: `{"machines": {cpu: {"runs": [{"python", "pass", "wall_min",
@@ -82,9 +83,9 @@ def run_record(run_dir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_pythons = [p for p in (ROOT / ".venv/bin/python", ROOT / ".venv-vllm/bin/python") if p.exists()]
+    default_pythons = [p for p in (ROOT / ".venv/bin/python",) if p.exists()]
     ap.add_argument("--python", nargs="+", default=[str(p) for p in default_pythons],
-                    help="interpreters to run the main job with (default: .venv, and .venv-vllm where it exists)")
+                    help="interpreters to run the main job with (default: .venv)")
     ap.add_argument("--passes", nargs="+", choices=("cold", "warm"), default=["cold", "warm"],
                     help="cold: an empty cache; warm: the cache the cold pass filled (run after it)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "main-job-time", help="run folders and caches")

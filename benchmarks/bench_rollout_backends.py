@@ -6,12 +6,11 @@ ALFWorld episodes (2 and 8 tasks x G = 4; the same tasks and sampler seed for ev
 turn's prompts are identical, later ones follow the samples), timed after one warm-up round of 4 episodes. Reported: seconds,
 generated tokens/s, the engine's start-up time, peak RSS, and for vLLM the cost of one weight sync (the
 trainer's `sync_weights` after an update, here of the same weights). The JSON keeps one record per CPU
-(`harness.cpu_model`), as `precision.json` does: a run replaces its own machine's record. Needs the
-environment with vLLM:
+(`harness.cpu_model`), as `precision.json` does: a run replaces its own machine's record. Needs vLLM
+(`./.ci/setup.sh` puts its CPU build in .venv):
 
-    ./.ci/setup.sh --vllm
-    .venv-vllm/bin/python benchmarks/bench_rollout_backends.py   # -> benchmarks/results/rollout_backends.json / .png
-    .venv-vllm/bin/python benchmarks/bench_rollout_backends.py --episodes 4 --config cpu-tiny --out /tmp/r.json
+    .venv/bin/python benchmarks/bench_rollout_backends.py   # -> benchmarks/results/rollout_backends.json / .png
+    .venv/bin/python benchmarks/bench_rollout_backends.py --episodes 4 --config cpu-tiny --out /tmp/r.json
 """
 
 from __future__ import annotations
@@ -145,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "rollout_backends.json")
     args = ap.parse_args(argv)
     if not vllm_available():
-        raise SystemExit("vLLM is not installed in this environment: ./.ci/setup.sh --vllm, then run this script "
-                         "with .venv-vllm/bin/python")
+        raise SystemExit("vLLM is not installed in this environment (./.ci/setup.sh puts its CPU build in .venv; "
+                         "SKIP_VLLM=1 leaves it out)")
     if any(n % GROUP_SIZE for n in args.episodes):
         raise SystemExit(f"--episodes: each must be a multiple of the group size {GROUP_SIZE}")
     sys.path.insert(0, str(Path(__file__).parent))

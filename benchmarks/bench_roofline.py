@@ -420,7 +420,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     load_before = os.getloadavg()
     machine_before = measure_machine(args.quick)
     with tempfile.TemporaryDirectory(prefix="bench_roofline_") as tmp:
-        trainer = make_trainer(args.config, overrides, tmp)
+        # the HF sampler's own forward calls are what is metered (prefill, decode), so it samples here
+        trainer = make_trainer(args.config, ["rollout.backend=hf", *overrides], tmp)
         try:
             cached = trainer.session.warm_starter.cache_dir()
             warm = cached is not None and (cached / "summary.json").is_file()

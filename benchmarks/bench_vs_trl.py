@@ -341,7 +341,10 @@ class TRLSide:
             max_grad_norm=o.grad_clip, beta=a.kl_coef, epsilon=a.clip_low, epsilon_high=a.clip_high,
             entropy_coef=a.entropy_coef, loss_type="dapo", scale_rewards="group" if a.normalize_std else "none",
             temperature=r.temperature, top_p=r.top_p, top_k=0, max_completion_length=r.max_new_tokens,
-            generation_kwargs={"stop_strings": list(DEFAULT_STOP_STRINGS)}, activation_checkpointing=False,
+            generation_kwargs={"stop_strings": list(DEFAULT_STOP_STRINGS)},
+            # transformers 5.20 renamed gradient_checkpointing to activation_checkpointing (.venv has 5.19)
+            **{"activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+               else "gradient_checkpointing": False},
             bf16=False, use_cpu=True, report_to="none", logging_strategy="no", save_strategy="no",
             disable_tqdm=True, dataloader_pin_memory=False)
         # The public adapter, with the runner settings of `make_runner` and our trainer's exact prompt ids.
@@ -366,7 +369,7 @@ class TRLSide:
                 "rows": "one packed row per episode", "per_device_train_batch_size": args.per_device_train_batch_size,
                 "gradient_accumulation_steps": args.gradient_accumulation_steps,
                 "steps_per_generation": args.steps_per_generation, "loss_type": args.loss_type,
-                "activation_checkpointing": bool(args.activation_checkpointing), "bf16": bool(args.bf16)}
+                "activation_checkpointing": bool(getattr(args, "activation_checkpointing", args.gradient_checkpointing)), "bf16": bool(args.bf16)}
 
     def rollout(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         """TRL's `rollout_func`: the adapter plays the B tasks x G copies and packs each episode into one row;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A long experiment's own checkout: `benchmarks/worktree.sh DIR [REV]` makes a git worktree of REV (default
 # HEAD) in DIR with a light virtual environment that installs only this project (and the example plugin)
-# from DIR, taking every dependency from the main checkout's .venv (and, where the main checkout has
-# .venv-vllm, a DIR/.venv-vllm over its dependencies likewise). Runs started from DIR/.venv*/bin/python then
+# from DIR, taking every dependency (vLLM's CPU build included) from the main checkout's .venv. Runs started
+# from DIR/.venv/bin/python then
 # use DIR's code, so edits in the main checkout do not change an experiment halfway. Start them from inside
 # DIR: `python -m` and `-c` put the working folder first on sys.path, and another checkout there wins.
 set -euo pipefail
@@ -28,6 +28,3 @@ light_venv() {
 }
 
 light_venv .venv .venv
-if [ -x .venv-vllm/bin/python ]; then
-  light_venv .venv-vllm .venv-vllm
-fi

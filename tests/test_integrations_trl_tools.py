@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from trl_settings import checkpointing_off
 
 from agentgym_opsd.integrations.trl_tools import AgentGymToolEnv, AgentGymToolEnvFactory, tool_task_dataset
 from agentgym_opsd.records import load_jsonl
@@ -54,7 +55,7 @@ def test_two_grpo_steps_through_environment_factory(env_spec: str, tmp_path: Pat
                       gradient_accumulation_steps=1, num_generations=2,
                       max_completion_length=COMPLETION_TOKENS.get(env_spec, 512),
                       max_tool_calling_iterations=2, generation_kwargs={"sequence_bias": tool_call_bias(tokenizer, argument)},
-                      learning_rate=1e-4, use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none",
+                      learning_rate=1e-4, use_cpu=True, bf16=False, **checkpointing_off(), report_to="none",
                       logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_pin_memory=False,
                       shuffle_dataset=False, seed=0)
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=tool_task_dataset(range(4)),

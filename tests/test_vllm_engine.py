@@ -162,6 +162,22 @@ def test_with_sampling_shares_one_engine_and_sleep_wake_are_safe(engine):
     assert [o.token_ids for o in greedy_a] == [o.token_ids for o in greedy_b]
 
 
+def test_an_engine_starts_in_a_process_that_imported_flask_and_numba(tiny_folder):
+    """The CPU engine's start looks at every loaded module's attributes; Flask's request proxies (the WebShop site)
+    and llvmlite's library wrapper (numba, a dependency of vLLM's CPU build) raise there, so those modules are left
+    out of its look while it starts, and are back afterwards."""
+    import sys
+
+    import flask  # noqa: F401
+    import numba  # noqa: F401
+
+    with vllm_backend.modules_the_cpu_engine_can_scan() as hidden:
+        assert {"flask", "llvmlite.binding.ffi"} <= set(hidden) and "flask" not in sys.modules
+    assert "flask" in sys.modules and "llvmlite.binding.ffi" in sys.modules
+    policy = _policy(tiny_folder, "float32", max_new_tokens=4)
+    assert policy.act(_requests(PROMPTS[:1]))[0].token_ids
+
+
 def _one_update(model, prompt_ids, continuation, *, lr=5e-2):
     """One real optimiser step that raises the continuation's likelihood (the trainer's own log-prob code)."""
     from agentgym_opsd.trainer.logprobs import collate, response_logprobs
@@ -259,7 +275,8 @@ def test_two_cpu_ranks_under_torchrun_each_run_a_colocated_engine(tmp_path, tiny
             "rollout.backend=vllm", f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.report_to=none",
             "rollout.vllm_kv_cache_gib=0.25", "rollout.vllm_max_model_len=2048", "rollout.max_new_tokens=8",
             "rollout.vllm_enforce_eager=true"]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    # INFO: the engine's own log line names its executor (TRL, when imported, sets vLLM's level to ERROR)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "INFO"}
     done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(child), *args], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -358,9 +358,16 @@ class RunSession:
         return make_policy_backend(
             "vllm", model_path=str(folder), tokenizer=self.trained.tokenizer, max_new_tokens=r.max_new_tokens,
             temperature=r.temperature, top_p=r.top_p, seed=seed, dtype=self.cfg.model.dtype,
-            gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.vllm_max_model_len,
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=self.engine_max_model_len(),
             kv_cache_gib=r.vllm_kv_cache_gib, enable_sleep_mode=True,
             llm_kwargs={"enforce_eager": True} if r.vllm_enforce_eager else None)
+
+    def engine_max_model_len(self) -> int:
+        """`rollout.vllm_max_model_len`, at most the model's own context (`max_position_embeddings`): vLLM refuses a
+        longer one, and a model with a short context (the tiny test models) would not start an engine at all."""
+        own = getattr(self.trained.model.config, "max_position_embeddings", None)
+        wanted = self.cfg.rollout.vllm_max_model_len
+        return min(wanted, int(own)) if isinstance(own, int) and own > 0 else wanted
 
     def sampler_at(self, temperature: float, seed: int) -> RolloutBackend:
         """Validation's sampler: a view of the rollout policy that generates for up to `trainer.eval_batch_episodes`
