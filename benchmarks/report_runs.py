@@ -6,8 +6,9 @@ before and after RL, the held-out change episode by episode, and the credit chec
     python benchmarks/report_runs.py --run "seed 0" runs/a --run "seed 0, fix" runs/b --results out.json
 
 Each run's "before" is its own step-0 validation (a cached start evaluation counts: every run from one warm start
-plays the same episodes with the same sampler seed). Writes the JSON given (one record per run name, with the CPU)
-and prints a table.
+plays the same episodes with the same sampler seed). Writes the JSON given (one record per run name, with the CPU,
+and `pooled`: the runs' held-out episodes gained and lost summed, with McNemar's test of the sums, and the mean
+change of held-out and pool success) and prints a table.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import yaml
 from experiments import read_metrics, run_result
 from rich.console import Console
 from rich.table import Table
+
+from agentgym_opsd.evaluation.paired import mcnemar_p
 
 
 def report(run_dir: Path) -> dict[str, Any]:
@@ -41,6 +44,25 @@ def report(run_dir: Path) -> dict[str, Any]:
             "kl_coef": algorithm.get("kl_coef"), **result}
 
 
+def pooled(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The runs together: held-out episodes won before and lost after (`first_only`) and the reverse, summed over
+    the runs that kept their episodes, McNemar's p of the sums (runs from one warm start share their "before"
+    episodes, so the sums overstate the evidence a little), and the mean before -> after change per run."""
+    paired = [r["valid_paired"] for r in runs.values() if r["valid_paired"]]
+    lost, gained = sum(p["first_only"] for p in paired), sum(p["second_only"] for p in paired)
+
+    def mean_change(split: str) -> float | None:
+        changes = [r["after"][split]["success"] - r["before"][split]["success"]
+                   for r in runs.values() if r["before"][split] and r["after"][split]]
+        return sum(changes) / len(changes) if changes else None
+
+    return {"runs": len(runs), "paired_runs": len(paired), "episodes": sum(p["episodes"] for p in paired),
+            "first_only": lost, "second_only": gained, "mcnemar_p": mcnemar_p(lost, gained),
+            "valid_change_mean": mean_change("valid"), "pool_change_mean": mean_change("pool"),
+            "valid_fell": sum(r["after"]["valid"]["success"] < r["before"]["valid"]["success"]
+                              for r in runs.values() if r["before"]["valid"] and r["after"]["valid"])}
+
+
 def _pct(rate: dict[str, Any] | None, key: str) -> str:
     value = (rate or {}).get(key)
     return "–" if value is None else f"{100 * value:.1f}"
@@ -53,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     runs = {name: report(Path(folder)) for name, folder in args.run}
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"runs": runs}, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    summary = pooled(runs)
+    args.results.write_text(json.dumps({"runs": runs, "pooled": summary}, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     table = Table(title="runs, before -> after RL (%)")
     for col in ("run", "held-out", "held-out invalid", "pool", "pool invalid", "won->lost / lost->won",
                 "invalid turns pushed up"):
@@ -66,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
                       f"{paired.get('first_only', '–')} / {paired.get('second_only', '–')}",
                       f"{r['invalid_rows_positive']} of {r['invalid_rows']}")
     Console().print(table)
+    print(f"pooled over {summary['paired_runs']} runs: held-out {summary['second_only']} episodes gained, "
+          f"{summary['first_only']} lost (McNemar p {summary['mcnemar_p']:.2f}); {summary['valid_fell']} of "
+          f"{summary['runs']} runs fell on the held-out games")
     print(f"wrote {args.results}", file=sys.stderr)
 
 

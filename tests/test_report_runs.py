@@ -57,3 +57,15 @@ def test_a_run_without_an_after_validation_is_refused(tmp_path) -> None:
     _run(tmp_path / "b", finished=False)
     with pytest.raises(SystemExit, match="not finished"):
         rr.main(["--run", "b", str(tmp_path / "b"), "--results", str(tmp_path / "out.json")])
+
+
+def test_runs_are_pooled_episode_by_episode(tmp_path) -> None:
+    """Two runs, each 1 held-out episode lost and 1 gained: pooled 2 and 2 (McNemar p 1), no mean change, no fall."""
+    _run(tmp_path / "a")
+    _run(tmp_path / "b")
+    rr.main(["--run", "a", str(tmp_path / "a"), "--run", "b", str(tmp_path / "b"),
+             "--results", str(tmp_path / "out.json")])
+    pooled = json.loads((tmp_path / "out.json").read_text())["pooled"]
+    assert (pooled["runs"], pooled["paired_runs"], pooled["episodes"]) == (2, 2, 4)
+    assert (pooled["first_only"], pooled["second_only"], pooled["mcnemar_p"]) == (2, 2, 1.0)
+    assert pooled["valid_change_mean"] == 0.0 and pooled["valid_fell"] == 0

@@ -82,6 +82,10 @@ def test_validation_runs_during_training(tmp_path, toy_env_ids) -> None:
     assert all(sorted(r["seed"] for r in e) == sorted(r["seed"] for r in episodes[0]) for e in episodes)
     for line, rows in zip([x for x in lines if "val/success_rate" in x], episodes, strict=True):
         assert set(rows[0]) == set(EPISODE_FIELDS)
+        # each turn's action, and which the environment refused, agree with the episode's counts
+        assert all(len(r["actions"]) == r["turns"] for r in rows)
+        assert all(sum(not a["valid"] for a in r["actions"]) == r["invalid_actions"] for r in rows)
+        assert all(isinstance(a["action"], str) for r in rows for a in r["actions"])
         assert line["val/success_rate"] == pytest.approx(sum(r["won"] for r in rows) / len(rows))
 
 

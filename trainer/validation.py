@@ -33,9 +33,12 @@ __all__ = ["EPISODE_FIELDS", "HELD_OUT_SAMPLER_SEED", "POOL_SAMPLER_SEED", "Star
 
 HELD_OUT_SAMPLER_SEED = TRAIN_SEED_LIMIT
 POOL_SAMPLER_SEED = 2 * TRAIN_SEED_LIMIT
-EPISODE_FIELDS = ("env_spec", "seed", "task_id", "task_type", "won", "score", "turns", "invalid_actions", "error")
+EPISODE_FIELDS = ("env_spec", "seed", "task_id", "task_type", "won", "score", "turns", "invalid_actions", "error",
+                  "actions")
 """One line of `validation/step_<step>.jsonl`: which held-out episode (environment spec and reset seed) and how
-it went. `won` follows `records.summarize`'s rule (an episode that errored is lost)."""
+it went. `won` follows `records.summarize`'s rule (an episode that errored is lost). `actions`: the action of
+each turn with whether the environment took it (`{"action", "valid"}`), so an episode that training turned from
+won to lost can be read turn by turn, as the training rollouts can (validation episodes keep no prompts)."""
 
 
 def validation_file(run_dir: Path, step: int) -> Path:
@@ -47,7 +50,8 @@ def episode_outcome(env_spec: str, traj: Trajectory) -> dict[str, Any]:
     """The `EPISODE_FIELDS` record of one held-out episode."""
     return {"env_spec": env_spec, "seed": traj.seed, "task_id": traj.task_id, "task_type": traj.task_type,
             "won": traj.succeeded, "score": float(traj.score) if traj.error is None else 0.0,
-            "turns": traj.num_turns, "invalid_actions": traj.num_invalid_actions, "error": traj.error}
+            "turns": traj.num_turns, "invalid_actions": traj.num_invalid_actions, "error": traj.error,
+            "actions": [{"action": t.action, "valid": t.action_valid} for t in traj.turns]}
 
 Generating = Callable[[], contextlib.AbstractContextManager[Any]]
 
