@@ -240,6 +240,33 @@ def render_main_job(name: str = "cpu_small_seeds.json") -> str:
     return "\n".join(lines)
 
 
+def render_report_runs(name: str) -> str:
+    """A `report_runs.py` file: one row per run (warm-start seed and RL seed, held-out and pool before → after,
+    the held-out episodes gained and lost, held-out invalid actions), then the runs pooled."""
+    data = _load(name)
+    lines = ["| run | warm start (exact match) | RL seed | held-out before → after | gained / lost (McNemar p) "
+             "| held-out invalid actions | pool before → after |", "|---|---|---:|---|---|---|---|"]
+    for label, run in data["runs"].items():
+        before, after, pair = run["before"], run["after"], run["valid_paired"] or {}
+        exact = run.get("warm_start_exact_match")
+        p_value = f" ({pair['mcnemar_p']:.2f})" if pair else ""
+        lines.append(
+            f"| {label} | {run.get('warm_start_seed', '–')}"
+            f"{'' if exact is None else f' ({100 * exact:.1f}%)'} | {run['trainer_seed']} "
+            f"| {_pct(before['valid']['success'])} → **{_pct(after['valid']['success'])}** "
+            f"| +{pair.get('second_only', '–')} / −{pair.get('first_only', '–')}"
+            f"{p_value} "
+            f"| {_pct(before['valid']['invalid_action_rate'])} → {_pct(after['valid']['invalid_action_rate'])} "
+            f"| {_pct(before['pool']['success'])} → **{_pct(after['pool']['success'])}** |")
+    pooled = data["pooled"]
+    lines += ["", f"Pooled over the {pooled['paired_runs']} runs: held-out episodes +{pooled['second_only']} / "
+              f"−{pooled['first_only']} (McNemar p {pooled['mcnemar_p']:.2f}), mean change "
+              f"{_signed(100 * pooled['valid_change_mean'], 1)} points held out and "
+              f"{_signed(100 * pooled['pool_change_mean'], 1)} on the pool; held-out success fell in "
+              f"{pooled['valid_fell']} of {pooled['runs']} runs."]
+    return "\n".join(lines)
+
+
 def peaks_at(by_threads: dict[str, float], peak: dict[str, dict[str, float]]) -> str:
     """A dtype's matmul peaks in GFLOP/s at the thread counts float32 was measured at (`1 / 2` on two cores), the
     columns the line names; a count this dtype lacks shows as `–`."""
@@ -435,6 +462,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "warm_start_autocast": render_warm_start_autocast,
     "sft_fit": render_sft_fit,
     "credit_quality": render_credit_quality,
+    "main_job_grid": lambda: render_report_runs("main_job_grid.json"),
 }
 
 

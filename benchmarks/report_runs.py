@@ -38,7 +38,14 @@ def report(run_dir: Path) -> dict[str, Any]:
         raise SystemExit(f"{run_dir}: no validation after an RL step yet (not finished?)")
     config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     algorithm = config.get("algorithm", {})
+    warm_seed = config.get("warm_start", {}).get("seed", -1)
+    summary = run_dir / "warm_start" / "summary.json"
+    exact = (json.loads(summary.read_text(encoding="utf-8")).get("warm_start/heldout_action_exact_match")
+             if summary.is_file() else None)
     return {"run_dir": run_dir.name, "trainer_seed": config["trainer"]["seed"],
+            # the warm start's seed (`warm_start.seed`, -1 = trainer.seed) and its held-out exact match
+            "warm_start_seed": warm_seed if warm_seed >= 0 else config["trainer"]["seed"],
+            "warm_start_exact_match": exact,
             "penalty_mode": algorithm.get("penalty_mode"),
             "penalised_turns_gain": algorithm.get("penalised_turns_gain", True),  # before the option: they gained
             "kl_coef": algorithm.get("kl_coef"), **result}
@@ -72,11 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", nargs=2, action="append", required=True, metavar=("NAME", "DIR"))
     ap.add_argument("--results", type=Path, required=True, help="the JSON to write (runs by name)")
+    ap.add_argument("--note", default="", help="how the runs were made (commit, threads), kept in the JSON")
     args = ap.parse_args(argv)
     runs = {name: report(Path(folder)) for name, folder in args.run}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     summary = pooled(runs)
-    args.results.write_text(json.dumps({"runs": runs, "pooled": summary}, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    args.results.write_text(json.dumps({"runs": runs, "pooled": summary, **({"note": args.note} if args.note else {})}, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     table = Table(title="runs, before -> after RL (%)")
     for col in ("run", "held-out", "held-out invalid", "pool", "pool invalid", "won->lost / lost->won",
                 "invalid turns pushed up"):
