@@ -17,6 +17,7 @@ import contextlib
 import copy
 import importlib
 import importlib.util
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -382,7 +383,9 @@ class VLLMPolicy:
         items = _Counted((name, _in_dtype(t, self.weight_dtype)) for name, t in hf_weight_items(model))
         runner = self._local_model_runner()
         if runner is not None and callable(getattr(runner, "reload_weights", None)):
-            runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
+            tied = bool(getattr(getattr(runner.model, "config", None), "tie_word_embeddings", False))
+            with _without_expected_reload_warnings(tied):
+                runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
             _refresh_tied_output_head(runner.model)
         elif runner is not None:
             for item in items:  # one tensor at a time: no second full copy of a 7B model in memory
@@ -477,6 +480,39 @@ def _refresh_tied_output_head(model: torch.nn.Module) -> None:
     if head.weight is not embed.weight:
         head.weight = embed.weight
     method.process_weights_after_loading(head)
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+"""The logger of vLLM's layer-wise reload, which warns "<layer>: Failed to load weights" for every layer the
+pushed weights did not cover (it keeps that layer's tensors)."""
+
+
+class ExpectedReloadWarnings(logging.Filter):
+    """Drops the reload's "Failed to load weights" for layers no checkpoint covers by design: rotary embeddings
+    (a computed table, no weight) and, with tied embeddings, the output head (`_refresh_tied_output_head`
+    redoes it from the embedding right after). Any other layer's warning passes: it would mean a stale layer."""
+
+    def __init__(self, tied_embeddings: bool) -> None:
+        super().__init__()
+        self.tied_embeddings = tied_embeddings
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0] if isinstance(record.args, tuple) else record.args)
+        return not (layer.endswith("RotaryEmbedding") or (self.tied_embeddings and layer == "ParallelLMHead"))
+
+
+@contextlib.contextmanager
+def _without_expected_reload_warnings(tied_embeddings: bool) -> Iterator[None]:
+    """`ExpectedReloadWarnings` on vLLM's reload logger while a weight sync runs (every RL step would print them)."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    quiet = ExpectedReloadWarnings(tied_embeddings)
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _in_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from log_records import records_of
 
 from agentgym_opsd.models import vllm_policy as vllm_backend
 from agentgym_opsd.models.backends import make_policy_backend
@@ -306,3 +307,21 @@ def test_modules_that_fail_inspection_sit_out_the_cpu_engine_start():
         assert sys.modules[module.__name__] is module
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+@pytest.mark.parametrize(("layer", "tied", "shown"), [
+    ("RotaryEmbedding", False, False),  # a computed table: no checkpoint has it
+    ("ParallelLMHead", True, False),  # tied: redone from the embedding right after the reload
+    ("ParallelLMHead", False, True),  # untied: its weight should have come, so the warning stays
+    ("QKVParallelLinear", True, True),  # any other layer left stale stays loud
+])
+def test_a_weight_sync_hides_only_the_reload_warnings_it_expects(layer, tied, shown):
+    import logging
+
+    logger = logging.getLogger(vllm_backend.RELOAD_LOGGER)
+    with records_of(vllm_backend.RELOAD_LOGGER) as seen:
+        with vllm_backend._without_expected_reload_warnings(tied):
+            logger.warning("%s: Failed to load weights", layer)
+        logger.warning("%s: Failed to load weights", "RotaryEmbedding")  # after the sync: the filter is gone
+    assert [r.getMessage() for r in seen] == [f"{layer}: Failed to load weights"] * shown + [
+        "RotaryEmbedding: Failed to load weights"]
