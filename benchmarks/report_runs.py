@@ -58,16 +58,18 @@ def pooled(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     paired = [r["valid_paired"] for r in runs.values() if r["valid_paired"]]
     lost, gained = sum(p["first_only"] for p in paired), sum(p["second_only"] for p in paired)
 
-    def mean_change(split: str) -> float | None:
-        changes = [r["after"][split]["success"] - r["before"][split]["success"]
-                   for r in runs.values() if r["before"][split] and r["after"][split]]
-        return sum(changes) / len(changes) if changes else None
+    def changes(split: str) -> list[float]:
+        return [r["after"][split]["success"] - r["before"][split]["success"]
+                for r in runs.values() if r["before"][split] and r["after"][split]]
 
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    valid = changes("valid")
     return {"runs": len(runs), "paired_runs": len(paired), "episodes": sum(p["episodes"] for p in paired),
             "first_only": lost, "second_only": gained, "mcnemar_p": mcnemar_p(lost, gained),
-            "valid_change_mean": mean_change("valid"), "pool_change_mean": mean_change("pool"),
-            "valid_fell": sum(r["after"]["valid"]["success"] < r["before"]["valid"]["success"]
-                              for r in runs.values() if r["before"]["valid"] and r["after"]["valid"])}
+            "valid_change_mean": mean(valid), "pool_change_mean": mean(changes("pool")),
+            "valid_fell": sum(change < 0 for change in valid)}
 
 
 def _pct(rate: dict[str, Any] | None, key: str) -> str:
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = {name: report(Path(folder)) for name, folder in args.run}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     summary = pooled(runs)
-    args.results.write_text(json.dumps({"runs": runs, "pooled": summary, **({"note": args.note} if args.note else {})}, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    record = {"runs": runs, "pooled": summary, **({"note": args.note} if args.note else {})}
+    args.results.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     table = Table(title="runs, before -> after RL (%)")
     for col in ("run", "held-out", "held-out invalid", "pool", "pool invalid", "won->lost / lost->won",
                 "invalid turns pushed up"):

@@ -383,8 +383,7 @@ class VLLMPolicy:
         items = _Counted((name, _in_dtype(t, self.weight_dtype)) for name, t in hf_weight_items(model))
         runner = self._local_model_runner()
         if runner is not None and callable(getattr(runner, "reload_weights", None)):
-            tied = bool(getattr(getattr(runner.model, "config", None), "tie_word_embeddings", False))
-            with _without_expected_reload_warnings(tied):
+            with _without_expected_reload_warnings(_ties_embeddings(runner.model)):
                 runner.reload_weights(weights_iterator=items, is_checkpoint_format=True)
             _refresh_tied_output_head(runner.model)
         elif runner is not None:
@@ -465,6 +464,11 @@ def _sleep_mode_available() -> bool:
     return bool(check()) if callable(check) else True
 
 
+def _ties_embeddings(model: torch.nn.Module) -> bool:
+    """Whether the engine's model shares its output head's weight with the embedding (its config says so)."""
+    return bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+
+
 def _refresh_tied_output_head(model: torch.nn.Module) -> None:
     """Redo the output head's post-load processing when it shares the embedding's weight.
 
@@ -473,9 +477,8 @@ def _refresh_tied_output_head(model: torch.nn.Module) -> None:
     head's packed copy stale: the engine would sample from the old output layer. A no-op on GPUs (the unquantised head has nothing to redo)."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     method = getattr(head, "quant_method", None)
-    if not tied or head is None or embed is None or method is None:
+    if not _ties_embeddings(model) or head is None or embed is None or method is None:
         return
     if head.weight is not embed.weight:
         head.weight = embed.weight

@@ -3,6 +3,7 @@ trainer's engine lifecycle against a recording stand-in)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import types
 from types import SimpleNamespace
@@ -316,8 +317,6 @@ def test_modules_that_fail_inspection_sit_out_the_cpu_engine_start():
     ("QKVParallelLinear", True, True),  # any other layer left stale stays loud
 ])
 def test_a_weight_sync_hides_only_the_reload_warnings_it_expects(layer, tied, shown):
-    import logging
-
     logger = logging.getLogger(vllm_backend.RELOAD_LOGGER)
     with records_of(vllm_backend.RELOAD_LOGGER) as seen:
         with vllm_backend._without_expected_reload_warnings(tied):
