@@ -448,7 +448,7 @@ def render_sft_fit() -> str:
 
 
 def render_sft_gradients() -> str:
-    """One table per CPU model in `sft_gradients.json` (`bench_sft_gradients.py`): at each set of weights, how far
+    """One table per CPU model in `sft_gradients.json` (the retired `bench_sft_gradients.py`): at each set of weights, how far
     the SFT's gradient under autocast (and from bf16-rounded weights alone) is from float32's, over all trained
     tensors and in the kind of tensor where it is farthest."""
     lines: list[str] = []

@@ -114,3 +114,18 @@ def test_main_job_table_gets_the_paired_column_when_every_run_kept_its_episodes(
     assert table[0].endswith("gained / lost (McNemar p) |") and table[2].endswith("| +5 / −3 (p 0.73) |")
     assert all(line.count("|") == 6 for line in table[:3])
     assert "McNemar" not in render.render_main_job("older.json")  # files from before episodes were kept
+
+
+def test_sft_gradients_table_names_each_weights_and_numerics(monkeypatch):
+    render = _render_results()
+    every = {"error_vs_gradient": 0.0096, "error_vs_batch_spread": 0.0414, "error_kept_by_averaging": 0.635,
+             "cosine": 0.99996, "sign_flips": 0.0036}
+    by_kind = {"all trained tensors": every,
+               "q_proj": {**every, "error_vs_gradient": 0.014}, "down_proj": {**every, "error_vs_gradient": 0.006}}
+    data = {"machines": {"Test CPU": {"cpu": "Test CPU", "runs": {"initial": {
+        "config": "cpu-small", "seed": 0, "batches": 16, "note": "as loaded", "loss": {},
+        "vs_float32": {"autocast": by_kind}}}}}}
+    monkeypatch.setattr(render, "_load", lambda name: data)
+    page = render.render_sft_gradients()
+    assert "| initial | autocast | 16 | 0.0096 | 0.0414 | 0.64 (noise: 0.25) | 0.99996 | 0.36% | q_proj (0.0140) |" in page
+    assert "_Test CPU, cpu-small, seed 0's SFT batches. initial: as loaded_" in page
