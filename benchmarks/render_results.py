@@ -448,9 +448,9 @@ def render_sft_fit() -> str:
 
 
 def render_sft_gradients() -> str:
-    """One table per CPU model in `sft_gradients.json` (the retired `bench_sft_gradients.py`): at each set of weights, how far
-    the SFT's gradient under autocast (and from bf16-rounded weights alone) is from float32's, over all trained
-    tensors and in the kind of tensor where it is farthest."""
+    """One table per CPU model in `sft_gradients.json` (the retired `bench_sft_gradients.py`): at each set of
+    weights, how far the SFT's gradient under autocast (and from bf16-rounded weights alone) is from float32's, over
+    all trained tensors and in the kind of tensor where it is farthest."""
     lines: list[str] = []
     for cpu, data in _load("sft_gradients.json")["machines"].items():
         lines += [f"**{cpu}**:", "", "| weights | computed | batches | error / gradient | error / batch spread | "
