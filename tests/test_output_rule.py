@@ -152,3 +152,31 @@ def test_the_rule_itself(tmp_path) -> None:
         check_output_file(tmp_path / "link", force=True)
     with pytest.raises(OutputRefused, match="not a folder"):
         claim_folder(tmp_path / "link", "eval")
+
+
+@pytest.mark.parametrize("made_by_the_other", ["empty", "recorded", "file"])
+def test_a_folder_another_rank_makes_between_the_look_and_the_mkdir(tmp_path, monkeypatch, made_by_the_other):
+    """Every rank of a run claims the output folder before the process group exists: when another rank makes it
+    between this one's look and its mkdir, the folder is judged as found (new and empty, or the run's own), not an
+    error that kills the rank."""
+    folder = tmp_path / "run"
+    real_mkdir = Path.mkdir
+
+    def the_other_rank_first(self, *args, **kwargs):
+        if self == folder and not folder.exists() and not folder.is_symlink():
+            if made_by_the_other == "file":
+                folder.write_text("not a folder")
+            else:
+                real_mkdir(folder)
+                if made_by_the_other == "recorded":
+                    claim_folder(folder, "train").record([])  # the writing rank's owner record
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", the_other_rank_first)
+    if made_by_the_other == "file":
+        with pytest.raises(OutputRefused, match="is not a folder"):
+            claim_folder(folder, "train")
+        return
+    out = claim_folder(folder, "train")
+    assert out.path == folder and out.entries == set()
+    assert (owner_of(folder) is not None) == (made_by_the_other == "recorded")
