@@ -112,16 +112,14 @@ def claim_folder(folder: str | Path, command: str, *, force: bool = False, flag:
     kept. A non-regular entry where the command writes one of `will_write` is refused whatever `force` says. The
     owner record is written by `OutputFolder.record` (the first write), so a refused claim writes nothing."""
     path = Path(folder).expanduser()
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise OutputRefused(f"{path} is not a folder; choose a new or empty folder for the {command} output")
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         try:
             path.mkdir(parents=True)
             return OutputFolder(path, command)
         except FileExistsError:  # made between the look and the mkdir (another rank of the run): judged as found
-            if path.is_symlink() or not path.is_dir():
-                raise OutputRefused(f"{path} is not a folder; choose a new or empty folder for the {command} "
-                                    "output") from None
+            pass
+    if path.is_symlink() or not path.is_dir():
+        raise OutputRefused(f"{path} is not a folder; choose a new or empty folder for the {command} output")
     record = owner_of(path)
     names = {p.name for p in path.iterdir()} - {OWNER_FILE}
     visible = {n for n in names if not n.startswith(".")}

@@ -451,6 +451,7 @@ def render_sft_gradients() -> str:
     """One table per CPU model in `sft_gradients.json` (the retired `bench_sft_gradients.py`): at each set of
     weights, how far the SFT's gradient under autocast (and from bf16-rounded weights alone) is from float32's, over
     all trained tensors and in the kind of tensor where it is farthest."""
+    whole = "all trained tensors"  # the record's figures over every trained tensor, beside each kind's
     lines: list[str] = []
     for cpu, data in _load("sft_gradients.json")["machines"].items():
         lines += [f"**{cpu}**:", "", "| weights | computed | batches | error / gradient | error / batch spread | "
@@ -458,16 +459,16 @@ def render_sft_gradients() -> str:
                   "|---|---|---:|---:|---:|---:|---:|---:|---|"]
         for label, run in data["runs"].items():
             for numerics, by_kind in run["vs_float32"].items():
-                every = by_kind["all trained tensors"]
-                kind, worst = max(((k, f) for k, f in by_kind.items() if k != "all trained tensors"),
+                every = by_kind[whole]
+                kind, worst = max(((k, f) for k, f in by_kind.items() if k != whole),
                                   key=lambda item: item[1]["error_vs_gradient"])
                 lines.append(f"| {label} | {numerics} | {run['batches']} | {every['error_vs_gradient']:.4f} | "
                              f"{every['error_vs_batch_spread']:.4f} | {every['error_kept_by_averaging']:.2f} "
                              f"(noise: {run['batches'] ** -0.5:.2f}) | {every['cosine']:.5f} | "
                              f"{100 * every['sign_flips']:.2f}% | {kind} ({worst['error_vs_gradient']:.4f}) |")
         notes = "; ".join(f"{label}: {run['note']}" for label, run in data["runs"].items() if run.get("note"))
-        legend = " ".join(filter(None, [f"{cpu}, {next(iter(data['runs'].values()))['config']}, seed "
-                                        f"{next(iter(data['runs'].values()))['seed']}'s SFT batches.", notes]))
+        first = next(iter(data["runs"].values()))  # every run of a CPU read the same preset's batches of one seed
+        legend = " ".join(filter(None, [f"{cpu}, {first['config']}, seed {first['seed']}'s SFT batches.", notes]))
         lines += ["", f"_{legend}_", ""]
     return "\n".join(lines).rstrip()
 
