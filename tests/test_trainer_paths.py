@@ -148,6 +148,22 @@ def test_the_warm_start_key_sees_the_demonstrator_version_and_not_the_outcome(tm
     assert key() != key(demonstrator="instruction-search") != key(demonstrator="v2")
 
 
+@pytest.mark.parametrize("reward_setting", ["env.invalid_action_penalty=0.5", "env.reward_scale=10"])
+def test_the_reward_make_up_reuses_the_cached_warm_start_and_its_start_evaluation(tmp_path, reward_setting) -> None:
+    from agentgym_opsd.trainer.config import load_config
+    from agentgym_opsd.trainer.validation import start_evaluation_key
+    from agentgym_opsd.trainer.warm_start import WarmStart
+
+    def keys(*overrides: str) -> tuple[str, str]:
+        cfg = load_config("cpu-tiny", list(overrides))
+        ws = WarmStart(cfg, run_dir=tmp_path, system_prompt="s", env_num_tasks=8)
+        return str(ws.cache_dir()), start_evaluation_key(cfg, threads=1, world_size=1)
+
+    # the penalty and the scale weigh the RL rewards; the demonstrations and the evaluation's episodes are the same
+    assert keys(reward_setting) == keys()
+    assert keys("env.max_turns=7") != keys()  # a setting that shapes the episodes still makes another entry
+
+
 def test_the_warm_start_key_sees_the_action_history_only_when_it_is_on(tmp_path) -> None:
     from agentgym_opsd.trainer.config import load_config
     from agentgym_opsd.trainer.warm_start import WarmStart

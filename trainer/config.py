@@ -297,6 +297,16 @@ class EnvConfig:
             if key in self.kwargs:  # the trainer sets these itself: a value here would be recorded, then overridden
                 raise ConfigError(f"env.kwargs.{key}: set it through {setting}, not env.kwargs")
 
+    def cache_key_settings(self) -> dict[str, Any]:
+        """The fields as the warm-start and start-evaluation cache keys hash them: the reward's make-up
+        (`invalid_action_penalty`, `reward_scale`) shapes neither the demonstrations nor what an evaluation
+        plays, so it is held at its defaults there; changing the penalty reuses the cached warm start, and keys
+        cached before stay as they were."""
+        settings = dataclasses.asdict(self)
+        for name in REWARD_ONLY_ENV_FIELDS:
+            settings[name] = _ENV_DEFAULTS[name]
+        return settings
+
     def prompt_renderer(self, env_spec: str) -> PromptRenderer:
         """How these settings render the prompts of `env_spec` (`registry.prompt_renderer_for`)."""
         from agentgym_opsd.registry import prompt_renderer_for
@@ -313,6 +323,10 @@ class EnvConfig:
     def val_specs(self) -> list[str]:
         """The environments `val_id` names ([] = derived from the training environments)."""
         return [spec for spec, _ in parse_env_mix(self.val_id, key="env.val_id", weighted=False)] if self.val_id else []
+
+
+REWARD_ONLY_ENV_FIELDS = ("invalid_action_penalty", "reward_scale")
+_ENV_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EnvConfig) if f.name in REWARD_ONLY_ENV_FIELDS}
 
 
 @dataclass

@@ -189,7 +189,7 @@ _NOT_IN_START_KEY = {
 
 def start_key_config(cfg: Config) -> dict[str, Any]:
     """The config as the start-evaluation key hashes it: less the fields in `_NOT_IN_START_KEY`."""
-    data = {**cfg.to_dict(), "model": cfg.model.cache_key_settings()}
+    data = {**cfg.to_dict(), "model": cfg.model.cache_key_settings(), "env": cfg.env.cache_key_settings()}
     for section, fields in _NOT_IN_START_KEY.items():
         if fields == "*":
             data.pop(section, None)

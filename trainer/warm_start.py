@@ -216,7 +216,7 @@ class WarmStart:
         """Everything that determines the warm-started weights (hashed by `warm_start_key`)."""
         c = self.cfg
         # the RL outcome (won or score) does not shape the demonstrations: left out, so keys stay as they were
-        env = {k: v for k, v in asdict(c.env).items()
+        env = {k: v for k, v in c.env.cache_key_settings().items()
                if k not in ("val_id", "use_skills", "step_timeout_s", "outcome")}
         # A user template shapes every prompt: its text (not its path) is part of the key. Without one the
         # key leaves the field out, so warm starts cached before the field existed are still found.
@@ -269,7 +269,7 @@ class WarmStart:
             from agentgym_opsd.models.loading import blocks_autocast
 
             # bf16-mixed's autocast is for the RL phases: the SFT under it matched the exact match but left a
-            # weaker policy (more inadmissible actions; docs/training.md)
+            # weaker policy (fewer held-out episodes won; docs/training.md)
             with blocks_autocast(policy.model, enabled=False):
                 summary = self._train(policy, runner, cached)
             summary["warm_start/seconds_this_run"] = time.perf_counter() - t0
