@@ -5,6 +5,12 @@ before and after RL, the held-out change episode by episode, and the credit chec
 
     python benchmarks/report_runs.py --run "seed 0" runs/a --run "seed 0, fix" runs/b --results out.json
 
+With `--replay NAME BEFORE AFTER` it compares instead two evaluation-only runs (`trainer.total_steps=0
+trainer.eval_at_start=true`, `model.name_or_path` the weights, `warm_start.epochs=0`) that played the same held-out
+episodes, typically each game several times (`trainer.eval_episodes` a multiple of the games): the paired change
+over all of them, the change per game, and how many episodes two draws of the BEFORE weights alone turn around
+(the flips the sampler gives a 48-episode comparison with no change in the weights at all).
+
 Each run's "before" is its own step-0 validation (a cached start evaluation counts: every run from one warm start
 plays the same episodes with the same sampler seed). Writes the JSON given (one record per run name, with the CPU,
 and `pooled`: the runs' held-out episodes gained and lost summed, with McNemar's test of the sums, and the mean
@@ -21,10 +27,12 @@ from typing import Any
 
 import yaml
 from experiments import read_metrics, run_result
+from harness import cpu_model
 from rich.console import Console
 from rich.table import Table
 
-from agentgym_opsd.evaluation.paired import mcnemar_p
+from agentgym_opsd.evaluation.paired import mcnemar_p, paired_episodes
+from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file
 
 
 def report(run_dir: Path) -> dict[str, Any]:
@@ -49,6 +57,55 @@ def report(run_dir: Path) -> dict[str, Any]:
             "penalty_mode": algorithm.get("penalty_mode"),
             "penalised_turns_gain": algorithm.get("penalised_turns_gain", True),  # before the option: they gained
             "kl_coef": algorithm.get("kl_coef"), **result}
+
+
+def draws(episodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The episodes split by draw: the k-th play of each game goes to draw k (games in their first draw's order)."""
+    seen: dict[str, int] = {}
+    out: list[list[dict[str, Any]]] = []
+    for episode in episodes:
+        k = seen.get(episode["task_id"], 0)
+        seen[episode["task_id"]] = k + 1
+        if k == len(out):
+            out.append([])
+        out[k].append(episode)
+    return out
+
+
+def draw_flips(episodes: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """Each pair of draws of one evaluation compared game by game, as two evaluations of one run are: the
+    episodes the second draw won that the first lost and the reverse, with no change in the weights at all."""
+    by_draw = draws(episodes)
+    flips = []
+    for i in range(len(by_draw)):
+        for j in range(i + 1, len(by_draw)):
+            first = {e["task_id"]: bool(e["won"]) for e in by_draw[i]}
+            second = {e["task_id"]: bool(e["won"]) for e in by_draw[j]}
+            games = first.keys() & second.keys()
+            flips.append({"draws": [i, j], "games": len(games),
+                          "gained": sum(second[g] and not first[g] for g in games),
+                          "lost": sum(first[g] and not second[g] for g in games)})
+    return flips
+
+
+def replay(before_dir: Path, after_dir: Path) -> dict[str, Any]:
+    """Two evaluation-only runs of the same held-out episodes: success of each, the paired change episode by
+    episode, the change in wins per game, and `draw_flips` of the BEFORE weights."""
+    before, after = (read_episode_outcomes(validation_file(d, 0)) for d in (before_dir, after_dir))
+    paired = paired_episodes(before, after)
+    if paired is None:
+        raise SystemExit(f"{before_dir} and {after_dir}: no held-out episodes in common")
+    wins: dict[str, list[int]] = {}
+    for k, episodes in enumerate((before, after)):
+        for e in episodes:
+            wins.setdefault(e["task_id"], [0, 0])[k] += bool(e["won"])
+    per_game = [after_wins - before_wins for before_wins, after_wins in wins.values()]
+    return {"before_dir": str(before_dir), "after_dir": str(after_dir),
+            "before_success": sum(bool(e["won"]) for e in before) / len(before),
+            "after_success": sum(bool(e["won"]) for e in after) / len(after),
+            "games": len(wins), "draws": len(draws(before)), "valid_paired": paired.to_json(),
+            "games_better": sum(d > 0 for d in per_game), "games_worse": sum(d < 0 for d in per_game),
+            "before_draw_flips": draw_flips(before), "cpu": cpu_model()}
 
 
 def pooled(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -79,10 +136,17 @@ def _pct(rate: dict[str, Any] | None, key: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", nargs=2, action="append", required=True, metavar=("NAME", "DIR"))
+    ap.add_argument("--run", nargs=2, action="append", default=[], metavar=("NAME", "DIR"))
+    ap.add_argument("--replay", nargs=3, action="append", default=[], metavar=("NAME", "BEFORE", "AFTER"),
+                    help="two evaluation-only runs of the same held-out episodes (module doc)")
     ap.add_argument("--results", type=Path, required=True, help="the JSON to write (runs by name)")
     ap.add_argument("--note", default="", help="how the runs were made (commit, threads), kept in the JSON")
     args = ap.parse_args(argv)
+    if bool(args.run) == bool(args.replay):
+        ap.error("give --run (training runs) or --replay (evaluation-only pairs), not both or neither")
+    if args.replay:
+        write_replays(args.replay, args.results, args.note)
+        return
     runs = {name: report(Path(folder)) for name, folder in args.run}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     summary = pooled(runs)
@@ -104,6 +168,26 @@ def main(argv: list[str] | None = None) -> None:
           f"{summary['first_only']} lost (McNemar p {summary['mcnemar_p']:.2f}); {summary['valid_fell']} of "
           f"{summary['runs']} runs fell on the held-out games")
     print(f"wrote {args.results}", file=sys.stderr)
+
+
+def write_replays(pairs: list[list[str]], results: Path, note: str) -> None:
+    """`--replay`: the pairs' records (`replay`) and a table."""
+    replays = {name: replay(Path(before), Path(after)) for name, before, after in pairs}
+    results.parent.mkdir(parents=True, exist_ok=True)
+    record = {"replays": replays, **({"note": note} if note else {})}
+    results.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    table = Table(title="held-out episodes replayed, before -> after (%)")
+    for col in ("pair", "episodes", "before -> after", "gained / lost (McNemar p)", "games better / worse",
+                "two draws of BEFORE: gained / lost"):
+        table.add_column(col, justify="right")
+    for name, r in replays.items():
+        pair = r["valid_paired"]
+        flips = ", ".join(f"{f['gained']} / {f['lost']}" for f in r["before_draw_flips"])
+        table.add_row(name, str(pair["episodes"]), f"{100 * r['before_success']:.1f} -> {100 * r['after_success']:.1f}",
+                      f"{pair['second_only']} / {pair['first_only']} ({pair['mcnemar_p']:.2f})",
+                      f"{r['games_better']} / {r['games_worse']}", flips)
+    Console().print(table)
+    print(f"wrote {results}", file=sys.stderr)
 
 
 if __name__ == "__main__":

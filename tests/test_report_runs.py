@@ -69,3 +69,32 @@ def test_runs_are_pooled_episode_by_episode(tmp_path) -> None:
     assert (pooled["runs"], pooled["paired_runs"], pooled["episodes"]) == (2, 2, 4)
     assert (pooled["first_only"], pooled["second_only"], pooled["mcnemar_p"]) == (2, 2, 1.0)
     assert pooled["valid_change_mean"] == 0.0 and pooled["valid_fell"] == 0
+
+
+def _evaluation(folder, wins_by_draw) -> None:
+    """An evaluation-only run: the games t0, t1, ... played once per draw, in the same order each draw."""
+    (folder / "validation").mkdir(parents=True)
+    lines = [{"env_spec": "toy", "seed": 10_000 + k * len(wins) + i, "task_id": f"t{i}", "task_type": "",
+              "won": won, "score": float(won), "turns": 3, "invalid_actions": 0, "error": None}
+             for k, wins in enumerate(wins_by_draw) for i, won in enumerate(wins)]
+    (folder / "validation" / "step_000000.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_a_replay_pairs_two_evaluations_per_episode_and_per_game(tmp_path) -> None:
+    """Three games, two draws each. Before: t0 won twice, t1 once (draw 0), t2 never; after: t0 once, t1 twice,
+    t2 once. Draw 1 of BEFORE turned t1 from won to lost: the flip the sampler alone gives."""
+    _evaluation(tmp_path / "before", [(True, True, False), (True, False, False)])
+    _evaluation(tmp_path / "after", [(False, True, False), (True, True, True)])
+    rr.main(["--replay", "seed 0", str(tmp_path / "before"), str(tmp_path / "after"),
+             "--results", str(tmp_path / "out.json")])
+    r = json.loads((tmp_path / "out.json").read_text())["replays"]["seed 0"]
+    assert (r["games"], r["draws"]) == (3, 2)
+    assert (r["before_success"], r["after_success"]) == (pytest.approx(3 / 6), pytest.approx(4 / 6))
+    assert (r["valid_paired"]["second_only"], r["valid_paired"]["first_only"]) == (2, 1)  # per reset seed
+    assert (r["games_better"], r["games_worse"]) == (2, 1)
+    assert r["before_draw_flips"] == [{"draws": [0, 1], "games": 3, "gained": 0, "lost": 1}]
+
+
+def test_runs_and_replays_are_not_mixed(tmp_path) -> None:
+    with pytest.raises(SystemExit):
+        rr.main(["--results", str(tmp_path / "out.json")])
