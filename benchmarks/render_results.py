@@ -267,6 +267,33 @@ def render_report_runs(name: str) -> str:
     return "\n".join(lines)
 
 
+def render_replays(name: str) -> str:
+    """A `report_runs.py --replay` file: per pair, held-out success of the two weights on the same episodes (each
+    game several draws), the change episode by episode and game by game, and what two draws of the first
+    weights alone turn around (the sampler's share of a 48-episode comparison)."""
+    data = _load(name)
+    lines = ["| weights compared | episodes (games × draws) | held-out before → after | gained / lost (McNemar p) "
+             "| games better / worse | two draws of the before weights: gained / lost |",
+             "|---|---|---|---|---|---|"]
+    for label, r in data["replays"].items():
+        pair = r["valid_paired"]
+        flips = ", ".join(f"+{f['gained']} / −{f['lost']}" for f in r["before_draw_flips"])
+        lines.append(f"| {label} | {pair['episodes']} ({r['games']} × {r['draws']}) "
+                     f"| {_pct(r['before_success'])} → **{_pct(r['after_success'])}** "
+                     f"| +{pair['second_only']} / −{pair['first_only']} ({pair['mcnemar_p']:.2f}) "
+                     f"| {r['games_better']} / {r['games_worse']} | {flips} |")
+    pooled = data.get("pooled")
+    if pooled:
+        lines += ["", f"Pooled over the {pooled['pairs']} pairs: held-out episodes +{pooled['gained']} / "
+                  f"−{pooled['lost']} (McNemar p {pooled['mcnemar_p']:.3f}), mean change "
+                  f"{_signed(100 * pooled['change_mean'], 1)} points; success fell in {pooled['fell']} of "
+                  f"{pooled['pairs']}. Two draws of the same weights turned around {pooled['draw_flips_mean']:.1f} "
+                  f"of 48 episodes on average."]
+    cpus = sorted({r["cpu"] for r in data["replays"].values()})
+    lines += ["", f"_{'; '.join(cpus)}. {data.get('note', '')}_".replace(" _", "_")]
+    return "\n".join(lines)
+
+
 def peaks_at(by_threads: dict[str, float], peak: dict[str, dict[str, float]]) -> str:
     """A dtype's matmul peaks in GFLOP/s at the thread counts float32 was measured at (`1 / 2` on two cores), the
     columns the line names; a count this dtype lacks shows as `–`."""
@@ -490,6 +517,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "sft_gradients": render_sft_gradients,
     "credit_quality": render_credit_quality,
     "main_job_grid": lambda: render_report_runs("main_job_grid.json"),
+    "heldout_replays": lambda: render_replays("heldout_replays.json"),
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,15 @@ def write_replays(pairs: list[list[str]], results: Path, note: str) -> None:
     """`--replay`: the pairs' records (`replay`) and a table."""
     replays = {name: replay(Path(before), Path(after)) for name, before, after in pairs}
     results.parent.mkdir(parents=True, exist_ok=True)
-    record = {"replays": replays, **({"note": note} if note else {})}
+    changes = [r["after_success"] - r["before_success"] for r in replays.values()]
+    gained = sum(r["valid_paired"]["second_only"] for r in replays.values())
+    lost = sum(r["valid_paired"]["first_only"] for r in replays.values())
+    # pairs of one BEFORE share its episodes, so the test of the sums flatters the evidence a little (as `pooled`)
+    summary = {"pairs": len(replays), "gained": gained, "lost": lost, "mcnemar_p": mcnemar_p(lost, gained),
+               "change_mean": sum(changes) / len(changes), "fell": sum(c < 0 for c in changes),
+               "draw_flips_mean": statistics.mean(f["gained"] + f["lost"] for r in replays.values()
+                                                  for f in r["before_draw_flips"])}
+    record = {"replays": replays, "pooled": summary, **({"note": note} if note else {})}
     results.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     table = Table(title="held-out episodes replayed, before -> after (%)")
     for col in ("pair", "episodes", "before -> after", "gained / lost (McNemar p)", "games better / worse",

@@ -130,3 +130,20 @@ def test_sft_gradients_table_names_each_weights_and_numerics(monkeypatch):
     row = "| initial | autocast | 16 | 0.0096 | 0.0414 | 0.64 (noise: 0.25) | 0.99996 | 0.36% | q_proj (0.0140) |"
     assert row in page
     assert "_Test CPU, cpu-small, seed 0's SFT batches. initial: as loaded_" in page
+
+
+def test_replays_table_gives_the_pairs_and_the_draw_flips_of_the_before_weights(monkeypatch):
+    render = _render_results()
+    pair = {"episodes": 144, "first_only": 2, "second_only": 13, "mcnemar_p": 0.0074}
+    data = {"note": "one thread", "pooled": {"pairs": 1, "gained": 13, "lost": 2, "mcnemar_p": 0.0074,
+                                             "change_mean": 0.076, "fell": 0, "draw_flips_mean": 7.0},
+            "replays": {"seed 0": {
+        "before_success": 0.5, "after_success": 0.576, "games": 48, "draws": 3, "valid_paired": pair,
+        "games_better": 8, "games_worse": 2, "cpu": "Test CPU",
+        "before_draw_flips": [{"draws": [0, 1], "games": 48, "gained": 2, "lost": 4},
+                              {"draws": [1, 2], "games": 48, "gained": 2, "lost": 6}]}}}
+    monkeypatch.setattr(render, "_load", lambda name: data)
+    page = render.render_replays("any.json")
+    assert "| seed 0 | 144 (48 × 3) | 50.0 → **57.6** | +13 / −2 (0.01) | 8 / 2 | +2 / −4, +2 / −6 |" in page
+    assert "Pooled over the 1 pairs: held-out episodes +13 / −2 (McNemar p 0.007), mean change +7.6 points" in page
+    assert page.endswith("_Test CPU. one thread_")

@@ -93,6 +93,9 @@ def test_a_replay_pairs_two_evaluations_per_episode_and_per_game(tmp_path) -> No
     assert (r["valid_paired"]["second_only"], r["valid_paired"]["first_only"]) == (2, 1)  # per reset seed
     assert (r["games_better"], r["games_worse"]) == (2, 1)
     assert r["before_draw_flips"] == [{"draws": [0, 1], "games": 3, "gained": 0, "lost": 1}]
+    pooled = json.loads((tmp_path / "out.json").read_text())["pooled"]
+    assert (pooled["pairs"], pooled["gained"], pooled["lost"], pooled["fell"]) == (1, 2, 1, 0)
+    assert pooled["change_mean"] == pytest.approx(1 / 6) and pooled["draw_flips_mean"] == 1
 
 
 def test_runs_and_replays_are_not_mixed(tmp_path) -> None:
