@@ -518,6 +518,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "credit_quality": render_credit_quality,
     "main_job_grid": lambda: render_report_runs("main_job_grid.json"),
     "heldout_replays": lambda: render_replays("heldout_replays.json"),
+    "heldout_replays_penalty": lambda: render_replays("heldout_replays_penalty.json"),
 }
 
 
