@@ -289,8 +289,8 @@ def render_replays(name: str) -> str:
                   f"{_signed(100 * pooled['change_mean'], 1)} points; success fell in {pooled['fell']} of "
                   f"{pooled['pairs']}. Two draws of the same weights turned around {pooled['draw_flips_mean']:.1f} "
                   f"of 48 episodes on average."]
-    cpus = sorted({r["cpu"] for r in data["replays"].values()})
-    lines += ["", f"_{'; '.join(cpus)}. {data.get('note', '')}_".replace(" _", "_")]
+    cpus = "; ".join(sorted({r["cpu"] for r in data["replays"].values()})) + "."
+    lines += ["", f"_{' '.join(filter(None, [cpus, data.get('note', '')]))}_"]
     return "\n".join(lines)
 
 

@@ -60,28 +60,26 @@ def report(run_dir: Path) -> dict[str, Any]:
             "kl_coef": algorithm.get("kl_coef"), **result}
 
 
-def draws(episodes: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The episodes split by draw: the k-th play of each game goes to draw k (games in their first draw's order)."""
-    seen: dict[str, int] = {}
-    out: list[list[dict[str, Any]]] = []
+def draws(episodes: list[dict[str, Any]]) -> list[dict[str, bool]]:
+    """The episodes split by draw, each draw's games won or lost: the k-th play of each game goes to draw k."""
+    plays: dict[str, int] = {}
+    out: list[dict[str, bool]] = []
     for episode in episodes:
-        k = seen.get(episode["task_id"], 0)
-        seen[episode["task_id"]] = k + 1
+        k = plays.get(episode["task_id"], 0)
+        plays[episode["task_id"]] = k + 1
         if k == len(out):
-            out.append([])
-        out[k].append(episode)
+            out.append({})
+        out[k][episode["task_id"]] = bool(episode["won"])
     return out
 
 
-def draw_flips(episodes: list[dict[str, Any]]) -> list[dict[str, int]]:
-    """Each pair of draws of one evaluation compared game by game, as two evaluations of one run are: the
+def draw_flips(by_draw: list[dict[str, bool]]) -> list[dict[str, Any]]:
+    """Each pair of `draws` of one evaluation compared game by game, as two evaluations of one run are: the
     episodes the second draw won that the first lost and the reverse, with no change in the weights at all."""
-    by_draw = draws(episodes)
     flips = []
-    for i in range(len(by_draw)):
+    for i, first in enumerate(by_draw):
         for j in range(i + 1, len(by_draw)):
-            first = {e["task_id"]: bool(e["won"]) for e in by_draw[i]}
-            second = {e["task_id"]: bool(e["won"]) for e in by_draw[j]}
+            second = by_draw[j]
             games = first.keys() & second.keys()
             flips.append({"draws": [i, j], "games": len(games),
                           "gained": sum(second[g] and not first[g] for g in games),
@@ -101,12 +99,21 @@ def replay(before_dir: Path, after_dir: Path) -> dict[str, Any]:
         for e in episodes:
             wins.setdefault(e["task_id"], [0, 0])[k] += bool(e["won"])
     per_game = [after_wins - before_wins for before_wins, after_wins in wins.values()]
-    return {"before_dir": str(before_dir), "after_dir": str(after_dir),
+    by_draw = draws(before)
+    # folder names, as `report` keeps them: the folders live outside the repository
+    return {"before_dir": before_dir.name, "after_dir": after_dir.name,
             "before_success": sum(bool(e["won"]) for e in before) / len(before),
             "after_success": sum(bool(e["won"]) for e in after) / len(after),
-            "games": len(wins), "draws": len(draws(before)), "valid_paired": paired.to_json(),
+            "games": len(wins), "draws": len(by_draw), "valid_paired": paired.to_json(),
             "games_better": sum(d > 0 for d in per_game), "games_worse": sum(d < 0 for d in per_game),
-            "before_draw_flips": draw_flips(before), "cpu": cpu_model()}
+            "before_draw_flips": draw_flips(by_draw), "cpu": cpu_model()}
+
+
+def summed_pairs(paired: list[dict[str, Any]]) -> tuple[int, int, float]:
+    """Held-out episodes lost and gained summed over paired comparisons, and McNemar's p of the sums (comparisons
+    that share their "before" episodes make the sums overstate the evidence a little)."""
+    lost, gained = sum(p["first_only"] for p in paired), sum(p["second_only"] for p in paired)
+    return lost, gained, mcnemar_p(lost, gained)
 
 
 def pooled(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -114,7 +121,7 @@ def pooled(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     the runs that kept their episodes, McNemar's p of the sums (runs from one warm start share their "before"
     episodes, so the sums overstate the evidence a little), and the mean before -> after change per run."""
     paired = [r["valid_paired"] for r in runs.values() if r["valid_paired"]]
-    lost, gained = sum(p["first_only"] for p in paired), sum(p["second_only"] for p in paired)
+    lost, gained, p_value = summed_pairs(paired)
 
     def changes(split: str) -> list[float]:
         return [r["after"][split]["success"] - r["before"][split]["success"]
@@ -125,7 +132,7 @@ def pooled(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     valid = changes("valid")
     return {"runs": len(runs), "paired_runs": len(paired), "episodes": sum(p["episodes"] for p in paired),
-            "first_only": lost, "second_only": gained, "mcnemar_p": mcnemar_p(lost, gained),
+            "first_only": lost, "second_only": gained, "mcnemar_p": p_value,
             "valid_change_mean": mean(valid), "pool_change_mean": mean(changes("pool")),
             "valid_fell": sum(change < 0 for change in valid)}
 
@@ -176,10 +183,8 @@ def write_replays(pairs: list[list[str]], results: Path, note: str) -> None:
     replays = {name: replay(Path(before), Path(after)) for name, before, after in pairs}
     results.parent.mkdir(parents=True, exist_ok=True)
     changes = [r["after_success"] - r["before_success"] for r in replays.values()]
-    gained = sum(r["valid_paired"]["second_only"] for r in replays.values())
-    lost = sum(r["valid_paired"]["first_only"] for r in replays.values())
-    # pairs of one BEFORE share its episodes, so the test of the sums flatters the evidence a little (as `pooled`)
-    summary = {"pairs": len(replays), "gained": gained, "lost": lost, "mcnemar_p": mcnemar_p(lost, gained),
+    lost, gained, p_value = summed_pairs([r["valid_paired"] for r in replays.values()])
+    summary = {"pairs": len(replays), "gained": gained, "lost": lost, "mcnemar_p": p_value,
                "change_mean": sum(changes) / len(changes), "fell": sum(c < 0 for c in changes),
                "draw_flips_mean": statistics.mean(f["gained"] + f["lost"] for r in replays.values()
                                                   for f in r["before_draw_flips"])}
