@@ -284,7 +284,8 @@ def render_replays(name: str) -> str:
                      f"| {r['games_better']} / {r['games_worse']} | {flips} |")
     pooled = data.get("pooled")
     if pooled:
-        lines += ["", f"Pooled over the {pooled['pairs']} pairs: held-out episodes +{pooled['gained']} / "
+        pairs = f"{pooled['pairs']} pair{'s' if pooled['pairs'] != 1 else ''}"
+        lines += ["", f"Pooled over the {pairs}: held-out episodes +{pooled['gained']} / "
                   f"−{pooled['lost']} (McNemar p {pooled['mcnemar_p']:.3f}), mean change "
                   f"{_signed(100 * pooled['change_mean'], 1)} points; success fell in {pooled['fell']} of "
                   f"{pooled['pairs']}. Two draws of the same weights turned around {pooled['draw_flips_mean']:.1f} "
@@ -517,8 +518,10 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "sft_gradients": render_sft_gradients,
     "credit_quality": render_credit_quality,
     "main_job_grid": lambda: render_report_runs("main_job_grid.json"),
+    "main_job_seeds_amx": lambda: render_report_runs("main_job_seeds_amx.json"),
     "heldout_replays": lambda: render_replays("heldout_replays.json"),
     "heldout_replays_penalty": lambda: render_replays("heldout_replays_penalty.json"),
+    "heldout_replays_amx": lambda: render_replays("heldout_replays_amx.json"),
 }
 
 

@@ -145,5 +145,5 @@ def test_replays_table_gives_the_pairs_and_the_draw_flips_of_the_before_weights(
     monkeypatch.setattr(render, "_load", lambda name: data)
     page = render.render_replays("any.json")
     assert "| seed 0 | 144 (48 × 3) | 50.0 → **57.6** | +13 / −2 (0.01) | 8 / 2 | +2 / −4, +2 / −6 |" in page
-    assert "Pooled over the 1 pairs: held-out episodes +13 / −2 (McNemar p 0.007), mean change +7.6 points" in page
+    assert "Pooled over the 1 pair: held-out episodes +13 / −2 (McNemar p 0.007), mean change +7.6 points" in page
     assert page.endswith("_Test CPU. one thread_")
