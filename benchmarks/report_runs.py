@@ -185,7 +185,7 @@ def write_replays(pairs: list[list[str]], results: Path, note: str) -> None:
     changes = [r["after_success"] - r["before_success"] for r in replays.values()]
     lost, gained, p_value = summed_pairs([r["valid_paired"] for r in replays.values()])
     summary = {"pairs": len(replays), "gained": gained, "lost": lost, "mcnemar_p": p_value,
-               "change_mean": sum(changes) / len(changes), "fell": sum(c < 0 for c in changes),
+               "change_mean": statistics.mean(changes), "fell": sum(c < 0 for c in changes),
                "draw_flips_mean": statistics.mean(f["gained"] + f["lost"] for r in replays.values()
                                                   for f in r["before_draw_flips"])}
     record = {"replays": replays, "pooled": summary, **({"note": note} if note else {})}
