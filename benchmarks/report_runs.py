@@ -57,7 +57,7 @@ def report(run_dir: Path) -> dict[str, Any]:
             "warm_start_exact_match": exact,
             "penalty_mode": algorithm.get("penalty_mode"),
             "penalised_turns_gain": algorithm.get("penalised_turns_gain", True),  # before the option: they gained
-            "kl_coef": algorithm.get("kl_coef"), **result}
+            "loss_agg_mode": algorithm.get("loss_agg_mode", "token-mean"), "kl_coef": algorithm.get("kl_coef"), **result}
 
 
 def draws(episodes: list[dict[str, Any]]) -> list[dict[str, bool]]:

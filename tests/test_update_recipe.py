@@ -19,7 +19,7 @@ from agentgym_opsd.records import Trajectory, Turn, classify_invalid, invalid_ra
 from agentgym_opsd.trainer.config import load_config
 from agentgym_opsd.trainer.logprobs import batched_response_logprobs
 from agentgym_opsd.trainer.loop import Trainer
-from agentgym_opsd.trainer.losses import clipped_policy_loss
+from agentgym_opsd.trainer.losses import clipped_policy_loss, row_loss_weights
 from agentgym_opsd.trainer.turn_batch import (
     BatchAdvantages,
     PolicyLogProbs,
@@ -453,3 +453,58 @@ def test_warm_start_seed_lets_rl_seeds_share_one_cached_warm_start(tmp_path, toy
     # warm_start.seed=-1 means trainer.seed, so keys from before the field existed are unchanged
     assert keys["default0"] == keys["fixed0_rl1"] == keys["fixed0_rl2"]
     assert keys["default1"] == keys["fixed1"] != keys["default0"]
+
+
+# ---- loss aggregation: every token alike, or every trajectory alike ---------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40)), min_size=1, max_size=30))
+def test_seq_mean_weights_give_every_trajectory_the_same_share_of_the_step(rows) -> None:
+    trajectory, tokens = [t for t, _ in rows], [n for _, n in rows]
+    assert row_loss_weights("token-mean", trajectory, tokens) == [1.0] * len(rows)
+    weights = row_loss_weights("seq-mean-token-mean", trajectory, tokens)
+    total = sum(tokens)
+    assert math.isclose(sum(w * n for w, n in zip(weights, tokens, strict=True)), total, rel_tol=1e-9)
+    shares = {}
+    for t, w, n in zip(trajectory, weights, tokens, strict=True):
+        shares[t] = shares.get(t, 0.0) + w * n
+    assert all(math.isclose(s, total / len(shares), rel_tol=1e-9) for s in shares.values())
+    if len({sum(n for t2, n in rows if t2 == t) for t in shares}) == 1:  # equal lengths: the two modes agree
+        assert all(math.isclose(w, 1.0) for w in weights)
+
+
+def test_row_loss_weights_reject_an_unknown_mode_and_mismatched_rows() -> None:
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        row_loss_weights("seq-mean", [0], [3])
+    with pytest.raises(ValueError, match="rows"):
+        row_loss_weights("token-mean", [0, 1], [3])
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_the_policy_loss_is_the_mean_the_mode_names(tmp_path, toy_env_ids, mode) -> None:
+    # One mini-batch from pi_old (ratio 1): the policy loss is minus the mean advantage, over the step's tokens
+    # (token-mean) or over trajectories of each one's token mean (seq-mean-token-mean). The advantages differ by
+    # trajectory and the trajectories by length, so the two means differ.
+    trainer = make_trainer(tmp_path, "algorithm.ppo_mini_batch_rows=0", "algorithm.entropy_coef=0",
+                           "algorithm.kl_coef=0", f"algorithm.loss_agg_mode={mode}")
+    try:
+        trajs = trainer.collect()
+        trajs[0].turns = trajs[0].turns[:1]  # one short trajectory, as a quick win beside rollouts run to the limit
+        batch = trainer.score(trajs)
+        traj = batch.traj_index.tolist()
+        old = [torch.tensor(r.sample_logprobs) for r in batch.rows]
+        adv = [torch.full((len(r.response_ids),), float(t % 3) - 1.0 + 0.1 * i) for i, (r, t) in
+               enumerate(zip(batch.rows, traj, strict=True))]
+        metrics = trainer.update(batch, PolicyLogProbs(old), BatchAdvantages(adv, torch.zeros(0), torch.zeros(0), None))
+        token_mean = float(torch.cat(adv).mean())
+        per_traj: dict[int, list[torch.Tensor]] = {}
+        for t, a in zip(traj, adv, strict=True):
+            per_traj.setdefault(t, []).append(a)
+        seq_mean = float(np.mean([float(torch.cat(v).mean()) for v in per_traj.values()]))
+        assert len({sum(len(a) for a in v) for v in per_traj.values()}) > 1  # lengths differ: the means differ
+        assert abs(token_mean - seq_mean) > 1e-3
+        expected = token_mean if mode == "token-mean" else seq_mean
+        assert metrics["policy_loss"] == pytest.approx(-expected, rel=1e-3, abs=1e-4)
+    finally:
+        trainer.close()

@@ -34,6 +34,7 @@ from agentgym_opsd.models.precision import (
 )
 from agentgym_opsd.prompts import TEACHER_CONTEXTS, PromptRenderer
 from agentgym_opsd.records import OUTCOMES
+from agentgym_opsd.trainer.losses import LOSS_AGG_MODES
 from agentgym_opsd.trainer.trackers import parse_report_to
 from agentgym_opsd.trainer.turn_batch import PENALTY_MODES
 
@@ -398,6 +399,12 @@ class AlgorithmConfig:
     clip_ratio_c: float = _f(3.0, "dual clip for negative advantages: the per-token loss is at most "
                                   "clip_ratio_c * |A| (verl's default 3; 0 = off)",
                              Range(1, _REWARD, "far beyond it the clip never acts", lo_open=True, special=((0, "off"),)))
+    loss_agg_mode: str = _f("token-mean", "how the step's token losses are averaged: 'token-mean' = every "
+                                          "response token alike (paper), so a trajectory weighs by its tokens "
+                                          "and a lost one that ran to the turn limit outweighs a short win; "
+                                          "'seq-mean-token-mean' = each trajectory's own token mean, then the "
+                                          "mean over trajectories (verl's loss_agg_mode; a sequence is a "
+                                          "whole multi-turn trajectory)")
     penalty_mode: str = _f("trajectory", "where the invalid-action penalty goes: 'trajectory' = subtracted from "
                                          "the episode reward once per invalid turn; 'turn' = subtracted from the "
                                          "invalid turn's own row inside the group statistics (released code: in "
@@ -428,6 +435,7 @@ class AlgorithmConfig:
         except ValueError as exc:
             raise ConfigError(f"algorithm.estimator: {exc}") from None
         _check_choice("algorithm.success_source", self.success_source, ("won", "reward"))
+        _check_choice("algorithm.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         _check_choice("algorithm.penalty_mode", self.penalty_mode, PENALTY_MODES)
         _check_choice("algorithm.penalize", self.penalize, ("any", "format"))
 

@@ -1,20 +1,29 @@
 """The policy objective: clipped surrogate (asymmetric clip), low-variance KL, entropy bonus.
 
-All functions take response-aligned (rows, R) tensors with a boolean `mask` and return SUMS over the masked
-tokens; the caller divides by the number of response tokens of the whole step, so that summing the
-micro-batch losses gives the token-mean over the step (micro-batching never changes the objective).
+All functions take response-aligned (rows, R) tensors with a `mask` and return SUMS over the masked tokens;
+the caller divides by the number of response tokens of the whole step, so that summing the micro-batch losses
+gives the token-mean over the step (micro-batching never changes the objective). The mask may weight its tokens
+(`row_loss_weights`): `algorithm.loss_agg_mode` decides whether every token of the step counts alike or every
+trajectory does.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["LossTerms", "StartDrift", "clipped_policy_loss", "kl_k3", "policy_objective", "START_RATIO_BOUND"]
+__all__ = ["LOSS_AGG_MODES", "LossTerms", "StartDrift", "clipped_policy_loss", "kl_k3", "policy_objective",
+           "row_loss_weights", "START_RATIO_BOUND"]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+"""How the step's token losses are averaged (verl's `loss_agg_mode` names; a sequence here is a whole multi-turn
+trajectory): `token-mean` weighs every response token of the step alike (the paper's choice), so a trajectory
+weighs by its token count; `seq-mean-token-mean` averages each trajectory over its own tokens, then the
+trajectories, so each weighs alike, however many turns it ran."""
 
 START_RATIO_BOUND = 0.05
 """|r - 1| that the PPO ratio of a token may show before the first optimiser step of an update (where it is 1
@@ -57,6 +66,30 @@ def clipped_policy_loss(
     return (per_token * mask).sum(), (was_clipped & mask.bool()).sum()
 
 
+def row_loss_weights(mode: str, row_trajectory: Sequence[int], row_tokens: Sequence[int], *,
+                     total_tokens: float | None = None, num_trajectories: float | None = None) -> list[float]:
+    """Each row's token weight under `mode` (`LOSS_AGG_MODES`), scaled so that the step's tokens weigh
+    `total_tokens` in all, as under `token-mean`; the objective's token-mean then becomes the mode's mean.
+
+    `row_trajectory[i]` names row i's trajectory (any hashable id), `row_tokens[i]` its response tokens. With
+    several ranks, `total_tokens` and `num_trajectories` are the step's totals over all of them (each rank holds
+    whole trajectories); by default this rank's. `seq-mean-token-mean`: a row of trajectory j weighs
+    total_tokens / (num_trajectories · tokens of j), so every trajectory's tokens weigh total / num_trajectories.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode: expected one of {LOSS_AGG_MODES}, got {mode!r}")
+    if len(row_trajectory) != len(row_tokens):
+        raise ValueError(f"{len(row_trajectory)} rows' trajectories for {len(row_tokens)} rows' token counts")
+    if mode == "token-mean":
+        return [1.0] * len(row_tokens)
+    per_trajectory: dict[int, int] = {}
+    for traj, tokens in zip(row_trajectory, row_tokens, strict=True):
+        per_trajectory[traj] = per_trajectory.get(traj, 0) + int(tokens)
+    total = float(sum(per_trajectory.values())) if total_tokens is None else float(total_tokens)
+    count = float(len(per_trajectory)) if num_trajectories is None else float(num_trajectories)
+    return [total / (count * per_trajectory[traj]) if per_trajectory[traj] else 0.0 for traj in row_trajectory]
+
+
 def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     """Sum over tokens of the low-variance KL estimator k3 = exp(ref − logp) − (ref − logp) − 1 (≥ 0)."""
     log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)  # guard exp() against far-off reference tokens
@@ -91,7 +124,8 @@ def policy_objective(
     clip_ratio_c: float = 0.0,
     tis_weights: Tensor | None = None,
 ) -> LossTerms:
-    """Micro-batch contribution to the token-mean loss: (policy + kl_coef·KL − entropy_coef·H) / num_tokens."""
+    """Micro-batch contribution to the token-mean loss: (policy + kl_coef·KL − entropy_coef·H) / num_tokens.
+    `mask`: 1 on response tokens, or each token's weight (`row_loss_weights`), which weighs all three terms."""
     mask = mask.to(logp.dtype)
     policy, clipped = clipped_policy_loss(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
                                           clip_ratio_c=clip_ratio_c, tis_weights=tis_weights)

@@ -31,7 +31,7 @@ from agentgym_opsd.trainer.logprobs import (
     response_logprobs,
     shared_prompt_prefix,
 )
-from agentgym_opsd.trainer.losses import StartDrift, policy_objective
+from agentgym_opsd.trainer.losses import StartDrift, policy_objective, row_loss_weights
 from agentgym_opsd.trainer.tis import TIS_KEYS, SamplerCorrection
 from agentgym_opsd.trainer.turn_batch import BatchAdvantages, PolicyLogProbs, TurnBatch
 
@@ -103,6 +103,7 @@ class PPOUpdate:
         # prompts did (its trunk outputs follow that layout)
         prefix_len = shared_prompt_prefix(prompts) if self.packed else 0
         lengths = [len(p) - prefix_len + len(r) for p, r in zip(prompts, responses, strict=True)]
+        weights = self._row_weights(batch)
         sums = dict.fromkeys(("policy", "kl", "entropy", "clipped", "approx_kl", "tokens"), 0.0)
         losses, grad_norms = [], []
         drift = StartDrift()
@@ -126,6 +127,9 @@ class PPOUpdate:
                 logp, entropy, mask = self._logprobs(idx, prompts, responses, logprobs.trunk,  # (rows, R) each
                                                      prefix_len=prefix_len)
                 width = mask.shape[1]
+                if a.loss_agg_mode != "token-mean":  # each token weighted by its trajectory's share
+                    mask = mask * torch.tensor([weights[i] for i in idx], dtype=logp.dtype,
+                                               device=mask.device).unsqueeze(1)
                 old_tokens = pad_left([old[i] for i in idx], width).to(self.device)
                 terms = policy_objective(
                     logp, old_tokens,
@@ -168,6 +172,17 @@ class PPOUpdate:
                 **drift.metrics(dist.all_reduce if self.world > 1 else None),
                 **correction.metrics(dist.all_reduce if self.world > 1 else None),
                 **self.engine.low_precision_stats()}  # the same on every rank (identical masters)
+
+    def _row_weights(self, batch: TurnBatch) -> list[float]:
+        """Each row's token weight under `algorithm.loss_agg_mode` (`losses.row_loss_weights`), over the step's
+        trajectories on every rank (each rank holds whole trajectories)."""
+        mode = self.cfg.algorithm.loss_agg_mode
+        row_trajectory = [int(t) for t in batch.traj_index.tolist()]
+        row_tokens = [len(r) for r in batch.response_ids]
+        if mode == "token-mean" or self.world == 1:
+            return row_loss_weights(mode, row_trajectory, row_tokens)
+        total, count = dist.all_reduce([float(sum(row_tokens)), float(len(set(row_trajectory)))])
+        return row_loss_weights(mode, row_trajectory, row_tokens, total_tokens=total, num_trajectories=count)
 
     def _logprobs(self, idx: list[int], prompts: list, responses: list,
                   trunk: TrunkCache | None = None, *, prefix_len: int = 0) -> tuple[Tensor, Tensor, Tensor]:
