@@ -32,6 +32,7 @@ from agentgym_opsd.evaluation.paired import paired_episodes
 from agentgym_opsd.files import atomic_write_text, to_json
 from agentgym_opsd.models.precision import resolve_device
 from agentgym_opsd.trainer.config import Config, load_config
+from agentgym_opsd.trainer.losses import row_loss_weights
 from agentgym_opsd.trainer.validation import read_episode_outcomes, validation_file
 
 __all__ = ["BEFORE_SETTINGS", "BeforeSpec", "ExperimentRunner", "RunSpec", "before_settings", "credit_check",
@@ -165,6 +166,34 @@ def invalid_credit_check(run_dir: Path) -> dict[str, int]:
     return {"invalid_rows": rows, "invalid_rows_positive": positive}
 
 
+def push_balance(run_dir: Path) -> dict[str, list[float]]:
+    """Per RL step, how hard the update pushed the sampled tokens of the step's rollouts down against up: the sum
+    of |advantage| x response tokens x the token weight the run's `algorithm.loss_agg_mode` gave them, over turns
+    with a negative advantage, over the same sum where it was positive (`push_down_over_up`; 1 = balanced). Under
+    token-mean a lost rollout that ran to the turn limit weighs by its many tokens. Empty where the run kept no
+    trajectories (their token counts)."""
+    path = run_dir / "config.yaml"
+    mode = load_config(str(path)).algorithm.loss_agg_mode if path.is_file() else "token-mean"
+    ratios = []
+    for credit in sorted((run_dir / "credit").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])):
+        saved = run_dir / "trajectories" / credit.name
+        if not saved.is_file():
+            continue
+        tokens = {t["traj_id"]: [len(turn.get("response_token_ids") or []) for turn in t["turns"]]
+                  for t in map(json.loads, saved.read_text(encoding="utf-8").splitlines())}
+        rows = [(traj["traj_id"], turn.get("advantage") or 0.0, n)
+                for traj in map(json.loads, credit.read_text(encoding="utf-8").splitlines())
+                for turn, n in zip(traj["turns"], tokens.get(traj["traj_id"], []), strict=False) if n]
+        if not rows:
+            continue
+        weights = row_loss_weights(mode, [t for t, _, _ in rows], [n for _, _, n in rows])
+        down = sum(-a * n * w for (_, a, n), w in zip(rows, weights, strict=True) if a < 0)
+        up = sum(a * n * w for (_, a, n), w in zip(rows, weights, strict=True) if a > 0)
+        if up > 0:
+            ratios.append(round(down / up, 4))
+    return {"push_down_over_up": ratios}
+
+
 def run_outcome(run_dir: Path) -> str:
     """The run's `env.outcome` from its saved config (the default, "won", for a config that predates the
     field; also without a config)."""
@@ -229,6 +258,7 @@ def run_result(run_dir: Path, before: dict[str, Any], before_dir: Path | None = 
         "per_step": [{k: m.get(k) for k in PER_STEP_KEYS} for m in steps],
         **credit_check(run_dir),
         **invalid_credit_check(run_dir),
+        **push_balance(run_dir),
         "credit_auc": run_credit_auc(run_dir),
         **machine_record(run_dir),
     }

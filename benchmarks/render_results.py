@@ -242,11 +242,16 @@ def render_main_job(name: str = "cpu_small_seeds.json") -> str:
 
 def render_report_runs(name: str) -> str:
     """A `report_runs.py` file: one row per run (warm-start seed and RL seed, held-out and pool before → after,
-    the held-out episodes gained and lost, held-out invalid actions), then the runs pooled."""
+    the held-out episodes gained and lost, held-out invalid actions; where the runs have it, the range over their
+    steps of `experiments.push_balance`), then the runs pooled."""
     data = _load(name)
+    push = any(run.get("push_down_over_up") for run in data["runs"].values())
     lines = ["| run | warm start (exact match) | RL seed | held-out before → after | gained / lost (McNemar p) "
-             "| held-out invalid actions | pool before → after |", "|---|---|---:|---|---|---|---|"]
+             "| held-out invalid actions | pool before → after |" + (" push down / up per step |" if push else ""),
+             "|---|---|---:|---|---|---|---|" + ("---|" if push else "")]
     for label, run in data["runs"].items():
+        ratios = run.get("push_down_over_up") or []
+        push_cell = (f" {min(ratios):.2f}–{max(ratios):.2f} |" if ratios else " – |") if push else ""
         before, after, pair = run["before"], run["after"], run["valid_paired"] or {}
         exact = run.get("warm_start_exact_match")
         p_value = f" ({pair['mcnemar_p']:.2f})" if pair else ""
@@ -257,7 +262,7 @@ def render_report_runs(name: str) -> str:
             f"| +{pair.get('second_only', '–')} / −{pair.get('first_only', '–')}"
             f"{p_value} "
             f"| {_pct(before['valid']['invalid_action_rate'])} → {_pct(after['valid']['invalid_action_rate'])} "
-            f"| {_pct(before['pool']['success'])} → **{_pct(after['pool']['success'])}** |")
+            f"| {_pct(before['pool']['success'])} → **{_pct(after['pool']['success'])}** |{push_cell}")
     pooled = data["pooled"]
     lines += ["", f"Pooled over the {pooled['paired_runs']} runs: held-out episodes +{pooled['second_only']} / "
               f"−{pooled['first_only']} (McNemar p {pooled['mcnemar_p']:.2f}), mean change "

@@ -101,3 +101,22 @@ def test_a_replay_pairs_two_evaluations_per_episode_and_per_game(tmp_path) -> No
 def test_runs_and_replays_are_not_mixed(tmp_path) -> None:
     with pytest.raises(SystemExit):
         rr.main(["--results", str(tmp_path / "out.json")])
+
+
+@pytest.mark.parametrize(("mode", "ratio"), [("token-mean", 2.0), ("seq-mean-token-mean", 1.0)])
+def test_push_balance_weighs_the_tokens_as_the_runs_loss_did(tmp_path, mode, ratio) -> None:
+    # A won rollout of 2 turns and a lost one of 4, 5 tokens a turn, advantages +1 and -1: token-mean pushes the
+    # lost rollout's 20 tokens down against the won one's 10 up; seq-mean-token-mean weighs the two alike.
+    experiments = load_benchmark("experiments")
+    run = tmp_path / "run"
+    for name in ("credit", "trajectories"):
+        (run / name).mkdir(parents=True)
+    (run / "config.yaml").write_text(f"algorithm: {{loss_agg_mode: {mode}}}\n")
+    credit, saved = [], []
+    for traj_id, (won, turns) in enumerate(((True, 2), (False, 4))):
+        credit.append({"traj_id": traj_id, "won": won, "group_id": 0,
+                       "turns": [{"turn": i, "advantage": 1.0 if won else -1.0} for i in range(turns)]})
+        saved.append({"traj_id": traj_id, "turns": [{"response_token_ids": [7] * 5} for _ in range(turns)]})
+    for name, lines in (("credit", credit), ("trajectories", saved)):
+        (run / name / "step_000001.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert experiments.push_balance(run) == {"push_down_over_up": [ratio]}
