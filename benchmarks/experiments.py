@@ -170,8 +170,8 @@ def push_balance(run_dir: Path) -> dict[str, list[float]]:
     """Per RL step, how hard the update pushed the sampled tokens of the step's rollouts down against up: the sum
     of |advantage| x response tokens x the token weight the run's `algorithm.loss_agg_mode` gave them, over turns
     with a negative advantage, over the same sum where it was positive (`push_down_over_up`; 1 = balanced). Under
-    token-mean a lost rollout that ran to the turn limit weighs by its many tokens. Empty where the run kept no
-    trajectories (their token counts)."""
+    token-mean a lost rollout that ran to the turn limit weighs by its many tokens. A step that pushed nothing up
+    (no group with a win) has no ratio; empty where the run kept no trajectories (their token counts)."""
     path = run_dir / "config.yaml"
     mode = load_config(str(path)).algorithm.loss_agg_mode if path.is_file() else "token-mean"
     ratios = []

@@ -527,6 +527,13 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "heldout_replays": lambda: render_replays("heldout_replays.json"),
     "heldout_replays_penalty": lambda: render_replays("heldout_replays_penalty.json"),
     "heldout_replays_amx": lambda: render_replays("heldout_replays_amx.json"),
+    "loss_agg_runs": lambda: "\n\n".join(f"**{mode}**:\n\n" + render_report_runs(f"loss_agg_{name}.json")
+                                         for mode, name in (("token-mean", "token_mean"),
+                                                            ("seq-mean-token-mean", "seq_mean"))),
+    "loss_agg_replays": lambda: "\n\n".join(f"**{title}**:\n\n" + render_replays(f"loss_agg_replays_{name}.json")
+                                            for title, name in (("token-mean", "token_mean"),
+                                                                ("seq-mean-token-mean", "seq_mean"),
+                                                                ("seq-mean-token-mean against token-mean", "modes"))),
 }
 
 
